@@ -1,0 +1,1 @@
+"""The appliance: fine-tune, optimise and serve models on one server."""

@@ -1,0 +1,64 @@
+"""The one SQLite database that holds all state; it knows nothing of ML.
+
+    store.open(settings) -> Store     connect, migrate, unlock with the master key
+    blobs.put / blobs.get             encrypted content-addressed bytes
+    audit.operation / audit.record    every state change, hash-chained and anchored
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import sqlite_utils
+
+from appliance.config import Settings
+from appliance.store import db as store_db
+from appliance.store import keys, migrations
+
+
+@dataclass
+class Store:
+    """An open, unlocked store: the database, the master key and the store secret."""
+
+    db: sqlite_utils.Database
+    settings: Settings
+    master: keys.MasterKey
+    store_id: str
+    secret: bytes = field(repr=False)
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def open(settings: Settings, passphrase: str | None = None) -> Store:  # noqa: A001  store.open reads well
+    """Open the store, creating the state directory and database on first use."""
+    database = connect(settings)
+    try:
+        master, secret = keys.unlock(database, settings, passphrase)
+        store_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
+    except BaseException:
+        database.conn.close()
+        raise
+    return Store(database, settings, master, store_id, secret)
+
+
+def connect(settings: Settings) -> sqlite_utils.Database:
+    """The migrated database, without unlocking it (for status and first-time setup)."""
+    settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not settings.db_path.exists():
+        # SQLite gives the -wal and -shm files the mode of the database file.
+        os.close(os.open(settings.db_path, os.O_WRONLY | os.O_CREAT, 0o600))
+    database = store_db.connect(settings.db_path)
+    try:
+        migrations.migrate(database)
+    except BaseException:
+        database.conn.close()
+        raise
+    return database

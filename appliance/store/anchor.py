@@ -1,0 +1,108 @@
+"""The audit chain's head, signed and kept outside the database.
+
+A hash chain inside the database cannot notice its own tail being cut off, so the
+head (sequence number and hash) is also written, Ed25519-signed, to a file in the
+state directory after every commit, and can be exported as a checkpoint for
+safekeeping elsewhere. The signing key derives from the store secret, so the public
+key stays the same across master-key rotations and old checkpoints stay valid.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from appliance.store import Store, keys
+
+
+@dataclass(frozen=True)
+class Head:
+    """A signed claim that the chain of store_id reached record seq with this hash."""
+
+    store_id: str
+    seq: int
+    hash: str
+    signature: str
+    public_key: str
+
+    def payload(self) -> bytes:
+        return f"appliance/audit-head|{self.store_id}|{self.seq}|{self.hash}".encode()
+
+    def is_signed_by(self, public_key: str) -> bool:
+        try:
+            Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key)).verify(
+                bytes.fromhex(self.signature), self.payload()
+            )
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+
+def _signing_key(store: Store) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(keys.derive(store.secret, "appliance audit signing"))
+
+
+def public_key(store: Store) -> str:
+    raw = _signing_key(store).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return raw.hex()
+
+
+def sign(store: Store, seq: int, chain_hash: str) -> Head:
+    unsigned = Head(store.store_id, seq, chain_hash, "", public_key(store))
+    signature = _signing_key(store).sign(unsigned.payload()).hex()
+    return Head(store.store_id, seq, chain_hash, signature, unsigned.public_key)
+
+
+def write_head(store: Store, head: Head) -> None:
+    """Replace the head file atomically, never moving it backwards.
+
+    Several processes write audit records; the lock and the comparison keep a slow
+    writer from replacing a newer head with an older one.
+    """
+    path = store.settings.audit_head_path
+    with _locked(path.with_name(path.name + ".lock")):
+        current = read_head(path)
+        if current is not None and current.store_id == head.store_id and current.seq >= head.seq:
+            return
+        _write_json_atomically(path, asdict(head))
+
+
+def read_head(path: Path) -> Head | None:
+    """The head in a head file or checkpoint; None if there is no file."""
+    try:
+        data = json.loads(path.read_text())
+        return Head(**{name: data[name] for name in Head.__dataclass_fields__})
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        # Unreadable counts as forged: verify reports it rather than crashing.
+        return Head("?", -1, "?", "", "")
+
+
+def _write_json_atomically(path: Path, data: dict) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

@@ -1,0 +1,236 @@
+"""The tamper-evident audit log: every state change of the appliance, one record each.
+
+Each record holds time, actor, action, object, outcome and details, the previous
+record's hash, its own hash and an HMAC under a key derived from the store secret.
+Records are written in the same transaction as the change they describe
+(operation()), so a change whose record cannot be written does not happen. After
+each commit the signed head is written outside the database (anchor.py); verify()
+walks the chain and compares its tail with that anchor and, optionally, an exported
+checkpoint, and names the first bad record.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import hmac
+import json
+import logging
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from appliance.errors import AuditWriteFailed
+from appliance.store import Store, anchor, keys
+from appliance.store.db import transaction
+
+log = logging.getLogger(__name__)
+
+GENESIS = "0" * 64
+FIELDS = ("seq", "ts", "actor", "action", "object", "outcome", "details", "prev_hash", "hash", "mac")
+
+
+def default_actor() -> str:
+    return f"user:{getpass.getuser()}"
+
+
+@contextmanager
+def operation(
+    store: Store, action: str, object: str, *, actor: str | None = None, **details: Any
+) -> Iterator[dict[str, Any]]:
+    """Run a state change and its audit record as one transaction.
+
+    The block may add to the yielded details. If it raises, its changes are rolled
+    back and a record with outcome "failed" and the error is written instead.
+    """
+    actor = actor or default_actor()
+    outermost = not store.db.conn.in_transaction
+    try:
+        with transaction(store.db):
+            yield details
+            _append(store, actor, action, object, "ok", details)
+    except AuditWriteFailed:
+        raise
+    except Exception as exc:
+        failed = {**details, "error": getattr(exc, "message", str(exc))}
+        with transaction(store.db):
+            _append(store, actor, action, object, "failed", failed)
+        if outermost:
+            _move_anchor(store)
+        raise
+    if outermost:
+        _move_anchor(store)
+
+
+def record(store: Store, action: str, object: str, *, actor: str | None = None, **details: Any) -> None:
+    """Record an action that changed nothing in the database (an export, a backup file)."""
+    with operation(store, action, object, actor=actor, **details):
+        pass
+
+
+def _append(store: Store, actor: str, action: str, object: str, outcome: str, details: dict) -> None:
+    try:
+        last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        seq, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS)
+        row = {
+            "seq": seq,
+            "ts": datetime.now(UTC).isoformat(timespec="microseconds"),
+            "actor": actor,
+            "action": action,
+            "object": object,
+            "outcome": outcome,
+            "details": json.dumps(details, sort_keys=True, separators=(",", ":"), default=str),
+            "prev_hash": prev_hash,
+        }
+        row["hash"] = _hash(row)
+        row["mac"] = _mac(store, row["hash"])
+        store.db.execute(
+            f"INSERT INTO audit ({', '.join(FIELDS)}) VALUES ({', '.join('?' * len(FIELDS))})",
+            [row[name] for name in FIELDS],
+        )
+    except sqlite3.Error as exc:
+        raise AuditWriteFailed(
+            f"could not write the audit record for {action} {object}: {exc}; nothing was changed",
+            hint="check free disk space and 'appliance store info'",
+        ) from exc
+
+
+def _move_anchor(store: Store) -> None:
+    last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    try:
+        anchor.write_head(store, anchor.sign(store, last[0], last[1]))
+    except OSError as exc:
+        # The record is committed; the next write moves the anchor. verify() tolerates a lagging head.
+        log.warning("audit head file %s not updated: %s", store.settings.audit_head_path, exc.strerror)
+
+
+def _hash(row: dict[str, Any]) -> str:
+    content = [row[name] for name in FIELDS[:8]]
+    return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
+
+
+def _mac(store: Store, chain_hash: str) -> str:
+    key = keys.derive(store.secret, "appliance audit hmac")
+    return hmac.new(key, chain_hash.encode(), hashlib.sha256).hexdigest()
+
+
+# -- reading -----------------------------------------------------------------------
+
+
+def rows(
+    store: Store,
+    *,
+    since: datetime | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Records in order, filtered; action may be a glob such as 'keys.*'."""
+    where, params = [], []
+    if since is not None:
+        where.append("ts >= ?")
+        params.append(since.astimezone(UTC).isoformat(timespec="microseconds"))
+    if actor is not None:
+        where.append("actor = ?")
+        params.append(actor)
+    if action is not None:
+        where.append("action GLOB ?")
+        params.append(action)
+    sql = f"SELECT {', '.join(FIELDS)} FROM audit"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY seq DESC" + (f" LIMIT {int(limit)}" if limit is not None else "")
+    newest_first = [dict(zip(FIELDS, row)) for row in store.db.execute(sql, params)]
+    return newest_first[::-1]
+
+
+def export_jsonl(store: Store) -> Iterator[str]:
+    """Every record as one JSON line, details parsed, for archiving elsewhere."""
+    for row in store.db.execute(f"SELECT {', '.join(FIELDS)} FROM audit ORDER BY seq"):
+        record_ = dict(zip(FIELDS, row))
+        record_["details"] = json.loads(record_["details"])
+        yield json.dumps(record_, sort_keys=True)
+
+
+def checkpoint(store: Store) -> anchor.Head:
+    """A signed head for safekeeping outside the appliance; the export itself is recorded."""
+    record(store, "audit.checkpoint", store.store_id)
+    last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    return anchor.sign(store, last[0], last[1])
+
+
+# -- verifying ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The result of walking the chain: ok, or the first problem and where it is."""
+
+    ok: bool
+    records: int
+    problem: str | None = None
+    first_bad: int | None = None
+
+
+def verify(store: Store, checkpoint_file: Path | None = None) -> Verification:
+    """Walk the whole chain, then hold its tail against the head file and a checkpoint."""
+    previous_seq, previous_hash = 0, GENESIS
+    hashes: dict[int, str] = {}
+    for row in store.db.execute(f"SELECT {', '.join(FIELDS)} FROM audit ORDER BY seq"):
+        row = dict(zip(FIELDS, row))
+        seq = row["seq"]
+        if seq != previous_seq + 1:
+            return _bad(
+                previous_seq,
+                previous_seq + 1,
+                f"record {previous_seq + 1} is missing: the chain jumps from {previous_seq} to {seq} (deleted)",
+            )
+        if _hash(row) != row["hash"]:
+            return _bad(previous_seq, seq, f"record {seq} was changed: its contents do not match its hash (edited or moved)")
+        if not hmac.compare_digest(_mac(store, row["hash"]), row["mac"]):
+            return _bad(previous_seq, seq, f"record {seq} has a MAC this store did not write (forged)")
+        if row["prev_hash"] != previous_hash:
+            return _bad(
+                previous_seq,
+                seq,
+                f"record {seq} does not follow record {previous_seq}: records were deleted, inserted or reordered",
+            )
+        previous_seq, previous_hash = seq, row["hash"]
+        hashes[seq] = row["hash"]
+
+    anchors = [("head file", store.settings.audit_head_path)]
+    if checkpoint_file is not None:
+        anchors.append(("checkpoint", checkpoint_file))
+    for name, path in anchors:
+        problem = _check_anchor(store, name, path, hashes, previous_seq)
+        if problem:
+            return Verification(False, previous_seq, *problem)
+    return Verification(True, previous_seq)
+
+
+def _bad(good: int, first_bad: int, problem: str) -> Verification:
+    return Verification(False, good, problem, first_bad)
+
+
+def _check_anchor(
+    store: Store, name: str, path: Path, hashes: dict[int, str], last: int
+) -> tuple[str, int | None] | None:
+    head = anchor.read_head(path)
+    if head is None:
+        if name == "head file" and last == 0:
+            return None  # a new store: nothing written, nothing to anchor
+        return (f"the {name} {path} is missing, so a cut-off tail cannot be ruled out", None)
+    if not head.is_signed_by(anchor.public_key(store)) or head.store_id != store.store_id:
+        return (f"the {name} {path} is not signed by this store (forged, damaged or from another store)", None)
+    if head.seq > last:
+        return (
+            f"the log is truncated: the {name} vouches for record {head.seq}, the log ends at {last}",
+            last + 1,
+        )
+    if hashes.get(head.seq) != head.hash:
+        return (f"record {head.seq} differs from the one the {name} vouches for (replaced)", head.seq)
+    return None

@@ -1,0 +1,153 @@
+"""Encrypted, chunked, content-addressed blobs inside the database.
+
+A blob's id is the SHA-256 of its plaintext, so identical content is stored once.
+Each blob has its own random data key (wrapped by the master key) and is cut into
+1 MiB chunks, each sealed with AES-256-GCM. The chunk's nonce is its index, unique
+because the key is fresh for every put. Its AAD binds the blob's random storage id,
+the chunk index and whether it is the last chunk (the STREAM construction: the count
+is not known while streaming), and the wrapped data key's AAD binds the content id,
+size and chunk count. So a chunk edited, reordered, moved between blobs, dropped or
+cut off the tail fails to authenticate. Put and get stream in constant memory; a put
+is one transaction, so a crash leaves no partial blob.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from typing import BinaryIO
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from appliance.errors import BlobNotFound, TamperDetected
+from appliance.store import Store, keys
+from appliance.store.db import transaction
+
+CHUNK_SIZE = 1 << 20
+
+Source = bytes | BinaryIO | Iterable[bytes]
+
+
+class _AlreadyStored(Exception):
+    """The content was already there: roll back the chunks just written."""
+
+
+def put(store: Store, source: Source) -> str:
+    """Store the bytes of source encrypted and return their content id."""
+    storage_id = os.urandom(16)
+    data_key = keys.generate()
+    sealer = AESGCM(data_key)
+    digest = hashlib.sha256()
+    size = count = 0
+    try:
+        with transaction(store.db):
+            for index, (plain, last) in enumerate(_chunks(source)):
+                digest.update(plain)
+                size += len(plain)
+                count = index + 1
+                sealed = sealer.encrypt(_nonce(index), plain, _chunk_aad(storage_id, index, last))
+                store.db.execute(
+                    "INSERT INTO blob_chunks (storage_id, idx, data) VALUES (?, ?, ?)",
+                    (storage_id, index, sealed),
+                )
+            blob_id = digest.hexdigest()
+            if exists(store, blob_id):
+                raise _AlreadyStored
+            wrapped = keys.wrap(store.master, data_key, keys.key_aad(blob_id, storage_id, size, count))
+            store.db.execute(
+                "INSERT INTO blobs (id, storage_id, size, chunk_count, wrapped_key, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (blob_id, storage_id, size, count, wrapped, datetime.now(UTC).isoformat()),
+            )
+    except _AlreadyStored:
+        pass
+    return blob_id
+
+
+def get(store: Store, blob_id: str) -> Iterator[bytes]:
+    """Yield the plaintext of a blob chunk by chunk, checking every chunk."""
+    row = store.db.execute(
+        "SELECT storage_id, size, chunk_count, wrapped_key FROM blobs WHERE id = ?", (blob_id,)
+    ).fetchone()
+    if row is None:
+        raise BlobNotFound(f"no blob {blob_id} in the store")
+    storage_id, size, count, wrapped = row
+    opener = AESGCM(keys.unwrap(store.master, wrapped, keys.key_aad(blob_id, storage_id, size, count)))
+    digest = hashlib.sha256()
+    for index in range(count):
+        found = store.db.execute(
+            "SELECT data FROM blob_chunks WHERE storage_id = ? AND idx = ?", (storage_id, index)
+        ).fetchone()
+        if found is None:
+            raise TamperDetected(f"blob {blob_id}: chunk {index} of {count} is missing")
+        try:
+            plain = opener.decrypt(_nonce(index), found[0], _chunk_aad(storage_id, index, index == count - 1))
+        except InvalidTag as exc:
+            raise TamperDetected(
+                f"blob {blob_id}: chunk {index} of {count} was changed, moved or reordered"
+            ) from exc
+        digest.update(plain)
+        yield plain
+    if digest.hexdigest() != blob_id:
+        raise TamperDetected(f"blob {blob_id}: content does not match its id")
+
+
+def read(store: Store, blob_id: str) -> bytes:
+    """The whole plaintext of a small blob."""
+    return b"".join(get(store, blob_id))
+
+
+def exists(store: Store, blob_id: str) -> bool:
+    return store.db.execute("SELECT 1 FROM blobs WHERE id = ?", (blob_id,)).fetchone() is not None
+
+
+def _chunks(source: Source) -> Iterator[tuple[bytes, bool]]:
+    """CHUNK_SIZE pieces (the last shorter, or empty for empty content), each with is-last."""
+    read = _reader(source)
+    current = _read_exact(read, CHUNK_SIZE)
+    while True:
+        following = _read_exact(read, CHUNK_SIZE) if len(current) == CHUNK_SIZE else b""
+        yield current, not following
+        if not following:
+            return
+        current = following
+
+
+def _reader(source: Source) -> Callable[[int], bytes]:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return io.BytesIO(source).read
+    if hasattr(source, "read"):
+        return source.read
+    pieces = iter(source)
+    rest = bytearray()
+
+    def read(size: int) -> bytes:
+        while len(rest) < size and (piece := next(pieces, None)) is not None:
+            rest.extend(piece)
+        taken = bytes(rest[:size])
+        del rest[:size]
+        return taken
+
+    return read
+
+
+def _read_exact(read: Callable[[int], bytes], size: int) -> bytes:
+    """Up to size bytes, fewer only at the end of the stream (file reads may come short)."""
+    parts = []
+    wanted = size
+    while wanted and (piece := read(wanted)):
+        parts.append(piece)
+        wanted -= len(piece)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _nonce(index: int) -> bytes:
+    return index.to_bytes(12, "big")
+
+
+def _chunk_aad(storage_id: bytes, index: int, last: bool) -> bytes:
+    return b"appliance/chunk|" + storage_id + index.to_bytes(8, "big") + (b"\x01" if last else b"\x00")

@@ -1,0 +1,81 @@
+"""The SQLite connection: opened with the same pragmas every time, explicit transactions.
+
+Python's sqlite3 and sqlite-utils both like to commit on their own; here the
+connection is in autocommit mode and every write goes through transaction(), so a
+change is visible whole or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlite_utils
+
+from appliance.errors import StoreError
+
+BUSY_TIMEOUT_MS = 30_000
+
+PRAGMAS = (
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = FULL",  # a committed change survives power loss
+    "PRAGMA foreign_keys = ON",
+    f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
+    "PRAGMA journal_size_limit = 67108864",  # give the WAL back after a large blob
+)
+
+
+def connect(path: Path) -> sqlite_utils.Database:
+    """Open (creating if needed) the database at path with the appliance's pragmas."""
+    try:
+        conn = sqlite3.connect(
+            path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+        )
+        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+            # Large pages: the store is mostly 1 MiB encrypted chunks.
+            conn.execute("PRAGMA page_size = 65536")
+        for pragma in PRAGMAS:
+            conn.execute(pragma)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(
+            f"cannot open the database {path}: {exc}",
+            hint="check the path and its permissions; restore from a backup if the file is damaged",
+        ) from exc
+    return sqlite_utils.Database(conn)
+
+
+@contextmanager
+def transaction(db: sqlite_utils.Database) -> Iterator[None]:
+    """Run the block as one write transaction; nested calls become savepoints."""
+    conn = db.conn
+    if conn.in_transaction:
+        conn.execute("SAVEPOINT nested")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK TO nested")
+            conn.execute("RELEASE nested")
+            raise
+        conn.execute("RELEASE nested")
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def backup(db: sqlite_utils.Database, target: Path, progress: Callable[[int, int], None]) -> None:
+    """Copy the live database to target with SQLite's online backup API."""
+    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    dest = sqlite3.connect(target)
+    try:
+        db.conn.backup(dest, pages=256, progress=lambda _status, left, total: progress(total - left, total))
+        dest.execute("PRAGMA journal_mode = DELETE")  # a backup is one self-contained file
+    finally:
+        dest.close()

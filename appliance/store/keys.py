@@ -1,0 +1,245 @@
+"""The master key and envelope encryption.
+
+The master key (256 bits) comes from, in order: the systemd credential
+``$CREDENTIALS_DIRECTORY/master.key``, the key file, or a passphrase stretched with
+scrypt. It never encrypts data itself: it wraps per-blob data keys and one random
+store secret, from which the audit log's HMAC and signing keys are derived. So a
+rotation re-wraps a few hundred bytes per blob and leaves payloads and audit MACs
+untouched, and the old master key no longer opens anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
+from appliance.config import Settings
+from appliance.store.db import transaction
+from appliance.errors import KeyMismatch, KeyMissing, StoreError, TamperDetected
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+CREDENTIAL_NAME = "master.key"
+SCRYPT_PARAMS = {"n": 2**15, "r": 8, "p": 1}
+_SECRET_AAD = b"appliance/store-secret"
+
+
+@dataclass(frozen=True, repr=False)
+class MasterKey:
+    """Key material with where it came from; repr never shows the material."""
+
+    material: bytes
+    source: str
+    kdf_params: dict[str, Any] | None = None  # salt and cost of a passphrase key, stored on first use
+
+    def __repr__(self) -> str:
+        return f"MasterKey(source={self.source!r})"
+
+    @property
+    def fingerprint(self) -> str:
+        """A short public name for the key, to tell keys apart without revealing them."""
+        return hashlib.sha256(b"appliance/fingerprint" + self.material).hexdigest()[:16]
+
+
+def generate() -> bytes:
+    return AESGCM.generate_key(bit_length=256)
+
+
+# -- wrapping ----------------------------------------------------------------------
+
+
+def wrap(master: MasterKey, key: bytes, aad: bytes) -> bytes:
+    """Encrypt a data key under the master key; aad binds it to its owner."""
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce + AESGCM(master.material).encrypt(nonce, key, aad)
+
+
+def unwrap(master: MasterKey, wrapped: bytes, aad: bytes) -> bytes:
+    """Decrypt a wrapped data key; a bad tag means the row was changed."""
+    try:
+        return AESGCM(master.material).decrypt(wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], aad)
+    except InvalidTag as exc:
+        raise TamperDetected("a wrapped key does not authenticate: the store was changed") from exc
+
+
+def derive(secret: bytes, purpose: str) -> bytes:
+    """A key for one purpose (audit MAC, audit signing) from the store secret."""
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=purpose.encode()).derive(
+        secret
+    )
+
+
+# -- finding the master key --------------------------------------------------------
+
+
+def find(settings: Settings, db: sqlite_utils.Database, passphrase: str | None = None) -> MasterKey:
+    """The master key from the first source that has one."""
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+    if credentials and (Path(credentials) / CREDENTIAL_NAME).is_file():
+        path = Path(credentials) / CREDENTIAL_NAME
+        return MasterKey(_read_key(path), f"systemd credential {path}")
+    if settings.key_file.exists():
+        return read_key_file(settings.key_file)
+    if passphrase is not None:
+        return from_passphrase(db, passphrase)
+    raise KeyMissing(
+        f"no master key: no systemd credential, no key file at {settings.key_file}, no passphrase",
+        hint="run 'appliance keys init' to create one, or set APPLIANCE_PASSPHRASE for a passphrase store",
+    )
+
+
+def read_key_file(path: Path) -> MasterKey:
+    """Read a key file, refusing one that others can read."""
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise StoreError(
+            f"key file {path} is readable by group or others (mode {stat.S_IMODE(mode):04o})",
+            hint=f"run 'chmod 600 {path}' and check who may have copied it",
+        )
+    return MasterKey(_read_key(path), f"key file {path}")
+
+
+def _read_key(path: Path) -> bytes:
+    try:
+        material = base64.b64decode(path.read_bytes().strip(), validate=True)
+    except (ValueError, OSError) as exc:
+        raise StoreError(f"cannot read the master key from {path}: {exc}") from exc
+    if len(material) != KEY_BYTES:
+        raise StoreError(f"{path} does not hold a 256-bit key (base64 of 32 bytes)")
+    return material
+
+
+def write_key_file(path: Path, material: bytes) -> None:
+    """Create a key file with mode 0600, durably; never overwrite one."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as exc:
+        raise StoreError(
+            f"a key file already exists at {path}", hint="it is kept; remove it only if you mean to"
+        ) from exc
+    with os.fdopen(fd, "wb") as f:
+        f.write(base64.b64encode(material) + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(path.parent)
+
+
+def from_passphrase(db: sqlite_utils.Database, passphrase: str) -> MasterKey:
+    """Stretch a passphrase with the store's scrypt salt (a new salt on a new store)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'kdf'").fetchone()
+    return stretch(passphrase, json.loads(row[0]) if row else new_kdf_params())
+
+
+def new_kdf_params() -> dict[str, Any]:
+    return {**SCRYPT_PARAMS, "salt": base64.b64encode(os.urandom(16)).decode()}
+
+
+def stretch(passphrase: str, params: dict[str, Any]) -> MasterKey:
+    kdf = Scrypt(salt=base64.b64decode(params["salt"]), length=KEY_BYTES, n=params["n"], r=params["r"], p=params["p"])
+    return MasterKey(kdf.derive(passphrase.encode()), "passphrase", params)
+
+
+def save_kdf_params(db: sqlite_utils.Database, params: dict[str, Any]) -> None:
+    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('kdf', ?)", (json.dumps(params),))
+
+
+# -- the store secret --------------------------------------------------------------
+
+
+def unlock(db: sqlite_utils.Database, settings: Settings, passphrase: str | None = None) -> tuple[MasterKey, bytes]:
+    """The master key and the store secret it opens; creates the secret on a new store.
+
+    A rotation that crashed after committing but before renaming its new key file
+    into place is finished here: the pending file is the one that opens the store.
+    """
+    master = find(settings, db, passphrase)
+    try:
+        return master, _open_secret(db, master)
+    except KeyMismatch:
+        pending = pending_key_file(settings.key_file)
+        if master.source != f"key file {settings.key_file}" or not pending.exists():
+            raise
+        candidate = read_key_file(pending)
+        secret = _open_secret(db, candidate)
+        os.replace(pending, settings.key_file)
+        fsync_dir(settings.key_file.parent)
+        return MasterKey(candidate.material, master.source), secret
+
+
+def is_initialised(db: sqlite_utils.Database) -> bool:
+    return db.execute("SELECT 1 FROM meta WHERE key = 'store_secret'").fetchone() is not None
+
+
+def _open_secret(db: sqlite_utils.Database, master: MasterKey) -> bytes:
+    row = db.execute("SELECT value FROM meta WHERE key = 'store_secret'").fetchone()
+    if row is None:
+        return _create_secret(db, master)
+    try:
+        return AESGCM(master.material).decrypt(row[0][:NONCE_BYTES], row[0][NONCE_BYTES:], _SECRET_AAD)
+    except InvalidTag as exc:
+        raise KeyMismatch(
+            f"master key does not match this store (key from {master.source})",
+            hint="use the key this store was created with; nothing was changed",
+        ) from exc
+
+
+def _create_secret(db: sqlite_utils.Database, master: MasterKey) -> bytes:
+    secret = os.urandom(KEY_BYTES)
+    with transaction(db):
+        db.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?)", (os.urandom(8).hex(),))
+        db.execute("INSERT INTO meta (key, value) VALUES ('store_secret', ?)", (wrap(master, secret, _SECRET_AAD),))
+        if master.kdf_params is not None:
+            save_kdf_params(db, master.kdf_params)
+    return secret
+
+
+def rewrap_all(db: sqlite_utils.Database, old: MasterKey, new: MasterKey) -> int:
+    """Re-wrap the store secret and every data key under new; caller holds the transaction."""
+    count = 0
+    for storage_id, blob_aad, wrapped in list(_wrapped_keys(db)):
+        db.execute(
+            "UPDATE blobs SET wrapped_key = ? WHERE storage_id = ?",
+            (wrap(new, unwrap(old, wrapped, blob_aad), blob_aad), storage_id),
+        )
+        count += 1
+    secret = _open_secret(db, old)
+    db.execute("UPDATE meta SET value = ? WHERE key = 'store_secret'", (wrap(new, secret, _SECRET_AAD),))
+    return count
+
+
+def key_aad(blob_id: str, storage_id: bytes, size: int, chunk_count: int) -> bytes:
+    """What a blob's wrapped data key is bound to: its content id, storage id and shape."""
+    return b"appliance/blob-key|%s|%s|%d|%d" % (blob_id.encode(), storage_id.hex().encode(), size, chunk_count)
+
+
+def _wrapped_keys(db: sqlite_utils.Database) -> Iterator[tuple[bytes, bytes, bytes]]:
+    for row in db.execute("SELECT id, storage_id, size, chunk_count, wrapped_key FROM blobs"):
+        blob_id, storage_id, size, chunk_count, wrapped = row
+        yield storage_id, key_aad(blob_id, storage_id, size, chunk_count), wrapped
+
+
+def pending_key_file(path: Path) -> Path:
+    return path.with_name(path.name + ".new")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,97 @@
+"""Schema migrations, numbered, recorded in the schema_version table.
+
+Each migration runs with its version row in one transaction. A database that has a
+version this code does not know was written by a newer appliance: it is refused,
+since an older build might misread or damage it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import sqlite_utils
+
+from appliance.errors import SchemaTooNew
+from appliance.store import db as store_db
+
+
+def _v1_foundation(db: sqlite_utils.Database) -> None:
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+    db.execute(
+        """CREATE TABLE blobs (
+            id TEXT PRIMARY KEY,             -- SHA-256 of the plaintext, hex
+            storage_id BLOB NOT NULL UNIQUE, -- random; bound into every chunk's AAD
+            size INTEGER NOT NULL,
+            chunk_count INTEGER NOT NULL,
+            wrapped_key BLOB NOT NULL,       -- data key under the master key
+            created_at TEXT NOT NULL
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE blob_chunks (
+            storage_id BLOB NOT NULL
+                REFERENCES blobs(storage_id) ON DELETE CASCADE DEFERRABLE INITIALLY DEFERRED,
+            idx INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (storage_id, idx)
+        ) WITHOUT ROWID"""
+    )
+    db.execute(
+        """CREATE TABLE audit (
+            seq INTEGER PRIMARY KEY,
+            ts TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            object TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            details TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            mac TEXT NOT NULL
+        )"""
+    )
+    db.execute("CREATE INDEX audit_action ON audit(action)")
+    db.execute("CREATE INDEX audit_actor ON audit(actor)")
+    for verb in ("UPDATE", "DELETE"):
+        db.execute(
+            f"""CREATE TRIGGER audit_no_{verb.lower()} BEFORE {verb} ON audit
+                BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END"""
+        )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_foundation]
+LATEST = len(MIGRATIONS)
+
+
+def current_version(db: sqlite_utils.Database) -> int:
+    if "schema_version" not in db.table_names():
+        return 0
+    return db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+
+
+def migrate(db: sqlite_utils.Database) -> int:
+    """Bring the schema to LATEST; refuse a database newer than this code."""
+    if _checked_version(db) == LATEST:
+        return LATEST  # the common case takes no write lock
+    with store_db.transaction(db):
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+        for number in range(_checked_version(db) + 1, LATEST + 1):
+            MIGRATIONS[number - 1](db)
+            db.execute(
+                "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+                (number, datetime.now(UTC).isoformat()),
+            )
+    return LATEST
+
+
+def _checked_version(db: sqlite_utils.Database) -> int:
+    version = current_version(db)
+    if version > LATEST:
+        raise SchemaTooNew(
+            f"the database has schema version {version}, this appliance knows up to {LATEST}",
+            hint="upgrade the appliance, or restore a backup made by this version",
+        )
+    return version

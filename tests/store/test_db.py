@@ -1,0 +1,72 @@
+"""The database: pragmas on every open, all-or-nothing transactions, schema versions."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from appliance import store
+from appliance.config import Settings
+from appliance.errors import SchemaTooNew
+from appliance.store import Store, migrations
+from appliance.store.db import transaction
+from tests.conftest import run_cli
+
+
+def test_pragmas_hold_on_every_open(opened: Store, settings: Settings) -> None:
+    opened.close()
+    with store.open(settings) as reopened:
+        db = reopened.db
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+
+
+def test_a_transaction_is_all_or_nothing_and_nests(opened: Store) -> None:
+    db = opened.db
+    with pytest.raises(RuntimeError):
+        with transaction(db):
+            db.execute("INSERT INTO meta (key, value) VALUES ('a', 1)")
+            raise RuntimeError
+    with transaction(db):
+        db.execute("INSERT INTO meta (key, value) VALUES ('b', 1)")
+        with pytest.raises(RuntimeError):
+            with transaction(db):
+                db.execute("INSERT INTO meta (key, value) VALUES ('c', 1)")
+                raise RuntimeError
+    names = {row[0] for row in db.execute("SELECT key FROM meta")}
+    assert "b" in names and "a" not in names and "c" not in names
+
+
+def test_a_new_database_gets_the_latest_schema(opened: Store) -> None:
+    assert migrations.current_version(opened.db) == migrations.LATEST
+    assert {"meta", "blobs", "blob_chunks", "audit", "schema_version"} <= set(opened.db.table_names())
+
+
+def test_a_database_from_a_newer_appliance_is_refused(opened: Store, settings: Settings) -> None:
+    opened.db.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, 'later')", (migrations.LATEST + 1,))
+    opened.close()
+    with pytest.raises(SchemaTooNew):
+        store.open(settings)
+    result = run_cli("store", "info")
+    assert result.returncode == 1
+    assert f"schema version {migrations.LATEST + 1}" in result.stderr
+    assert "upgrade the appliance" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_file_that_is_not_a_database_gets_a_clear_message(settings: Settings) -> None:
+    settings.state_dir.mkdir(parents=True)
+    settings.db_path.write_bytes(b"this is not sqlite" * 100)
+    result = run_cli("store", "info")
+    assert result.returncode == 1
+    assert f"cannot open the database {settings.db_path}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_audit_table_refuses_updates_and_deletes(opened: Store) -> None:
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        opened.db.execute("UPDATE audit SET actor = 'x'")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        opened.db.execute("DELETE FROM audit")

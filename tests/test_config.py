@@ -1,0 +1,90 @@
+"""Settings: defaults < TOML < environment, and clear refusals of bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from appliance import config
+from appliance.errors import ConfigError
+from tests.conftest import run_cli
+
+
+def test_defaults_put_state_in_var_under_the_working_directory(tmp_path: Path) -> None:
+    settings = config.load()
+    assert settings.state_dir == tmp_path / "var"
+    assert settings.key_file == tmp_path / "var" / "master.key"
+    assert settings.db_path == tmp_path / "var" / "appliance.db"
+
+
+def test_service_state_directory_is_used_when_systemd_sets_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "svc"))
+    assert config.load().state_dir == tmp_path / "svc"
+
+
+def test_toml_overrides_defaults_and_environment_overrides_toml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    conf = tmp_path / "etc" / "appliance.toml"
+    conf.parent.mkdir()
+    conf.write_text('state_dir = "state"\n[keys]\nfile = "/srv/keys/master.key"\n')
+
+    settings = config.load(conf)
+    assert settings.state_dir == tmp_path / "etc" / "state"  # relative to the file
+    assert settings.key_file == Path("/srv/keys/master.key")
+
+    monkeypatch.setenv("APPLIANCE_KEYS_FILE", str(tmp_path / "env.key"))
+    assert config.load(conf).key_file == tmp_path / "env.key"
+    assert config.load(conf).state_dir == tmp_path / "etc" / "state"
+
+
+def test_config_file_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    conf = tmp_path / "a.toml"
+    conf.write_text('state_dir = "/srv/appliance"\n')
+    monkeypatch.setenv("APPLIANCE_CONFIG", str(conf))
+    assert config.load().state_dir == Path("/srv/appliance")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("state_dir = [1, 2]\n", "'state_dir' in {path} must be a path"),
+        ("[keys]\nfiel = 'x'\n", "unknown key 'keys.fiel' in {path}"),
+        ("state_dir = \n", "{path} is not valid TOML"),
+    ],
+)
+def test_invalid_config_names_the_key_and_the_file(tmp_path: Path, text: str, expected: str) -> None:
+    conf = tmp_path / "bad.toml"
+    conf.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        config.load(conf)
+    assert expected.format(path=conf) in caught.value.message
+
+
+def test_misspelt_key_gets_a_suggestion(tmp_path: Path) -> None:
+    conf = tmp_path / "bad.toml"
+    conf.write_text("[keys]\nfiel = 'x'\n")
+    with pytest.raises(ConfigError) as caught:
+        config.load(conf)
+    assert caught.value.hint == "did you mean 'keys.file'?"
+
+
+def test_unknown_environment_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPLIANCE_STATEDIR", "/tmp/x")
+    with pytest.raises(ConfigError, match="unknown setting APPLIANCE_STATEDIR") as caught:
+        config.load()
+    assert caught.value.hint == "did you mean APPLIANCE_STATE_DIR?"
+
+
+def test_cli_reports_a_bad_config_in_one_message_without_traceback(tmp_path: Path) -> None:
+    conf = tmp_path / "bad.toml"
+    conf.write_text("[keys]\nfile = 42\n")
+    result = run_cli("--config", str(conf), "store", "info")
+    assert result.returncode == 1
+    assert f"error: 'keys.file' in {conf} must be a path, got 42" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_refuses_a_missing_config_file(tmp_path: Path) -> None:
+    result = run_cli("--config", str(tmp_path / "nope.toml"), "store", "info")
+    assert result.returncode == 1
+    assert "does not exist" in result.stderr
