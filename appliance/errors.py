@@ -8,7 +8,10 @@
      │    ├── TamperDetected      stored bytes or audit records were changed
      │    ├── SchemaTooNew        the database was written by a newer appliance
      │    └── BlobNotFound        no blob with that id
-     └── AuditWriteFailed         the audit record could not be written, so nothing happened
+     ├── DatasetError             a dataset file is invalid, or no such dataset version
+     ├── AuditWriteFailed         the audit record could not be written, so nothing happened
+     ├── JobError                 a training job cannot start or go on
+     └── PlanError                no training plan: the model is unreadable or does not fit
 
 Foreign errors (sqlite3, InvalidTag, OSError) are translated where they enter, with
 ``raise ... from exc``; the CLI turns any ApplianceError into a message and exit code 1.
@@ -54,5 +57,17 @@ class BlobNotFound(StoreError):
     """No blob with that id exists in the store."""
 
 
+class DatasetError(ApplianceError):
+    """A dataset file cannot be imported as it is, or the dataset version asked for does not exist."""
+
+
 class AuditWriteFailed(ApplianceError):
     """The audit record could not be written, so the operation was not carried out."""
+
+
+class JobError(ApplianceError):
+    """A training job cannot start or go on as asked."""
+
+
+class PlanError(ApplianceError):
+    """No training plan can be made: the base model cannot be read, or does not fit this machine."""

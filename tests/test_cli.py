@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import stat
@@ -12,7 +13,7 @@ import pytest
 
 from appliance import config, store
 from appliance.cli import cli
-from appliance.store import blobs, lifecycle
+from appliance.store import blobs, lifecycle, migrations
 from tests.conftest import run_cli
 
 
@@ -56,7 +57,7 @@ def test_store_info_reports_counts_and_integrity() -> None:
     run_cli("keys", "init", check=True)
     info = json.loads(run_cli("store", "info", "--json", check=True).stdout)
     assert info["integrity_check"] == "ok"
-    assert info["schema_version"] == 1
+    assert info["schema_version"] == migrations.LATEST
     assert info["audit_records"] == 1
 
 
@@ -72,7 +73,7 @@ def test_a_backup_restores_and_opens_with_the_same_key(tmp_path: Path) -> None:
     restored_dir = tmp_path / "restored"
     restored_dir.mkdir(mode=0o700)
     shutil.copy(backup, restored_dir / "appliance.db")
-    restored = config.Settings(restored_dir, settings.key_file, None)
+    restored = dataclasses.replace(settings, state_dir=restored_dir)
     with store.open(restored) as reopened:
         assert blobs.read(reopened, blob_id) == b"model weights" * 1000
         assert reopened.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

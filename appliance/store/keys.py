@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from appliance.config import Settings
-from appliance.store.db import transaction
 from appliance.errors import KeyMismatch, KeyMissing, StoreError, TamperDetected
+from appliance.store.db import transaction
 
 KEY_BYTES = 32
 NONCE_BYTES = 12

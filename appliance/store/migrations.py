@@ -60,7 +60,64 @@ def _v1_foundation(db: sqlite_utils.Database) -> None:
         )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_foundation]
+def _v2_datasets_and_runs(db: sqlite_utils.Database) -> None:
+    db.execute(
+        """CREATE TABLE datasets (
+            id TEXT PRIMARY KEY,             -- SHA-256 of the normalised content (= blob id)
+            name TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            task TEXT NOT NULL,              -- text-classification | image-classification
+            blob_id TEXT NOT NULL REFERENCES blobs(id),
+            source TEXT NOT NULL,            -- the file or folder it was imported from
+            examples INTEGER NOT NULL,
+            labels TEXT NOT NULL,            -- JSON list, sorted
+            split TEXT NOT NULL,             -- JSON: seed, validation fraction, train/validation indices
+            warnings TEXT NOT NULL,          -- JSON list of what was dropped and why
+            residency TEXT NOT NULL DEFAULT 'local-only',
+            created_at TEXT NOT NULL,
+            UNIQUE (name, version)
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE runs (
+            id TEXT PRIMARY KEY,
+            dataset_id TEXT NOT NULL REFERENCES datasets(id),
+            base_model TEXT NOT NULL,
+            task TEXT NOT NULL,
+            params TEXT NOT NULL,            -- JSON hyperparameters
+            plan TEXT NOT NULL,              -- JSON hardware plan
+            status TEXT NOT NULL,            -- running | finished | failed | interrupted
+            model_blob TEXT REFERENCES blobs(id),
+            metrics TEXT,                    -- JSON final validation metrics
+            created_at TEXT NOT NULL,
+            finished_at TEXT
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE run_epochs (
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            epoch INTEGER NOT NULL,
+            step INTEGER NOT NULL,
+            train_loss REAL NOT NULL,
+            metrics TEXT NOT NULL,           -- JSON: loss, accuracy, macro_f1 on validation
+            samples_per_s REAL NOT NULL,
+            elapsed_s REAL NOT NULL,         -- training time since the run started, resumes included
+            ts TEXT NOT NULL,
+            PRIMARY KEY (run_id, epoch)
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE checkpoints (
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            step INTEGER NOT NULL,
+            blob_id TEXT NOT NULL REFERENCES blobs(id),
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (run_id, step)
+        )"""
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_foundation, _v2_datasets_and_runs]
 LATEST = len(MIGRATIONS)
 
 

@@ -1,0 +1,44 @@
+"""The `appliance` command.
+
+Each command module adds its group to the root group in base.py, loads the
+settings, calls one thing and prints its result. main() is the one place that turns
+an ApplianceError into a message and an exit code (0 ok, 1 failed, 2 usage).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from appliance.cli import audit, data, hw, keys, store, train  # noqa: F401  registers the command groups
+from appliance.cli.base import cli
+from appliance.errors import ApplianceError
+
+__all__ = ["cli", "main"]
+
+
+def main() -> None:
+    """Entry point: run the command, turn errors into messages and exit codes."""
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    try:
+        cli.main(prog_name="appliance", standalone_mode=False)
+    except ApplianceError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"  hint: {exc.hint}", err=True)
+        sys.exit(1)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug: say so plainly, keep the traceback for whoever debugs it
+        if os.environ.get("APPLIANCE_DEBUG"):
+            raise
+        click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
+        click.echo("  hint: this is a bug; run again with APPLIANCE_DEBUG=1 for the traceback", err=True)
+        sys.exit(1)

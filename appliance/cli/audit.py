@@ -1,0 +1,113 @@
+"""`appliance audit`: read, verify and export the tamper-evident audit log."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import click
+
+from appliance.cli.base import cli, opened_store, print_json
+from appliance.store import audit
+
+
+@cli.group("audit")
+def audit_group() -> None:
+    """Read, verify and export the tamper-evident audit log."""
+
+
+@audit_group.command("list")
+@click.option("--since", help="Only records since then: 2026-11-01, 2026-11-01T08:00, or 30m, 12h, 7d.")
+@click.option("--actor", help="Only records by this actor, e.g. user:alice.")
+@click.option("--action", help="Only this action; globs work: 'keys.*'.")
+@click.option("--limit", type=click.IntRange(min=1), help="At most this many (the newest).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def audit_list(since: str | None, actor: str | None, action: str | None, limit: int | None, as_json: bool) -> None:
+    """List audit records, oldest first."""
+    with opened_store() as opened:
+        found = audit.rows(opened, since=_parse_since(since), actor=actor, action=action, limit=limit)
+    if as_json:
+        print_json([{**row, "details": json.loads(row["details"])} for row in found])
+        return
+    if not found:
+        click.echo("no audit records match")
+    for row in found:
+        click.echo(f"{row['seq']:>6}  {row['ts'][:19]}  {row['actor']:<16} {row['action']:<18} {row['outcome']:<6} {row['object']}")
+
+
+def _parse_since(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    relative = re.fullmatch(r"(\d+)([mhd])", text.strip())
+    if relative:
+        amount, unit = int(relative[1]), relative[2]
+        return datetime.now(UTC) - timedelta(**{{"m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a date (2026-11-01) nor an age (30m, 12h, 7d)", param_hint="--since")
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+@audit_group.command("verify")
+@click.option(
+    "--checkpoint",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Also check the chain against a checkpoint exported earlier.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def audit_verify(checkpoint: Path | None, as_json: bool) -> None:
+    """Check every record, the chain and its anchored head; exit 1 on any tampering."""
+    with opened_store() as opened:
+        result = audit.verify(opened, checkpoint)
+        audit.record(opened, "audit.verify", opened.store_id, ok=result.ok, first_bad=result.first_bad)
+    if as_json:
+        print_json(result.__dict__)
+    else:
+        show_verification(result)
+    if not result.ok:
+        sys.exit(1)
+
+
+def show_verification(result: audit.Verification) -> None:
+    if result.ok:
+        click.echo(f"audit log OK: {result.records} records, chain and anchored head intact")
+    else:
+        click.echo(f"AUDIT LOG TAMPERED: {result.problem}", err=True)
+        if result.first_bad is not None:
+            click.echo(f"first bad record: {result.first_bad}", err=True)
+
+
+@audit_group.command("export")
+@click.option("--format", "fmt", type=click.Choice(["jsonl"]), default="jsonl", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
+def audit_export(fmt: str, output: Path | None) -> None:
+    """Export every record, one JSON object per line."""
+    with opened_store() as opened:
+        lines = audit.export_jsonl(opened)
+        if output is None:
+            for line in lines:
+                click.echo(line)
+        else:
+            with output.open("x") as f:
+                for line in lines:
+                    f.write(line + "\n")
+        audit.record(opened, "audit.export", str(output or "stdout"), format=fmt)
+
+
+@audit_group.command("checkpoint")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
+def audit_checkpoint(output: Path | None) -> None:
+    """Export the signed head of the chain, to keep somewhere the appliance cannot write."""
+    with opened_store() as opened:
+        head = audit.checkpoint(opened)
+    text = json.dumps(head.__dict__, indent=2) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        with output.open("x") as f:
+            f.write(text)
+        click.echo(f"checkpoint of record {head.seq} written to {output}", err=True)

@@ -1,0 +1,66 @@
+"""The root `appliance` group and what every command shares: settings, the open store, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from appliance import config, store
+from appliance.errors import KeyMissing
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML config file (default: $APPLIANCE_CONFIG, else /etc/appliance/appliance.toml).",
+)
+@click.pass_context
+def cli(ctx: click.Context, config_file: Path | None) -> None:
+    """The appliance: fine-tune, optimise and serve models on this server."""
+    ctx.obj = config_file
+
+
+def load_settings() -> config.Settings:
+    return config.load(click.get_current_context().find_root().obj)
+
+
+@contextmanager
+def opened_store() -> Iterator[store.Store]:
+    """The unlocked store; a passphrase comes from APPLIANCE_PASSPHRASE or, at a terminal, a prompt."""
+    settings = load_settings()
+    passphrase = os.environ.get("APPLIANCE_PASSPHRASE")
+    try:
+        opened = store.open(settings, passphrase)
+    except KeyMissing:
+        if passphrase is not None or not sys.stdin.isatty():
+            raise
+        opened = store.open(settings, click.prompt("Passphrase", hide_input=True))
+    with opened:
+        yield opened
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str))
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[Callable[..., None]]:
+    """A progress bar on stderr, fed with (done, total) and, when it changes, a new label."""
+    with click.progressbar(length=1, label=label, file=sys.stderr) as bar:
+
+        def update(done: int, total: int, label: str | None = None) -> None:
+            bar.length = max(total, 1)
+            if label is not None:
+                bar.label = label
+            bar.update(done - bar.pos)
+
+        yield update

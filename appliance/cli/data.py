@@ -1,0 +1,111 @@
+"""`appliance data`: import dataset files as versions, and look at the versions stored."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import click
+
+from appliance import datasets
+from appliance.cli.base import cli, opened_store, print_json, progress_bar
+
+
+@cli.group("data")
+def data_group() -> None:
+    """Import datasets and inspect their versions."""
+
+
+@data_group.command("import")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--name", required=True, help="Dataset name; a changed file becomes its next version.")
+@click.option("--task", type=click.Choice(datasets.TASKS), default=datasets.TEXT, show_default=True)
+@click.option("--text-column", default="text", show_default=True, help="Column (CSV) or field (JSONL) of the text.")
+@click.option("--label-column", default="label", show_default=True, help="Column or field of the label.")
+@click.option(
+    "--validation-fraction",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=0.2,
+    show_default=True,
+    help="Share of each class held out for validation.",
+)
+@click.option("--seed", type=int, default=13, show_default=True, help="Seed of the train/validation split.")
+def data_import(
+    path: Path, name: str, task: str, text_column: str, label_column: str, validation_fraction: float, seed: int
+) -> None:
+    """Check PATH (a CSV or JSONL file, or a folder of class subfolders of images) and store it encrypted."""
+    with opened_store() as opened:
+        known = {version.id for version in datasets.list_versions(opened)}
+        with progress_bar(f"reading {path.name}") as progress:
+            version = datasets.import_file(
+                opened,
+                path,
+                name=name,
+                task=task,
+                text_column=text_column,
+                label_column=label_column,
+                validation_fraction=validation_fraction,
+                seed=seed,
+                progress=progress,
+            )
+        counts = datasets.load(opened, version).counts
+    click.echo(f"{'unchanged, already stored as' if version.id in known else 'imported as'} {version.ref}")
+    _describe(version, counts)
+
+
+@data_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def data_list(as_json: bool) -> None:
+    """List every version of every dataset."""
+    with opened_store() as opened:
+        versions = datasets.list_versions(opened)
+    if as_json:
+        print_json([_as_json(version) for version in versions])
+        return
+    if not versions:
+        click.echo("no datasets yet: 'appliance data import PATH --name NAME' adds one")
+    for v in versions:
+        click.echo(
+            f"{v.ref:<24} {v.id[:12]}  {v.task:<20} {v.examples:>7} examples"
+            f"  {len(v.labels):>3} labels  {v.created_at[:19]}"
+        )
+
+
+@data_group.command("show")
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def data_show(ref: str, as_json: bool) -> None:
+    """Show one version: REF is a name (its latest version), name:version or an id prefix."""
+    with opened_store() as opened:
+        version = datasets.get(opened, ref)
+        counts = datasets.load(opened, version).counts
+    if as_json:
+        print_json({**_as_json(version), "counts": counts})
+    else:
+        _describe(version, counts)
+
+
+def _describe(version: datasets.DatasetVersion, counts: dict[str, int]) -> None:
+    split = version.split
+    click.echo(f"id          {version.id}")
+    click.echo(f"task        {version.task}")
+    click.echo(
+        f"examples    {version.examples}: {len(split['train'])} train, {len(split['validation'])} validation"
+        f" (fraction {split['validation_fraction']}, seed {split['seed']})"
+    )
+    click.echo(f"residency   {version.residency}")
+    click.echo(f"source      {version.source}")
+    click.echo(f"created     {version.created_at}")
+    click.echo("labels")
+    width = max(map(len, counts), default=0)
+    for label, count in counts.items():
+        click.echo(f"  {label:<{width}}  {count:>6}")
+    for warning in version.warnings:
+        click.echo(f"warning: {warning}")
+
+
+def _as_json(version: datasets.DatasetVersion) -> dict[str, Any]:
+    """The version as JSON, with the split's sizes rather than its index lists."""
+    split = {**version.split, "train": len(version.split["train"]), "validation": len(version.split["validation"])}
+    return {**dataclasses.asdict(version), "ref": version.ref, "split": split}

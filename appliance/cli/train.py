@@ -1,0 +1,177 @@
+"""`appliance train` and `appliance runs`: fine-tune on a dataset, and compare runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from appliance.cli.base import cli, load_settings, opened_store, print_json, progress_bar
+from appliance.train import runs
+from appliance.train.params import TrainParams
+
+if TYPE_CHECKING:
+    from appliance.train.engine import Progress
+
+
+class _StopFlag:
+    """SIGTERM or Ctrl-C asks the run to checkpoint and stop at the next step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def install(self) -> None:
+        def handler(_signum: int, _frame: object) -> None:
+            self.requested = True
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+@cli.command("train")
+@click.option("--data", "dataset", help="Dataset name, name:version or id (see 'appliance data list').")
+@click.option("--base", type=click.Path(file_okay=False, path_type=Path), help="Local Hugging Face model directory.")
+@click.option("--epochs", type=click.IntRange(1, 1000), default=TrainParams.epochs, show_default=True)
+@click.option("--lr", type=click.FloatRange(0, 1, min_open=True), default=TrainParams.learning_rate, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 4096), default=TrainParams.batch_size, show_default=True,
+              help="Effective batch; the plan splits it into micro-batches that fit memory.")
+@click.option("--max-length", type=click.IntRange(8, 8192), default=TrainParams.max_length, show_default=True)
+@click.option("--lora", is_flag=True, help="Train LoRA adapters instead of every weight.")
+@click.option("--schedule", type=click.Choice(["linear", "cosine"]), default="linear", show_default=True)
+@click.option("--patience", type=click.IntRange(1), default=TrainParams.patience, show_default=True,
+              help="Stop after this many epochs without a better validation metric.")
+@click.option("--seed", type=int, default=TrainParams.seed, show_default=True)
+@click.option("--max-minutes", type=click.FloatRange(0, min_open=True), help="Stop after this long with the best so far.")
+@click.option("--checkpoint-every", type=click.IntRange(1), default=TrainParams.checkpoint_every, show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the best available.")
+@click.option("--resume", "resume_run", help="Continue an interrupted run from its last checkpoint.")
+def train(
+    dataset: str | None,
+    base: Path | None,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    max_length: int,
+    lora: bool,
+    schedule: str,
+    patience: int,
+    seed: int,
+    max_minutes: float | None,
+    checkpoint_every: int,
+    device: str | None,
+    resume_run: str | None,
+) -> None:
+    """Fine-tune a base model on a dataset version, checkpointing as it goes."""
+    if (dataset is None) == (resume_run is None):
+        raise click.UsageError("give either --data NAME for a new run or --resume RUN")
+    from appliance.train import engine  # torch loads only for the commands that train
+
+    stop = _StopFlag()
+    stop.install()
+    with opened_store() as opened, progress_bar("training") as bar:
+
+        def show(report: Progress) -> None:
+            bar(report.step, report.total_steps, _describe(report))
+
+        if resume_run:
+            result = engine.resume(opened, resume_run, progress=show, should_stop=stop)
+        else:
+            params = TrainParams(
+                epochs=epochs, learning_rate=lr, batch_size=batch_size, max_length=max_length, lora=lora,
+                schedule=schedule, patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
+            )
+            result = engine.start(
+                opened, dataset=dataset, base_dir=base or load_settings().base_model, params=params, device=device,
+                progress=show, should_stop=stop,
+            )
+    if result.status == "interrupted":
+        click.echo(f"run {result.run_id} stopped at step {result.steps} and checkpointed")
+        click.echo(f"  continue it with: appliance train --resume {result.run_id}")
+        sys.exit(143 if stop.requested else 1)
+    summary = ", ".join(f"{name} {value:.4f}" for name, value in result.metrics.items())
+    click.echo(f"run {result.run_id} finished after {result.steps} steps" + (" (stopped early)" if result.stopped_early else ""))
+    click.echo(f"  best validation: {summary}")
+    click.echo(f"  model blob {result.model_blob}")
+
+
+def _describe(report: Progress) -> str:
+    eta = f" eta {report.eta_s:.0f}s" if report.eta_s is not None else ""
+    return (
+        f"epoch {report.epoch}/{report.epochs} {report.phase} loss {report.loss:.4f} "
+        f"{report.samples_per_s:.1f} samples/s{eta}"
+    )
+
+
+@cli.group("runs")
+def runs_group() -> None:
+    """Training runs: their parameters, plans and metrics."""
+
+
+@runs_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def runs_list(as_json: bool) -> None:
+    """Every training run, oldest first."""
+    with opened_store() as opened:
+        found = runs.list_runs(opened)
+    if as_json:
+        print_json([run.__dict__ for run in found])
+        return
+    if not found:
+        click.echo("no training runs yet; start one with 'appliance train --data NAME'")
+    for run in found:
+        metric = f"macro_f1 {run.metrics['macro_f1']:.4f}" if run.metrics else ""
+        click.echo(f"{run.id}  {run.created_at}  {run.status:<11} {os.path.basename(run.base_model):<20} {metric}")
+
+
+@runs_group.command("show")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def runs_show(run_id: str, as_json: bool) -> None:
+    """One run: hyperparameters, hardware plan and per-epoch metrics."""
+    with opened_store() as opened:
+        run = runs.get(opened, run_id)
+        history = runs.epochs(opened, run.id)
+    if as_json:
+        print_json({**run.__dict__, "epochs": [row.__dict__ for row in history]})
+        return
+    click.echo(f"run {run.id}: {run.status}, dataset {run.dataset_id[:12]}, base {run.base_model}")
+    click.echo("params: " + ", ".join(f"{k}={v}" for k, v in run.params.items()))
+    plan = run.plan
+    click.echo(
+        f"plan:   {plan['device']} {plan['precision']}, {plan['threads']} threads, "
+        f"micro-batch {plan['micro_batch']} x {plan['accumulation']}"
+    )
+    for row in history:
+        click.echo(
+            f"  epoch {row.epoch:>3}  train loss {row.train_loss:.4f}  val loss {row.metrics['loss']:.4f}  "
+            f"accuracy {row.metrics['accuracy']:.4f}  macro-F1 {row.metrics['macro_f1']:.4f}  "
+            f"{row.samples_per_s:.1f} samples/s  at {row.elapsed_s:.0f}s"
+        )
+
+
+@runs_group.command("compare")
+@click.argument("first")
+@click.argument("second")
+def runs_compare(first: str, second: str) -> None:
+    """Two runs side by side: what differed, and what it gave."""
+    with opened_store() as opened:
+        a, b = runs.get(opened, first), runs.get(opened, second)
+    click.echo(f"{'':22} {a.id:>16} {b.id:>16}")
+    for section, left, right in (("params", a.params, b.params), ("plan", a.plan, b.plan), ("metrics", a.metrics or {}, b.metrics or {})):
+        for key in sorted(set(left) | set(right)):
+            x, y = left.get(key), right.get(key)
+            marker = " " if x == y else "*"
+            click.echo(f"{marker}{section[:1]}.{key:<20} {_cell(x):>16} {_cell(y):>16}")
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)[:16]

@@ -1,0 +1,594 @@
+"""Dataset versions: a file or folder turned into checked, hashed, encrypted training data.
+
+import_file() reads a CSV or JSONL file of texts, or a folder of class subfolders of
+images, checks every example and reports the problems together, each with the file
+and line (or image) it is on. What passes is normalised to one canonical form (JSON
+lines of text and label in file order; an uncompressed tar of label/file entries with
+fixed metadata) whose SHA-256 is both the version's id and its blob id, so the same
+data is one version however often it is imported. The train/validation split is
+stratified per label and fixed by its seed. Plaintext never touches the disk: files
+are read line by line, normalised in memory and stored with blobs.put.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import random
+import re
+import tarfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from appliance.errors import DatasetError
+from appliance.store import Store, audit, blobs
+
+TEXT = "text-classification"
+IMAGE = "image-classification"
+TASKS = (TEXT, IMAGE)
+TEXT_SUFFIXES = (".csv", ".jsonl", ".ndjson")
+MAX_IMAGE_BYTES = 20 * 2**20
+MAX_SHOWN = 20  # problems (and dropped lines) listed one by one; the rest are counted
+PROGRESS_STEP = 256 * 1024  # bytes read between two progress reports on a text file
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ID_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")
+ACTION = "dataset.import"
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class DatasetVersion:
+    """One immutable imported version of a named dataset, as its row in `datasets` holds it."""
+
+    id: str
+    name: str
+    version: int
+    task: str
+    blob_id: str
+    source: str
+    examples: int
+    labels: list[str]
+    split: dict[str, Any]
+    warnings: list[str]
+    residency: str
+    created_at: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+@dataclass(frozen=True)
+class LoadedDataset:
+    """A version decrypted into memory for training: examples by index, and the split over them."""
+
+    version: DatasetVersion
+    labels: list[str]
+    label_names: list[str]
+    train: list[int]
+    validation: list[int]
+    texts: list[str] = field(default_factory=list)
+    images: list[bytes] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Examples per label, in label_names order."""
+        counted = Counter(self.labels)
+        return {name: counted[name] for name in self.label_names}
+
+
+COLUMNS = tuple(f.name for f in dataclasses.fields(DatasetVersion))
+JSON_COLUMNS = ("labels", "split", "warnings")
+
+
+# -- importing ---------------------------------------------------------------------
+
+
+def import_file(
+    store: Store,
+    path: str | Path,
+    *,
+    name: str,
+    task: str = TEXT,
+    text_column: str = "text",
+    label_column: str = "label",
+    validation_fraction: float = 0.2,
+    seed: int = 13,
+    min_per_class: int = 2,
+    max_text_chars: int = 20000,
+    actor: str | None = None,
+    progress: Progress | None = None,
+) -> DatasetVersion:
+    """Check a file or folder and store it as the next version of the named dataset.
+
+    Identical content under the same name returns the version that already holds it.
+    """
+    path = Path(path)
+    details: dict[str, Any] = {"source": str(path.resolve()), "task": task}
+    try:
+        _check_request(path, name, task, validation_fraction)
+        examples, warnings = _read(path, task, (text_column, label_column), max_text_chars, min_per_class, progress)
+        content = _canonical(task, examples)
+        existing = _existing(store, hashlib.sha256(content).hexdigest(), name)
+    except DatasetError:
+        # A refusal is audited too: operation() writes the "failed" record and re-raises.
+        with audit.operation(store, ACTION, name, actor=actor, **details):
+            raise
+    if existing is not None:
+        return existing
+    labels = [example.label for example in examples]
+    with audit.operation(store, ACTION, name, actor=actor, **details) as recorded:
+        blob_id = blobs.put(store, content)
+        version = store.db.execute(
+            "SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (name,)
+        ).fetchone()[0]
+        row = {
+            "id": blob_id,
+            "name": name,
+            "version": version,
+            "task": task,
+            "blob_id": blob_id,
+            "source": details["source"],
+            "examples": len(labels),
+            "labels": json.dumps(sorted(set(labels))),
+            "split": json.dumps(_split(labels, validation_fraction, seed)),
+            "warnings": json.dumps(warnings),
+            "created_at": datetime.now(UTC).isoformat(),
+        }
+        store.db.execute(
+            f"INSERT INTO datasets ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
+        )
+        recorded.update(id=blob_id, version=version, examples=len(labels), warnings=len(warnings))
+    return _select(store, "id = ?", (blob_id,))[0]
+
+
+def _read(
+    path: Path,
+    task: str,
+    columns: tuple[str, str],
+    max_text_chars: int,
+    min_per_class: int,
+    progress: Progress | None,
+) -> tuple[list[_Example], list[str]]:
+    """Every example of the file or folder, checked, and the warnings; raise with all the problems found."""
+    collector = _Collector(path.name)
+    try:
+        if task == IMAGE:
+            _read_images(path, collector, progress)
+        else:
+            _read_text(path, collector, progress, columns, max_text_chars)
+    except OSError as exc:
+        raise DatasetError(f"cannot read {exc.filename or path}: {exc.strerror}") from exc
+    return collector.examples, collector.finish(min_per_class)
+
+
+def _check_request(path: Path, name: str, task: str, validation_fraction: float) -> None:
+    """Refuse arguments that cannot work before reading anything."""
+    if not NAME.fullmatch(name):
+        raise DatasetError(
+            f"{name!r} is not a usable dataset name",
+            hint="use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+    if task not in TASKS:
+        raise DatasetError(f"unknown task {task!r}", hint=f"use one of: {', '.join(TASKS)}")
+    if not 0 < validation_fraction < 1:
+        raise DatasetError(
+            f"validation fraction {validation_fraction} is not between 0 and 1", hint="0.2 is a good start"
+        )
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or folder")
+    if task == IMAGE and not path.is_dir():
+        raise DatasetError(
+            f"{path} is not a folder", hint="image datasets are a folder with one subfolder of images per class"
+        )
+    if task == TEXT and (path.is_dir() or path.suffix.lower() not in TEXT_SUFFIXES):
+        raise DatasetError(
+            f"{path} is not a CSV or JSONL file",
+            hint="text datasets are .csv (with a header row) or .jsonl; a folder of images needs"
+            " --task image-classification",
+        )
+
+
+def _existing(store: Store, dataset_id: str, name: str) -> DatasetVersion | None:
+    """The version that already holds this content under this name; under another name, refuse."""
+    found = _select(store, "id = ?", (dataset_id,))
+    if found and found[0].name != name:
+        raise DatasetError(
+            f"this data is already imported as {found[0].ref} (id {dataset_id[:12]})",
+            hint=f"train on '{found[0].ref}', or change the data before importing it as {name!r}",
+        )
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class _Example:
+    where: str  # "customers.csv line 7" or "photos/cats/tabby.png", for messages
+    label: str
+    content: str | bytes  # the text, or the image file's bytes
+    entry: str = ""  # an image's name in the canonical tar: label/file
+
+
+class _Collector:
+    """Examples in file order with duplicates dropped, and every problem met on the way."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.examples: list[_Example] = []
+        self.warnings: list[str] = []
+        self.problems: list[str] = []
+        self.problem_count = 0
+        self._duplicates: list[str] = []
+        self._seen: dict[str | bytes, _Example] = {}
+
+    def problem(self, message: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_SHOWN:
+            self.problems.append(message)
+
+    def add(self, example: _Example) -> None:
+        """Keep a new example, count a repeat with the same label, refuse one with another."""
+        earlier = self._seen.setdefault(example.content, example)
+        if earlier is example:
+            self.examples.append(example)
+        elif earlier.label == example.label:
+            self._duplicates.append(example.where)
+        else:
+            kind = "text" if isinstance(example.content, str) else "image"
+            self.problem(
+                f"{example.where}: labelled {example.label!r}, but the same {kind} at {earlier.where}"
+                f" is labelled {earlier.label!r}"
+            )
+
+    def finish(self, min_per_class: int) -> list[str]:
+        """Raise with every problem found, else return the warnings to keep with the version."""
+        if not self.problem_count:  # rows with problems would skew the counts per class
+            self._check_classes(min_per_class)
+        if self.problem_count:
+            raise DatasetError(_report(self.source, self.problems, self.problem_count), hint=_hint(self.problem_count))
+        if self._duplicates:
+            self.warnings.append(
+                f"dropped {_count(len(self._duplicates), 'duplicate')} of earlier examples with the same label:"
+                f" {_listing(self._duplicates)}"
+            )
+        return self.warnings
+
+    def _check_classes(self, min_per_class: int) -> None:
+        """Enough classes, and enough examples of each, to train and validate on."""
+        places: dict[str, list[str]] = {}
+        for example in self.examples:
+            places.setdefault(example.label, []).append(example.where)
+        for label, where in sorted(places.items()):
+            if len(where) < min_per_class:
+                self.problem(
+                    f"class {label!r} has {_count(len(where), 'example')} ({_listing(where)}),"
+                    f" fewer than the {min_per_class} each class needs"
+                )
+        if len(places) < 2:
+            found = f"every example is labelled {next(iter(places))!r}" if places else "no examples found"
+            self.problem(f"{self.source}: {found}; a classifier needs at least two classes")
+
+
+def _report(source: str, shown: list[str], total: int) -> str:
+    if total == 1:
+        return shown[0]
+    lines = [f"{source}: {total} problems", *(f"  {problem}" for problem in shown)]
+    if total > len(shown):
+        lines.append(f"  and {total - len(shown)} more")
+    return "\n".join(lines)
+
+
+def _hint(total: int) -> str:
+    return f"fix {'it' if total == 1 else 'them'} and import again; nothing was stored"
+
+
+def _listing(items: list[str]) -> str:
+    rest = len(items) - MAX_SHOWN
+    return ", ".join(items[:MAX_SHOWN]) + (f" and {rest} more" if rest > 0 else "")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+# -- text files --------------------------------------------------------------------
+
+
+def _read_text(
+    path: Path, collector: _Collector, progress: Progress | None, columns: tuple[str, str], max_chars: int
+) -> None:
+    """Every row of a CSV or JSONL file, checked and collected; columns are (text, label)."""
+    lines = _decoded_lines(path, collector, progress)
+    if path.suffix.lower() == ".csv":
+        rows = _csv_rows(path.name, lines, collector, columns)
+    else:
+        rows = _jsonl_rows(path.name, lines, collector)
+    for where, fields in rows:
+        example = _text_example(where, fields, columns, max_chars)
+        if isinstance(example, str):
+            collector.problem(example)
+        else:
+            collector.add(example)
+
+
+def _decoded_lines(path: Path, collector: _Collector, progress: Progress | None) -> Iterator[str]:
+    """The file's lines as text; a bad byte is reported with its line and position, then replaced."""
+    total = path.stat().st_size
+    done = reported = 0
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            done += len(raw)
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                collector.problem(
+                    f"{path.name} line {number}: not valid UTF-8"
+                    f" (byte 0x{raw[exc.start]:02x} at position {exc.start + 1})"
+                )
+                line = raw.decode("utf-8", errors="replace")
+            yield line
+            if progress is not None and done - reported >= PROGRESS_STEP:
+                progress(done, total)
+                reported = done
+    if progress is not None:
+        progress(done, max(done, total))
+
+
+def _csv_rows(
+    name: str, lines: Iterable[str], collector: _Collector, columns: tuple[str, str]
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """Each data row of a CSV file as {column: value}, with the line it starts on."""
+    records = _csv_records(name, lines, collector)
+    first = next(records, None)
+    if first is None:
+        return  # an empty file, or one that is not CSV: the collector says which
+    header_line, header = first[0], [column.strip() for column in first[1]]
+    missing = [column for column in columns if column not in header]
+    if missing:
+        raise DatasetError(
+            f"{name} line {header_line}: no column {' or '.join(map(repr, missing))}"
+            f" (columns found: {', '.join(header)})",
+            hint="name the columns with --text-column and --label-column;"
+            " the first line must name the columns, separated by commas",
+        )
+    for start, row in records:
+        if len(row) == len(header):
+            yield f"{name} line {start}", dict(zip(header, row))
+        else:
+            collector.problem(
+                f"{name} line {start}: {_count(len(row), 'field')}, but the header has {len(header)}"
+                " (a comma in a text that is not in double quotes?)"
+            )
+
+
+def _csv_records(name: str, lines: Iterable[str], collector: _Collector) -> Iterator[tuple[int, list[str]]]:
+    """The non-blank records of a CSV file with the line each starts on; parsing stops at the first bad one."""
+    reader = csv.reader(lines)
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader, None)
+        except csv.Error as exc:
+            collector.problem(f"{name} line {reader.line_num}: not readable as CSV ({exc})")
+            return
+        if row is None:
+            return
+        if row:
+            yield start, row
+
+
+def _jsonl_rows(name: str, lines: Iterable[str], collector: _Collector) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each JSON object of a JSONL file, with its line."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{name} line {number}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            collector.problem(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        if not isinstance(value, dict):
+            collector.problem(f"{where}: expected a JSON object, found {type(value).__name__}")
+            continue
+        yield where, value
+
+
+def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str], max_chars: int) -> _Example | str:
+    """The row as an example, or the problem that stops it being one."""
+    for column in columns:
+        if column not in fields:
+            return f"{where}: no field {column!r} (fields found: {', '.join(fields) or 'none'})"
+    text = _as_text(fields[columns[0]])
+    label = _as_text(fields[columns[1]], numbers=True)
+    if text is None or label is None:
+        return f"{where}: the {'text' if text is None else 'label'} is not a string"
+    if not text:
+        return f"{where}: empty text"
+    if not label:
+        return f"{where}: missing label"
+    if len(text) > max_chars:
+        return f"{where}: text of {len(text):,} characters, over the limit of {max_chars:,}"
+    return _Example(where, label, text)
+
+
+def _as_text(value: object, *, numbers: bool = False) -> str | None:
+    """A JSON or CSV value as stripped text: null is empty, numbers only where asked (0/1 labels)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+# -- image folders -----------------------------------------------------------------
+
+
+def _read_images(root: Path, collector: _Collector, progress: Progress | None) -> None:
+    """Every image in the class subfolders of root, labelled by its subfolder and checked."""
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise DatasetError(
+            f"{root.name} has no class folders",
+            hint=f"put each class's images in a subfolder named after it, e.g. {root.name}/cats/1.png",
+        )
+    stray = sorted(p.name for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
+    if stray:
+        collector.warnings.append(f"ignored {_count(len(stray), 'file')} outside class folders: {_listing(stray)}")
+    files = [
+        file
+        for folder in classes
+        for file in sorted(folder.rglob("*"))
+        if file.is_file() and not any(part.startswith(".") for part in file.relative_to(root).parts)
+    ]
+    sizes = [file.stat().st_size for file in files]
+    total, done = sum(sizes), 0
+    for file, size in zip(files, sizes):
+        entry = file.relative_to(root).as_posix()
+        where = f"{root.name}/{entry}"
+        if size > MAX_IMAGE_BYTES:
+            collector.problem(f"{where}: {size / 2**20:.1f} MiB, over the {MAX_IMAGE_BYTES // 2**20} MiB limit")
+        else:
+            content = file.read_bytes()
+            unreadable = _image_problem(content)
+            if unreadable:
+                collector.problem(f"{where}: not a readable image ({unreadable})")
+            else:
+                collector.add(_Example(where, entry.split("/", 1)[0], content, entry))
+        done += size
+        if progress is not None:
+            progress(done, total)
+
+
+def _image_problem(content: bytes) -> str | None:
+    """Why Pillow cannot decode the image, or None when it can."""
+    try:
+        with Image.open(io.BytesIO(content)) as image:
+            image.verify()  # checks structure and checksums
+        with Image.open(io.BytesIO(content)) as image:
+            image.load()  # decodes every pixel: catches a truncated file that verify() lets through
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
+# -- canonical form and split ------------------------------------------------------
+
+
+def _canonical(task: str, examples: list[_Example]) -> bytes:
+    """The one byte form of the examples that the version's id is the hash of."""
+    if task == IMAGE:
+        return _tar(examples)
+    return b"".join(
+        json.dumps({"text": example.content, "label": example.label}, ensure_ascii=False).encode() + b"\n"
+        for example in examples
+    )
+
+
+def _tar(examples: list[_Example]) -> bytes:
+    """An uncompressed tar with fixed metadata, so the same images always give the same bytes."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for example in examples:
+            info = tarfile.TarInfo(example.entry)
+            info.size, info.mode, info.mtime = len(example.content), 0o644, 0
+            tar.addfile(info, io.BytesIO(example.content))
+    return buffer.getvalue()
+
+
+def _split(labels: list[str], fraction: float, seed: int) -> dict[str, Any]:
+    """Train and validation indices, stratified per label and fixed by the seed.
+
+    Every class of two or more examples gets at least one validation and one training example.
+    """
+    rng = random.Random(seed)
+    by_label: dict[str, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_label.setdefault(label, []).append(index)
+    validation: set[int] = set()
+    for label in sorted(by_label):
+        indices = by_label[label]
+        rng.shuffle(indices)
+        validation.update(indices[: min(max(round(len(indices) * fraction), 1), len(indices) - 1)])
+    return {
+        "seed": seed,
+        "validation_fraction": fraction,
+        "train": [index for index in range(len(labels)) if index not in validation],
+        "validation": sorted(validation),
+    }
+
+
+# -- reading versions --------------------------------------------------------------
+
+
+def list_versions(store: Store) -> list[DatasetVersion]:
+    """Every version of every dataset, by name then version."""
+    return _select(store, "1", ())
+
+
+def get(store: Store, ref: str) -> DatasetVersion:
+    """The version a person or a run names: 'name' (its latest), 'name:version' or an id prefix."""
+    name, colon, number = ref.partition(":")
+    if colon:
+        found = _select(store, "name = ? AND version = ?", (name, int(number))) if number.isdigit() else []
+    else:
+        found = _select(store, "name = ?", (ref,))[-1:]
+        if not found and ID_PREFIX.fullmatch(ref):
+            found = _select(store, "id LIKE ?", (ref.lower() + "%",))
+    if len(found) > 1:
+        raise DatasetError(
+            f"{ref!r} is the start of {len(found)} dataset ids: {', '.join(v.ref for v in found)}",
+            hint="give more of the id, or name:version",
+        )
+    if not found:
+        names = sorted({version.name for version in list_versions(store)})
+        raise DatasetError(
+            f"no dataset {ref!r}",
+            hint=f"known datasets: {', '.join(names)} (see 'appliance data list')"
+            if names
+            else "none imported yet: 'appliance data import PATH --name NAME'",
+        )
+    return found[0]
+
+
+def load(store: Store, version: DatasetVersion) -> LoadedDataset:
+    """Decrypt a version into memory, never onto disk, in the form training reads."""
+    content = blobs.read(store, version.blob_id)
+    split = (version.split["train"], version.split["validation"])
+    if version.task == IMAGE:
+        labels, images = [], []
+        with tarfile.open(fileobj=io.BytesIO(content)) as tar:
+            for member in tar:
+                labels.append(member.name.split("/", 1)[0])
+                images.append(tar.extractfile(member).read())
+        return LoadedDataset(version, labels, version.labels, *split, images=images)
+    records = [json.loads(line) for line in content.decode("utf-8").split("\n") if line]
+    return LoadedDataset(
+        version, [r["label"] for r in records], version.labels, *split, texts=[r["text"] for r in records]
+    )
+
+
+def _select(store: Store, where: str, params: tuple[Any, ...]) -> list[DatasetVersion]:
+    rows = store.db.execute(
+        f"SELECT {', '.join(COLUMNS)} FROM datasets WHERE {where} ORDER BY name, version", params
+    ).fetchall()
+    versions = []
+    for row in rows:
+        values = dict(zip(COLUMNS, row))
+        values.update({column: json.loads(values[column]) for column in JSON_COLUMNS})
+        versions.append(DatasetVersion(**values))
+    return versions

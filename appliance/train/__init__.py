@@ -1,0 +1,1 @@
+"""Fine-tuning: task adapters, the training loop, checkpoints and run tracking."""

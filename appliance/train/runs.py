@@ -1,0 +1,126 @@
+"""Experiment tracking: one row per training run, one per epoch, in the store.
+
+Two runs can be compared because both their hyperparameters and their hardware
+plans are kept next to their metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from appliance.errors import JobError
+from appliance.store import Store, audit
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    dataset_id: str
+    base_model: str
+    task: str
+    params: dict[str, Any]
+    plan: dict[str, Any]
+    status: str
+    model_blob: str | None
+    metrics: dict[str, Any] | None
+    created_at: str
+    finished_at: str | None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def create(store: Store, *, dataset_id: str, base_model: str, task: str, params: dict, plan: dict) -> str:
+    run_id = uuid.uuid4().hex[:12]
+    with audit.operation(store, "train.start", run_id, dataset=dataset_id, base_model=base_model):
+        store.db.execute(
+            "INSERT INTO runs (id, dataset_id, base_model, task, params, plan, status, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
+            (run_id, dataset_id, base_model, task, json.dumps(params), json.dumps(plan), _now()),
+        )
+    return run_id
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch's record: validation metrics, throughput and when it was reached."""
+
+    epoch: int
+    step: int
+    train_loss: float
+    metrics: dict[str, float]
+    samples_per_s: float
+    elapsed_s: float
+
+
+def record_epoch(store: Store, run_id: str, row: Epoch) -> None:
+    with audit.operation(store, "train.epoch", run_id, epoch=row.epoch, **row.metrics):
+        store.db.execute(
+            "INSERT OR REPLACE INTO run_epochs"
+            " (run_id, epoch, step, train_loss, metrics, samples_per_s, elapsed_s, ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, row.epoch, row.step, row.train_loss, json.dumps(row.metrics), row.samples_per_s, row.elapsed_s, _now()),
+        )
+
+
+def set_status(store: Store, run_id: str, status: str, **details: Any) -> None:
+    with audit.operation(store, f"train.{status}", run_id, **details):
+        store.db.execute(
+            "UPDATE runs SET status = ?, finished_at = ? WHERE id = ?",
+            (status, _now() if status != "running" else None, run_id),
+        )
+
+
+def finish(store: Store, run_id: str, model_blob: str, metrics: dict) -> None:
+    with audit.operation(store, "train.finished", run_id, model=model_blob, **metrics):
+        store.db.execute(
+            "UPDATE runs SET status = 'finished', model_blob = ?, metrics = ?, finished_at = ? WHERE id = ?",
+            (model_blob, json.dumps(metrics), _now(), run_id),
+        )
+
+
+def get(store: Store, run_id: str) -> Run:
+    row = store.db.execute("SELECT * FROM runs WHERE id = ? OR id LIKE ?", (run_id, f"{run_id}%")).fetchall()
+    if len(row) != 1:
+        raise JobError(
+            f"no training run {run_id!r}" if not row else f"{run_id!r} matches {len(row)} runs",
+            hint="'appliance runs list' shows the runs",
+        )
+    return _run(dict(zip(_columns(store), row[0])))
+
+
+def list_runs(store: Store) -> list[Run]:
+    return [_run(dict(zip(_columns(store), row))) for row in store.db.execute("SELECT * FROM runs ORDER BY created_at")]
+
+
+def epochs(store: Store, run_id: str) -> list[Epoch]:
+    rows = store.db.execute(
+        "SELECT epoch, step, train_loss, metrics, samples_per_s, elapsed_s FROM run_epochs"
+        " WHERE run_id = ? ORDER BY epoch",
+        (run_id,),
+    )
+    return [Epoch(e, s, loss, json.loads(m), sps, elapsed) for e, s, loss, m, sps, elapsed in rows]
+
+
+def _columns(store: Store) -> list[str]:
+    return [column.name for column in store.db["runs"].columns]
+
+
+def _run(row: dict[str, Any]) -> Run:
+    return Run(
+        id=row["id"],
+        dataset_id=row["dataset_id"],
+        base_model=row["base_model"],
+        task=row["task"],
+        params=json.loads(row["params"]),
+        plan=json.loads(row["plan"]),
+        status=row["status"],
+        model_blob=row["model_blob"],
+        metrics=json.loads(row["metrics"]) if row["metrics"] else None,
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+    )

@@ -1,0 +1,230 @@
+"""Task adapters: what differs between text and image classification.
+
+The engine only sees a Task: it builds the model, cuts indices into batches, turns a
+batch into tensors, and packs the trained model into a bundle that serving can load
+without the training code. Metrics are shared by every task.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from PIL import Image
+from safetensors.torch import save as save_safetensors
+from torch import nn
+
+from appliance.datasets import LoadedDataset
+from appliance.errors import JobError
+
+# Files of a Hugging Face model directory that travel with the model (weights excluded).
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "merges.txt",
+    "vocab.json",
+    "sentencepiece.bpe.model",
+)
+
+
+class Task(Protocol):
+    """What the engine needs from a task."""
+
+    kind: str
+    label_names: list[str]
+
+    def build_model(self) -> nn.Module: ...
+    def batches(self, indices: Sequence[int], size: int, generator: torch.Generator) -> list[list[int]]: ...
+    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]: ...
+    def bundle(self, model: nn.Module) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.1
+
+
+class TextClassification:
+    """Sequence classification on a local Hugging Face model directory."""
+
+    kind = "text-classification"
+
+    def __init__(self, data: LoadedDataset, base_dir: Path, max_length: int, lora: LoraSettings | None) -> None:
+        from transformers import AutoTokenizer
+
+        self.base_dir = base_dir
+        self.label_names = data.label_names
+        self.max_length = max_length
+        self.lora = lora
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise JobError(
+                f"cannot load a tokenizer from {base_dir}: {exc}",
+                hint="--base must be a local Hugging Face model directory (config.json, tokenizer files, weights)",
+            ) from exc
+        encoded = self.tokenizer(data.texts, truncation=True, max_length=max_length)
+        self.input_ids: list[list[int]] = encoded["input_ids"]
+        index = {name: i for i, name in enumerate(self.label_names)}
+        self.targets = torch.tensor([index[label] for label in data.labels])
+
+    def build_model(self) -> nn.Module:
+        from transformers import AutoModelForSequenceClassification
+
+        model = AutoModelForSequenceClassification.from_pretrained(
+            self.base_dir,
+            num_labels=len(self.label_names),
+            id2label=dict(enumerate(self.label_names)),
+            label2id={name: i for i, name in enumerate(self.label_names)},
+            local_files_only=True,
+        )
+        if self.lora is None:
+            return model
+        from peft import LoraConfig, TaskType, get_peft_model
+
+        config = LoraConfig(
+            task_type=TaskType.SEQ_CLS, r=self.lora.rank, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout
+        )
+        return get_peft_model(model, config)
+
+    def batches(self, indices: Sequence[int], size: int, generator: torch.Generator) -> list[list[int]]:
+        """Length-grouped batches: similar lengths together, so padding stays small, in random order."""
+        order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
+        group = size * 50
+        batches = []
+        for start in range(0, len(order), group):
+            chunk = sorted(order[start : start + group], key=lambda i: len(self.input_ids[i]), reverse=True)
+            batches += [chunk[i : i + size] for i in range(0, len(chunk), size)]
+        return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Pad to the longest example of this batch only."""
+        rows = [self.input_ids[i] for i in indices]
+        width = max(len(row) for row in rows)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for n, row in enumerate(rows):
+            ids[n, : len(row)] = torch.tensor(row)
+            mask[n, : len(row)] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": self.targets[list(indices)]}
+
+    def bundle(self, model: nn.Module) -> bytes:
+        """config.json + model.safetensors + tokenizer files + appliance.json, as a tar in memory."""
+        if hasattr(model, "merge_and_unload"):  # LoRA: fold the adapters into the weights
+            import copy
+
+            model = copy.deepcopy(model).merge_and_unload()
+        files = {
+            "config.json": model.config.to_json_string().encode(),
+            "model.safetensors": save_safetensors({k: v.contiguous() for k, v in model.state_dict().items()}),
+            "appliance.json": _manifest(self.kind, self.label_names, max_length=self.max_length),
+        }
+        for name in _TOKENIZER_FILES:
+            if (self.base_dir / name).is_file():
+                files[name] = (self.base_dir / name).read_bytes()
+        return _tar(files)
+
+
+@dataclass
+class ModelOutput:
+    """The two fields the engine reads from any model's output."""
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+
+
+class SmallCNN(nn.Module):
+    """Three conv blocks and a linear head: enough for small labelled image sets on a CPU."""
+
+    def __init__(self, num_labels: int, width: int = 32) -> None:
+        super().__init__()
+        blocks = []
+        channels = 3
+        for out in (width, width * 2, width * 4):
+            blocks += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU(), nn.MaxPool2d(2)]
+            channels = out
+        self.features = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Sequential(nn.Dropout(0.2), nn.Linear(channels, num_labels))
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
+        logits = self.head(self.features(pixel_values))
+        loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return ModelOutput(loss=loss, logits=logits)
+
+
+class ImageClassification:
+    """A small CNN trained from scratch on images decoded once into memory."""
+
+    kind = "image-classification"
+    image_size = 64
+
+    def __init__(self, data: LoadedDataset) -> None:
+        self.label_names = data.label_names
+        index = {name: i for i, name in enumerate(self.label_names)}
+        self.targets = torch.tensor([index[label] for label in data.labels])
+        self.pixels = torch.stack([_to_tensor(image, self.image_size) for image in data.images])
+
+    def build_model(self) -> nn.Module:
+        return SmallCNN(len(self.label_names))
+
+    def batches(self, indices: Sequence[int], size: int, generator: torch.Generator) -> list[list[int]]:
+        order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
+        return [order[i : i + size] for i in range(0, len(order), size)]
+
+    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        return {"pixel_values": self.pixels[list(indices)], "labels": self.targets[list(indices)]}
+
+    def bundle(self, model: nn.Module) -> bytes:
+        return _tar(
+            {
+                "model.safetensors": save_safetensors(dict(model.state_dict())),
+                "appliance.json": _manifest(self.kind, self.label_names, image_size=self.image_size),
+            }
+        )
+
+
+def _to_tensor(image: bytes, size: int) -> torch.Tensor:
+    with Image.open(io.BytesIO(image)) as opened:
+        rgb = opened.convert("RGB").resize((size, size))
+    raw = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
+    return raw.view(size, size, 3).permute(2, 0, 1).float().div(255.0)
+
+
+def _manifest(kind: str, label_names: list[str], **extra: object) -> bytes:
+    return json.dumps({"task": kind, "labels": label_names, **extra}, indent=2).encode()
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    """A deterministic uncompressed tar, built in memory: weights never touch the disk in clear."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size = len(files[name])
+            info.mode = 0o600
+            tar.addfile(info, io.BytesIO(files[name]))
+    return out.getvalue()
+
+
+def metrics(predictions: Sequence[int], targets: Sequence[int], num_labels: int) -> dict[str, float]:
+    """Accuracy and macro-F1 (the mean F1 over every label, so rare classes count)."""
+    total = len(targets)
+    correct = sum(p == t for p, t in zip(predictions, targets))
+    f1s = []
+    for label in range(num_labels):
+        tp = sum(p == label and t == label for p, t in zip(predictions, targets))
+        fp = sum(p == label and t != label for p, t in zip(predictions, targets))
+        fn = sum(p != label and t == label for p, t in zip(predictions, targets))
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0)
+    return {"accuracy": correct / total if total else 0.0, "macro_f1": sum(f1s) / num_labels}

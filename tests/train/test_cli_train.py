@@ -1,0 +1,105 @@
+"""`appliance train` and `appliance runs` as an operator runs them, crashes included."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.train.conftest import write_tickets
+
+LONG = ["--epochs", "12", "--patience", "12", "--lr", "3e-3", "--batch-size", "16", "--seed", "5",
+        "--checkpoint-every", "3"]
+
+
+@pytest.fixture
+def imported(tmp_path: Path) -> str:
+    run_cli("keys", "init", check=True)
+    run_cli("data", "import", str(write_tickets(tmp_path / "tickets.csv")), "--name", "tickets", check=True)
+    return "tickets"
+
+
+def _metrics(run_id: str) -> dict:
+    return json.loads(run_cli("runs", "show", run_id, "--json", check=True).stdout)["metrics"]
+
+
+def _start(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "appliance", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_checkpoint(db: Path, child: subprocess.Popen[str], timeout: float = 120) -> str:
+    """The run id, once its first checkpoint has committed (read straight from the file)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert child.poll() is None, child.communicate()
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                row = conn.execute("SELECT run_id FROM checkpoints").fetchone()
+        except sqlite3.OperationalError:
+            row = None
+        if row:
+            return row[0]
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint appeared")
+
+
+def test_train_reports_progress_and_runs_can_be_listed_and_compared(imported: str, tiny_base: Path) -> None:
+    first = run_cli("train", "--data", imported, "--base", str(tiny_base), "--epochs", "3", "--lr", "3e-3", check=True)
+    assert "finished after" in first.stdout and "best validation" in first.stdout
+    assert "samples/s" in first.stderr  # the progress bar
+    second = run_cli("train", "--data", imported, "--base", str(tiny_base), "--epochs", "2", "--lr", "1e-3", check=True)
+    ids = [line.split()[0] for line in run_cli("runs", "list", check=True).stdout.splitlines()]
+    assert len(ids) == 2
+    shown = run_cli("runs", "show", ids[0], check=True).stdout
+    assert "epoch   3" in shown and "micro-batch" in shown
+    compared = run_cli("runs", "compare", *ids, check=True).stdout
+    assert "*p.epochs" in compared and "*p.learning_rate" in compared
+    assert " p.seed" in compared  # unchanged parameters are not marked
+    assert first.returncode == second.returncode == 0
+
+
+def test_train_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) -> None:
+    missing = run_cli("train", "--data", "no-such-dataset")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    not_a_model = run_cli("train", "--data", imported, "--base", str(tmp_path))
+    assert not_a_model.returncode == 1 and "Traceback" not in not_a_model.stderr
+    assert run_cli("train").returncode == 2
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_ends_with_the_metrics_of_an_uninterrupted_run(
+    imported: str, tiny_base: Path, tmp_path: Path
+) -> None:
+    args = ["train", "--data", imported, "--base", str(tiny_base), *LONG]
+    child = _start(args)
+    run_id = _wait_for_checkpoint(tmp_path / "var" / "appliance.db", child)
+    child.send_signal(signal.SIGKILL)
+    child.communicate()
+
+    resumed = run_cli("train", "--resume", run_id, check=True)
+    assert f"run {run_id} finished" in resumed.stdout
+    straight = run_cli("train", *args[1:], check=True)
+    straight_id = straight.stdout.split()[1]
+    expected = _metrics(straight_id)
+    for name, value in _metrics(run_id).items():
+        assert value == pytest.approx(expected[name], abs=1e-4), name
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_now_and_exits(imported: str, tiny_base: Path, tmp_path: Path) -> None:
+    child = _start(["train", "--data", imported, "--base", str(tiny_base), *LONG])
+    run_id = _wait_for_checkpoint(tmp_path / "var" / "appliance.db", child)
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 143
+    assert f"appliance train --resume {run_id}" in out
+    assert "Traceback" not in err
+    assert json.loads(run_cli("runs", "show", run_id, "--json", check=True).stdout)["status"] == "interrupted"
