@@ -43,14 +43,20 @@ def test_usage_errors_exit_2() -> None:
     assert run_cli("audit", "list", "--limit", "0").returncode == 2
 
 
-def test_quickstart_sets_up_a_store_once_and_reports_it(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_quickstart_fine_tunes_the_bundled_model_on_the_sample_and_reuses_it_next_time(tmp_path: Path) -> None:
     first = run_cli("quickstart", check=True)
     assert "created the master key" in first.stdout
-    assert "integrity_check  ok" in first.stdout
+    assert "dataset sample-tickets:1: 300 examples" in first.stdout
+    accuracy = float(first.stdout.split("validation accuracy ")[1].split(",")[0])
+    assert accuracy > 0.8  # four classes: chance is 0.25
     assert "audit log OK" in first.stdout
+    assert "Traceback" not in first.stderr and "LOAD REPORT" not in first.stderr
     assert stat.S_IMODE((tmp_path / "var" / "master.key").stat().st_mode) == 0o600
+
     second = run_cli("quickstart", check=True)
     assert "created the master key" not in second.stdout
+    assert "reusing the finished run" in second.stdout
 
 
 def test_store_info_reports_counts_and_integrity() -> None:

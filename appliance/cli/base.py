@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,12 @@ from appliance.errors import KeyMissing
 def cli(ctx: click.Context, config_file: Path | None) -> None:
     """The appliance: fine-tune, optimise and serve models on this server."""
     ctx.obj = config_file
+
+
+@cli.command()
+def version() -> None:
+    """Print the appliance version."""
+    click.echo(f"appliance {metadata.version('appliance')}")
 
 
 def load_settings() -> config.Settings:

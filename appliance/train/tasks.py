@@ -61,6 +61,11 @@ class TextClassification:
 
     def __init__(self, data: LoadedDataset, base_dir: Path, max_length: int, lora: LoraSettings | None) -> None:
         from transformers import AutoTokenizer
+        from transformers.utils import logging as transformers_logging
+
+        # Its load reports ("classifier newly initialised") are expected here and only alarm operators.
+        transformers_logging.set_verbosity_error()
+        transformers_logging.disable_progress_bar()
 
         self.base_dir = base_dir
         self.label_names = data.label_names
