@@ -26,9 +26,15 @@ class Store:
     master: keys.MasterKey
     store_id: str
     secret: bytes = field(repr=False)
+    checkpointer: store_db.Checkpointer = field(repr=False, default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.db.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
+        self.checkpointer = store_db.Checkpointer(self.settings.db_path)
 
     def close(self) -> None:
-        self.db.conn.close()
+        self.checkpointer.close()
+        self.db.conn.close()  # the last connection to close folds the WAL into the database
 
     def __enter__(self) -> Store:
         return self

@@ -77,6 +77,7 @@ def put(store: Store, source: Source) -> str:
             )
     except _AlreadyStored:
         pass
+    store.checkpointer.request()  # fold the new WAL frames in, off this thread
     return blob_id
 
 

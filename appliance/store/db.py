@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,10 +26,44 @@ PRAGMAS = (
     "PRAGMA foreign_keys = ON",
     f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
     "PRAGMA journal_size_limit = 67108864",  # give the WAL back after a large blob
-    # 32 MiB (the default is 2 MiB): blob_chunks is WITHOUT ROWID, so each seek in it
-    # compares, and so reads, whole 1 MiB rows; cached, they make get twice as fast.
-    "PRAGMA cache_size = -32768",
 )
+
+
+class Checkpointer:
+    """Copies the WAL into the database from a background thread.
+
+    SQLite checkpoints right after the commit that crossed its threshold, in the
+    committing thread, so a large put would pay to write its bytes twice before
+    returning. The store's connection turns that off and this thread does the copy
+    when woken after a large write, or every CHECKPOINT_EVERY_S seconds.
+    """
+
+    CHECKPOINT_EVERY_S = 30.0
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        self._wake.set()
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            while not self._stopping:
+                self._wake.wait(self.CHECKPOINT_EVERY_S)
+                self._wake.clear()
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
 
 
 def connect(path: Path) -> sqlite_utils.Database:

@@ -28,6 +28,8 @@ def _v1_foundation(db: sqlite_utils.Database) -> None:
             created_at TEXT NOT NULL
         )"""
     )
+    # A rowid table on purpose: WITHOUT ROWID would keep each 1 MiB row inside the key's
+    # b-tree, so every seek would read whole chunks just to compare keys.
     db.execute(
         """CREATE TABLE blob_chunks (
             storage_id BLOB NOT NULL
@@ -35,7 +37,7 @@ def _v1_foundation(db: sqlite_utils.Database) -> None:
             idx INTEGER NOT NULL,
             data BLOB NOT NULL,
             PRIMARY KEY (storage_id, idx)
-        ) WITHOUT ROWID"""
+        )"""
     )
     db.execute(
         """CREATE TABLE audit (

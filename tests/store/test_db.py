@@ -9,7 +9,7 @@ import pytest
 from appliance import store
 from appliance.config import Settings
 from appliance.errors import SchemaTooNew
-from appliance.store import Store, migrations
+from appliance.store import Store, audit, blobs, lifecycle, migrations
 from appliance.store.db import transaction
 from tests.conftest import run_cli
 
@@ -70,3 +70,32 @@ def test_the_audit_table_refuses_updates_and_deletes(opened: Store) -> None:
         opened.db.execute("UPDATE audit SET actor = 'x'")
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         opened.db.execute("DELETE FROM audit")
+
+
+def test_an_older_database_is_migrated_in_place_keeping_its_data(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(migrations, "LATEST", 1)
+    with lifecycle.init(settings) as old:
+        blob_id = blobs.put(old, b"kept across the upgrade")
+        assert "datasets" not in old.db.table_names()
+    monkeypatch.undo()
+
+    with store.open(settings) as upgraded:
+        assert migrations.current_version(upgraded.db) == migrations.LATEST
+        assert "datasets" in upgraded.db.table_names()
+        assert blobs.read(upgraded, blob_id) == b"kept across the upgrade"
+        assert audit.verify(upgraded).ok
+
+
+def test_the_wal_is_folded_into_the_database_in_the_background(opened: Store, settings: Settings) -> None:
+    import os
+    import time
+
+    before = settings.db_path.stat().st_size
+    blobs.put(opened, os.urandom(64 << 20))  # the writer does not checkpoint...
+    deadline = time.monotonic() + 30
+    while settings.db_path.stat().st_size < before + (64 << 20) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert settings.db_path.stat().st_size >= before + (64 << 20)  # ...the checkpointer thread did
+    opened.close()
+    wal = settings.db_path.with_name(settings.db_path.name + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
