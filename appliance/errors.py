@@ -11,7 +11,9 @@
      ├── DatasetError             a dataset file is invalid, or no such dataset version
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
      ├── JobError                 a training job cannot start or go on
-     └── PlanError                no training plan: the model is unreadable or does not fit
+     ├── PlanError                no training plan: the model is unreadable or does not fit
+     ├── OptimizeError            export or quantisation failed
+     └── RegistryError            no such model, version or alias, or a move that cannot be made
 
 Foreign errors (sqlite3, InvalidTag, OSError) are translated where they enter, with
 ``raise ... from exc``; the CLI turns any ApplianceError into a message and exit code 1.
@@ -71,3 +73,11 @@ class JobError(ApplianceError):
 
 class PlanError(ApplianceError):
     """No training plan can be made: the base model cannot be read, or does not fit this machine."""
+
+
+class OptimizeError(ApplianceError):
+    """Exporting or quantising a model failed."""
+
+
+class RegistryError(ApplianceError):
+    """No such model, version or alias, or an alias move that cannot be made."""

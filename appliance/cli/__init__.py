@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from appliance.cli import audit, data, hw, keys, quickstart, store, train  # noqa: F401  registers the command groups
+from appliance.cli import audit, data, hw, keys, models, quickstart, store, train  # noqa: F401  registers the command groups
 from appliance.cli.base import cli
 from appliance.errors import ApplianceError
 

@@ -119,7 +119,60 @@ def _v2_datasets_and_runs(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_foundation, _v2_datasets_and_runs]
+def _v3_registry(db: sqlite_utils.Database) -> None:
+    db.execute(
+        """CREATE TABLE model_versions (
+            model TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            task TEXT NOT NULL,
+            chosen TEXT NOT NULL,            -- the variant that serves: fp32 | int8 | student-int8 ...
+            reason TEXT NOT NULL,            -- why that one (the accuracy guard's verdict)
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (model, version)
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE model_artifacts (
+            model TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            variant TEXT NOT NULL,
+            format TEXT NOT NULL,            -- openvino-ir | onnx | torch-bundle
+            blob_id TEXT NOT NULL REFERENCES blobs(id),
+            bytes INTEGER NOT NULL,
+            metrics TEXT NOT NULL,           -- JSON: accuracy, macro_f1, latency, throughput on this box
+            PRIMARY KEY (model, version, variant),
+            FOREIGN KEY (model, version) REFERENCES model_versions(model, version)
+        )"""
+    )
+    for table in ("model_versions", "model_artifacts"):
+        db.execute(
+            f"""CREATE TRIGGER {table}_immutable BEFORE UPDATE ON {table}
+                BEGIN SELECT RAISE(ABORT, 'model versions are immutable'); END"""
+        )
+    db.execute(
+        """CREATE TABLE model_aliases (
+            model TEXT NOT NULL,
+            alias TEXT NOT NULL,             -- production | candidate
+            version INTEGER NOT NULL,
+            moved_at TEXT NOT NULL,
+            PRIMARY KEY (model, alias),
+            FOREIGN KEY (model, version) REFERENCES model_versions(model, version)
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE model_alias_moves (
+            seq INTEGER PRIMARY KEY,
+            model TEXT NOT NULL,
+            alias TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            kind TEXT NOT NULL,              -- set | rollback: replayed as push | pop
+            moved_at TEXT NOT NULL
+        )"""
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_foundation, _v2_datasets_and_runs, _v3_registry]
 LATEST = len(MIGRATIONS)
 
 

@@ -1,0 +1,100 @@
+"""The registry: immutable versions, lineage, aliases that deploy moves and rollback undoes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from appliance import datasets, registry
+from appliance.errors import RegistryError
+from appliance.store import Store, audit, blobs
+from appliance.train import runs
+from tests.conftest import run_cli
+
+
+@pytest.fixture
+def run_id(opened: Store, tmp_path: Path) -> str:
+    csv = tmp_path / "d.csv"
+    csv.write_text("text,label\n" + "".join(f"text {n},{'ab'[n % 2]}\n" for n in range(20)))
+    version = datasets.import_file(opened, csv, name="d")
+    return runs.create(opened, dataset_id=version.id, base_model="/models/minilm", task=version.task,
+                       params={"epochs": 3}, plan={"device": "cpu"})
+
+
+def _register(opened: Store, run_id: str, accuracy: float = 0.9) -> registry.ModelVersion:
+    fp32 = blobs.put(opened, f"fp32 {accuracy}".encode())
+    int8 = blobs.put(opened, f"int8 {accuracy}".encode())
+    return registry.register(
+        opened,
+        "tickets",
+        run_id=run_id,
+        task="text-classification",
+        variants=[
+            registry.Variant("fp32", "openvino-ir", fp32, 90 << 20, {"accuracy": accuracy, "latency_ms": 4.0}),
+            registry.Variant("int8", "openvino-ir", int8, 23 << 20, {"accuracy": accuracy - 0.005, "latency_ms": 1.5}),
+        ],
+        chosen="int8",
+        reason="int8 within the 1.0 pt guard",
+    )
+
+
+def test_a_registered_version_carries_variants_lineage_and_the_candidate_alias(opened: Store, run_id: str) -> None:
+    version = _register(opened, run_id)
+    assert version.ref == "tickets:1" and version.aliases == ("candidate",)
+    assert version.variants["int8"].metrics["latency_ms"] == 1.5
+    lineage = version.lineage(opened)
+    assert lineage["base_model"] == "/models/minilm" and lineage["params"] == {"epochs": 3}
+    assert audit.rows(opened, action="model.register")[-1]["object"] == "tickets"
+
+
+def test_versions_are_immutable(opened: Store, run_id: str) -> None:
+    _register(opened, run_id)
+    with pytest.raises(sqlite3.DatabaseError, match="immutable"):
+        opened.db.execute("UPDATE model_versions SET chosen = 'fp32'")
+    with pytest.raises(sqlite3.DatabaseError, match="immutable"):
+        opened.db.execute("UPDATE model_artifacts SET blob_id = 'x'")
+
+
+def test_deploy_moves_production_and_rollback_walks_back(opened: Store, run_id: str) -> None:
+    for n in range(3):
+        _register(opened, run_id, accuracy=0.8 + n / 100)
+    assert registry.get(opened, "tickets").version == 3  # no production yet: the newest
+    assert registry.set_alias(opened, "tickets", "production", 1) is None
+    assert registry.set_alias(opened, "tickets", "production", 2) == 1
+    assert registry.set_alias(opened, "tickets", "production", 3) == 2
+    assert registry.get(opened, "tickets@production").version == 3
+    assert registry.rollback(opened, "tickets") == 2
+    assert registry.rollback(opened, "tickets") == 1
+    assert registry.get(opened, "tickets").version == 1
+    with pytest.raises(RegistryError, match="no earlier version"):
+        registry.rollback(opened, "tickets")
+    outcomes = [(r["action"], r["outcome"]) for r in audit.rows(opened, action="model.rollback")]
+    assert outcomes == [("model.rollback", "ok")] * 2 + [("model.rollback", "failed")]
+
+
+def test_unknown_models_versions_and_aliases_are_named(opened: Store, run_id: str) -> None:
+    _register(opened, run_id)
+    with pytest.raises(RegistryError, match="no model named 'nope'"):
+        registry.get(opened, "nope")
+    with pytest.raises(RegistryError, match="has no version 7"):
+        registry.get(opened, "tickets:7")
+    with pytest.raises(RegistryError, match="unknown alias 'live'"):
+        registry.set_alias(opened, "tickets", "live", 1)
+    with pytest.raises(RegistryError, match="has no version 9"):
+        registry.set_alias(opened, "tickets", "production", 9)
+
+
+def test_cli_lists_and_shows_versions(opened: Store, run_id: str) -> None:
+    _register(opened, run_id)
+    opened.close()
+    listed = run_cli("models", "list", check=True).stdout
+    assert "tickets:1" in listed and "serves int8" in listed and "candidate" in listed
+    shown = run_cli("models", "show", "tickets:1", check=True).stdout
+    assert "chosen: int8 - int8 within the 1.0 pt guard" in shown and "latency_ms" in shown
+    as_json = json.loads(run_cli("models", "show", "tickets@candidate", "--json", check=True).stdout)
+    assert as_json["lineage"]["base_model"] == "/models/minilm"
+    missing = run_cli("models", "show", "nope")
+    assert missing.returncode == 1 and "no model named 'nope'" in missing.stderr
