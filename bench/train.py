@@ -201,6 +201,7 @@ def run_trainer(data: datasets.LoadedDataset, base_dir: Path, seed: int, threads
         TrainingArguments,
         set_seed,
     )
+
     torch.set_num_threads(threads)
     began, cpu_began = time.perf_counter(), time.process_time()
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
@@ -211,8 +212,9 @@ def run_trainer(data: datasets.LoadedDataset, base_dir: Path, seed: int, threads
     clock = {"start": 0.0}
 
     class RecordEvaluations(TrainerCallback):
-        def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None,
-                        **kwargs: Any) -> None:
+        def on_evaluate(
+            self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None, **kwargs: Any
+        ) -> None:
             outcome.curve.append((time.perf_counter() - clock["start"], (metrics or {})["eval_accuracy"]))
 
     training_args = TrainingArguments(
@@ -266,10 +268,14 @@ def report(
 ) -> None:
     cpu = hardware.detect().cpu
     target = trainer_outcome.final_accuracy
-    print(f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores, "
-          f"flags {' '.join(cpu.flags) or 'none'}; torch {torch.__version__}, {threads} threads for both")
-    print(f"data: {source.name}, {len(data.train)} train / {len(data.validation)} validation examples, "
-          f"{len(data.label_names)} labels; base model all-MiniLM-L6-v2 ({base_dir}); seed {params.seed}")
+    print(
+        f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores, "
+        f"flags {' '.join(cpu.flags) or 'none'}; torch {torch.__version__}, {threads} threads for both"
+    )
+    print(
+        f"data: {source.name}, {len(data.train)} train / {len(data.validation)} validation examples, "
+        f"{len(data.label_names)} labels; base model all-MiniLM-L6-v2 ({base_dir}); seed {params.seed}"
+    )
     print("(timings are wall-clock on a shared machine: other work running at the same time makes them noisy)")
     print()
     for outcome in (trainer_outcome, engine_outcome):
@@ -279,15 +285,19 @@ def report(
         for epoch, (elapsed, reached) in enumerate(outcome.curve, start=1):
             print(f"  epoch {epoch}: validation accuracy {reached:.2%} at {elapsed:.1f} s")
     print()
-    header = f"{'system':<11} {'epochs':>6} {'train samples/s':>16} {'time to target acc':>19} " \
-             f"{'total time':>11} {'final acc':>10} {'incl. setup':>12} {'CPU time':>9}"
+    header = (
+        f"{'system':<11} {'epochs':>6} {'train samples/s':>16} {'time to target acc':>19} "
+        f"{'total time':>11} {'final acc':>10} {'incl. setup':>12} {'CPU time':>9}"
+    )
     print(f"target accuracy: {target:.2%} (the Trainer's final validation accuracy)")
     print(header)
     print("-" * len(header))
     for outcome in (trainer_outcome, engine_outcome):
-        print(f"{outcome.system:<11} {outcome.epochs:>6} {outcome.samples_per_s:>16.1f} "
-              f"{seconds(outcome.time_to(target)):>19} {seconds(outcome.total_s):>11} "
-              f"{outcome.final_accuracy:>10.2%} {seconds(outcome.end_to_end_s):>12} {seconds(outcome.cpu_s):>9}")
+        print(
+            f"{outcome.system:<11} {outcome.epochs:>6} {outcome.samples_per_s:>16.1f} "
+            f"{seconds(outcome.time_to(target)):>19} {seconds(outcome.total_s):>11} "
+            f"{outcome.final_accuracy:>10.2%} {seconds(outcome.end_to_end_s):>12} {seconds(outcome.cpu_s):>9}"
+        )
     print("(total time: training and per-epoch evaluation; incl. setup: also tokenising and loading the model;")
     print(" CPU time: this process's CPU seconds over the same span as incl. setup)")
     print()
@@ -301,14 +311,20 @@ def report(
     print(f"speed-up to the Trainer's accuracy: {speedup:.2f}x (target {SPEEDUP_TARGET:.1f}x)")
     print(f"training throughput: {engine_outcome.samples_per_s / trainer_outcome.samples_per_s:.2f}x the Trainer's")
     print(f"total training time: {trainer_outcome.total_s / engine_outcome.total_s:.2f}x shorter")
-    print(f"accuracy delta: {delta_pt:+.1f} pt (floor {ACCURACY_DELTA_FLOOR_PT:+.1f} pt; "
-          f"one validation example is {100 / len(data.validation):.1f} pt)")
-    print(json.dumps({
-        "speedup_to_trainer_accuracy": round(speedup, 2),
-        "speedup_target": SPEEDUP_TARGET,
-        "accuracy_delta_pt": round(delta_pt, 2),
-        "accuracy_delta_floor_pt": ACCURACY_DELTA_FLOOR_PT,
-    }))
+    print(
+        f"accuracy delta: {delta_pt:+.1f} pt (floor {ACCURACY_DELTA_FLOOR_PT:+.1f} pt; "
+        f"one validation example is {100 / len(data.validation):.1f} pt)"
+    )
+    print(
+        json.dumps(
+            {
+                "speedup_to_trainer_accuracy": round(speedup, 2),
+                "speedup_target": SPEEDUP_TARGET,
+                "accuracy_delta_pt": round(delta_pt, 2),
+                "accuracy_delta_floor_pt": ACCURACY_DELTA_FLOOR_PT,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

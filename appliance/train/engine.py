@@ -263,7 +263,7 @@ def _train(
         save_checkpoint()
         if previous_best and previous_best != position.best_blob:
             blobs.delete(store, previous_best)  # only now: the old checkpoint no longer needs it
-        if position.bad_epochs >= params.patience:
+        if position.bad_epochs >= params.patience and epoch + 1 < params.epochs:
             stopped_early = True
             break
         if out_of_time:
