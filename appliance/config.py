@@ -32,6 +32,25 @@ NOT_SETTINGS = {
 
 
 @dataclass(frozen=True)
+class ServeSettings:
+    """The inference server: where it listens, how it batches, when it refuses, what counts as drift."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tls: bool = False  # with no cert and key given, the appliance makes a self-signed pair in the state directory
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    max_batch_size: int = 32  # texts per inference
+    max_delay_ms: float = 5.0  # how long the first text of a batch waits for company
+    max_queue: int = 1024  # texts waiting before new requests get 503 + Retry-After
+    max_body_bytes: int = 1_048_576  # bigger requests get 413
+    max_instances: int = 256  # texts per request
+    poll_s: float = 1.0  # how often deploys, rollbacks and API keys are picked up
+    drift_window: int = 500  # texts per drift comparison
+    drift_threshold: float = 0.2  # PSI above this raises an alert
+
+
+@dataclass(frozen=True)
 class Settings:
     """The appliance's configuration; derived paths are properties so they cannot drift."""
 
@@ -39,6 +58,7 @@ class Settings:
     key_file: Path
     config_file: Path | None
     base_model: Path  # the model `appliance train` starts from unless told otherwise
+    serve: ServeSettings = ServeSettings()
 
     @property
     def db_path(self) -> Path:
@@ -59,6 +79,11 @@ _SCHEMA: dict[str, type] = {
     "state_dir": Path,
     "keys.file": Path,
     "train.base_model": Path,
+    **{f"serve.{name}": kind for name, kind in {
+        "host": str, "port": int, "tls": bool, "tls_cert": Path, "tls_key": Path, "max_batch_size": int,
+        "max_delay_ms": float, "max_queue": int, "max_body_bytes": int, "max_instances": int, "poll_s": float,
+        "drift_window": int, "drift_threshold": float,
+    }.items()},
 }
 
 
@@ -76,7 +101,25 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
     state_dir = _absolute(values.get("state_dir") or _default_state_dir())
     key_file = _absolute(values.get("keys.file") or state_dir / "master.key")
     base_model = _absolute(values.get("train.base_model") or _bundled_base_model())
-    return Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model)
+    serve = ServeSettings(**{key.removeprefix("serve."): value for key, value in values.items()
+                             if key.startswith("serve.")})
+    _check_serve(serve, path)
+    return Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model, serve=serve)
+
+
+def _check_serve(serve: ServeSettings, path: Path | None) -> None:
+    """Values of the right type that still make no sense, named with where to fix them."""
+    where = f"{path} or the environment" if path else "the environment"
+    limits = {"port": (1, 65535), "max_batch_size": (1, 4096), "max_delay_ms": (0, 1000), "max_queue": (1, 10**6),
+              "max_body_bytes": (1024, 2**30), "max_instances": (1, 10**5), "poll_s": (0.05, 3600),
+              "drift_window": (10, 10**7), "drift_threshold": (0, 10)}
+    for name, (low, high) in limits.items():
+        value = getattr(serve, name)
+        if not low <= value <= high:
+            raise ConfigError(f"'serve.{name}' in {where} is {value}; it must be from {low} to {high}")
+    if (serve.tls_cert is None) != (serve.tls_key is None):
+        raise ConfigError(f"'serve.tls_cert' and 'serve.tls_key' in {where} go together",
+                          hint="give both, or neither for a self-signed certificate")
 
 
 def _bundled_base_model() -> Path:
@@ -151,12 +194,24 @@ def _check_known(key: str, *, where: str) -> None:
 
 
 def _coerce(key: str, value: Any, *, where: str) -> Any:
+    """A TOML value or an environment string as the setting's type, or a message naming both."""
     kind = _SCHEMA[key]
+    if isinstance(value, str) and kind is not str:
+        value = value.strip()
+        if kind is bool and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        try:
+            value = kind(value) if kind in (int, float) else value
+        except ValueError:
+            pass
     if kind is Path and isinstance(value, (str, Path)) and str(value):
         return Path(value)
-    raise ConfigError(
-        f"'{key}' in {where} must be a {kind.__name__.lower()}, got {value!r}",
-    )
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)) and value != "":
+        return value
+    names = {Path: "path", str: "text", int: "whole number", float: "number", bool: "true or false"}
+    raise ConfigError(f"'{key}' in {where} must be a {names[kind]}, got {value!r}")
 
 
 def _absolute(path: Path) -> Path:

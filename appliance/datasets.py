@@ -30,6 +30,7 @@ from typing import Any
 
 from PIL import Image
 
+from appliance import archive
 from appliance.errors import DatasetError
 from appliance.store import Store, audit, blobs
 
@@ -492,22 +493,12 @@ def _image_problem(content: bytes) -> str | None:
 def _canonical(task: str, examples: list[_Example]) -> bytes:
     """The one byte form of the examples that the version's id is the hash of."""
     if task == IMAGE:
-        return _tar(examples)
+        return archive.pack(((e.entry, e.content) for e in examples), mode=0o644)
     return b"".join(
         json.dumps({"text": example.content, "label": example.label}, ensure_ascii=False).encode() + b"\n"
         for example in examples
     )
 
-
-def _tar(examples: list[_Example]) -> bytes:
-    """An uncompressed tar with fixed metadata, so the same images always give the same bytes."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for example in examples:
-            info = tarfile.TarInfo(example.entry)
-            info.size, info.mode, info.mtime = len(example.content), 0o644, 0
-            tar.addfile(info, io.BytesIO(example.content))
-    return buffer.getvalue()
 
 
 def _split(labels: list[str], fraction: float, seed: int) -> dict[str, Any]:

@@ -12,8 +12,16 @@
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
      ├── JobError                 a training job cannot start or go on
      ├── PlanError                no training plan: the model is unreadable or does not fit
-     ├── OptimizeError            export or quantisation failed
-     └── RegistryError            no such model, version or alias, or a move that cannot be made
+     ├── ArtifactError            a stored model bundle or artifact cannot be read
+     ├── OptimizeError            export, quantisation or distillation failed
+     ├── RegistryError            no such model, version or alias, or a move that cannot be made
+     ├── AuthError                a request has no valid API key or the key may not do this
+     │    ├── Unauthenticated     no key, or a malformed, unknown, revoked or wrong one (401)
+     │    └── Forbidden           a valid key that may not call this model (403)
+     └── ServeError               the inference server cannot answer this request
+          ├── ModelNotFound       no model of that name is being served (404)
+          ├── BadRequest          the request body is malformed or out of bounds (400, 413)
+          └── Overloaded          too much is queued already; retry later (503)
 
 Foreign errors (sqlite3, InvalidTag, OSError) are translated where they enter, with
 ``raise ... from exc``; the CLI turns any ApplianceError into a message and exit code 1.
@@ -75,9 +83,55 @@ class PlanError(ApplianceError):
     """No training plan can be made: the base model cannot be read, or does not fit this machine."""
 
 
+class ArtifactError(ApplianceError):
+    """A stored model bundle or artifact is not in the form the appliance wrote."""
+
+
 class OptimizeError(ApplianceError):
-    """Exporting or quantising a model failed."""
+    """Exporting, quantising or distilling a model failed."""
 
 
 class RegistryError(ApplianceError):
     """No such model, version or alias, or an alias move that cannot be made."""
+
+
+class AuthError(ApplianceError):
+    """A request has no valid API key, or the key may not do this."""
+
+    status = 401
+
+
+class Unauthenticated(AuthError):
+    """No API key, or one that is malformed, unknown, revoked or does not match."""
+
+    status = 401
+
+
+class Forbidden(AuthError):
+    """A valid API key that is not allowed to call this model."""
+
+    status = 403
+
+
+class ServeError(ApplianceError):
+    """The inference server cannot answer this request."""
+
+    status = 503  # the model failed on a batch: a retry may well succeed
+
+
+class ModelNotFound(ServeError):
+    """No model of that name is being served."""
+
+    status = 404
+
+
+class BadRequest(ServeError):
+    """The request body is malformed or out of bounds."""
+
+    status = 400
+
+
+class Overloaded(ServeError):
+    """Too much is queued already; the client should retry later."""
+
+    status = 503

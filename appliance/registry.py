@@ -69,8 +69,7 @@ def register(
     actor: str | None = None,
 ) -> ModelVersion:
     """Record a new immutable version and point `candidate` at it."""
-    if not NAME.fullmatch(model):
-        raise RegistryError(f"{model!r} is not a usable model name", hint="use letters, digits, '.', '_' or '-'")
+    check_name(model)
     if chosen not in {variant.name for variant in variants}:
         raise RegistryError(f"the chosen variant {chosen!r} is not among the artifacts")
     with audit.operation(store, "model.register", model, actor=actor, run=run_id, chosen=chosen) as details:
@@ -92,6 +91,14 @@ def register(
         _move(store, model, "candidate", version, "set")
         details["version"] = version
     return get(store, f"{model}:{version}")
+
+
+def check_name(model: str) -> str:
+    """The name, if a model may have it."""
+    if not NAME.fullmatch(model):
+        raise RegistryError(f"{model!r} is not a usable model name",
+                            hint="up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return model
 
 
 def get(store: Store, ref: str) -> ModelVersion:
@@ -138,6 +145,50 @@ def rollback(store: Store, model: str, alias: str = "production", actor: str | N
         details.update({"from": stack[-1], "to": stack[-2]})
         _move(store, model, alias, stack[-2], "rollback")
     return stack[-2]
+
+
+def deploy(store: Store, ref: str, canary_percent: float | None = None, actor: str | None = None) -> ModelVersion:
+    """Serve a version: as production (any canary ends), or as a candidate taking canary_percent of traffic."""
+    version = get(store, ref if ":" in ref or "@" in ref else f"{ref}:{_newest(store, ref)}")
+    if version.variants[version.chosen].format != "openvino-ir":
+        raise RegistryError(f"{version.ref} is not optimised, so the server cannot run it",
+                            hint=f"'appliance optimize {version.ref}' makes a version that can serve")
+    if canary_percent is None:
+        with audit.operation(store, "model.deploy", version.ref, actor=actor):
+            set_alias(store, version.model, "production", version.version, actor=actor)
+            _set_canary(store, version.model, 0.0)
+        return get(store, version.ref)
+    if not 0 < canary_percent <= 100:
+        raise RegistryError(f"a canary share must be above 0 and at most 100 percent, not {canary_percent:g}")
+    production = _alias_version(store, version.model, "production")
+    if production is None or production == version.version:
+        raise RegistryError(
+            f"{version.ref} cannot be a canary: "
+            + ("nothing serves in production yet" if production is None else "it already serves in production"),
+            hint=f"deploy a version without --canary first: 'appliance deploy {version.model}:VERSION'",
+        )
+    with audit.operation(store, "model.canary", version.ref, actor=actor, percent=canary_percent):
+        set_alias(store, version.model, "candidate", version.version, actor=actor)
+        _set_canary(store, version.model, canary_percent)
+    return get(store, version.ref)
+
+
+def canary_percent(store: Store, model: str) -> float:
+    """The share of a model's traffic its candidate gets now (0: none)."""
+    row = store.db.execute("SELECT percent FROM model_canary WHERE model = ?", (model,)).fetchone()
+    return row[0] if row else 0.0
+
+
+def stop_canary(store: Store, model: str, actor: str | None = None) -> None:
+    """All traffic back to production; the candidate alias stays where it is."""
+    with audit.operation(store, "model.canary_stop", model, actor=actor, percent=canary_percent(store, model)):
+        _set_canary(store, model, 0.0)
+
+
+def _set_canary(store: Store, model: str, percent: float) -> None:
+    store.db.execute(
+        "INSERT OR REPLACE INTO model_canary (model, percent, set_at) VALUES (?, ?, ?)", (model, percent, _now())
+    )
 
 
 def _move(store: Store, model: str, alias: str, version: int, kind: str) -> None:

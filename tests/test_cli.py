@@ -44,12 +44,15 @@ def test_usage_errors_exit_2() -> None:
 
 
 @pytest.mark.slow
-def test_quickstart_fine_tunes_the_bundled_model_on_the_sample_and_reuses_it_next_time(tmp_path: Path) -> None:
+def test_quickstart_fine_tunes_and_optimises_the_bundled_model_and_reuses_it_next_time(tmp_path: Path) -> None:
     first = run_cli("quickstart", check=True)
     assert "created the master key" in first.stdout
     assert "dataset sample-tickets:1: 300 examples" in first.stdout
     accuracy = float(first.stdout.split("validation accuracy ")[1].split(",")[0])
     assert accuracy > 0.8  # four classes: chance is 0.25
+    assert "sample-tickets:2  (candidate, production)" in first.stdout  # registered, optimised, deployed
+    served = first.stdout.split("chosen: ")[1].split(" ")[0]
+    assert served in ("fp32", "int8", "int8-gentle") and "int8 " in first.stdout
     assert "audit log OK" in first.stdout
     assert "Traceback" not in first.stderr and "LOAD REPORT" not in first.stderr
     assert stat.S_IMODE((tmp_path / "var" / "master.key").stat().st_mode) == 0o600
@@ -57,6 +60,7 @@ def test_quickstart_fine_tunes_the_bundled_model_on_the_sample_and_reuses_it_nex
     second = run_cli("quickstart", check=True)
     assert "created the master key" not in second.stdout
     assert "reusing the finished run" in second.stdout
+    assert "reusing the optimised version sample-tickets:2" in second.stdout
 
 
 def test_store_info_reports_counts_and_integrity() -> None:

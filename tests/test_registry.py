@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -33,8 +34,8 @@ def _register(opened: Store, run_id: str, accuracy: float = 0.9) -> registry.Mod
         run_id=run_id,
         task="text-classification",
         variants=[
-            registry.Variant("fp32", "openvino-ir", fp32, 90 << 20, {"accuracy": accuracy, "latency_ms": 4.0}),
-            registry.Variant("int8", "openvino-ir", int8, 23 << 20, {"accuracy": accuracy - 0.005, "latency_ms": 1.5}),
+            registry.Variant("fp32", "openvino-ir", fp32, 90 << 20, {"accuracy": accuracy, "latency_ms_p50": 4.0}),
+            registry.Variant("int8", "openvino-ir", int8, 23 << 20, {"accuracy": accuracy - 0.005, "latency_ms_p50": 1.5}),
         ],
         chosen="int8",
         reason="int8 within the 1.0 pt guard",
@@ -44,7 +45,7 @@ def _register(opened: Store, run_id: str, accuracy: float = 0.9) -> registry.Mod
 def test_a_registered_version_carries_variants_lineage_and_the_candidate_alias(opened: Store, run_id: str) -> None:
     version = _register(opened, run_id)
     assert version.ref == "tickets:1" and version.aliases == ("candidate",)
-    assert version.variants["int8"].metrics["latency_ms"] == 1.5
+    assert version.variants["int8"].metrics["latency_ms_p50"] == 1.5
     lineage = version.lineage(opened)
     assert lineage["base_model"] == "/models/minilm" and lineage["params"] == {"epochs": 3}
     assert audit.rows(opened, action="model.register")[-1]["object"] == "tickets"
@@ -93,8 +94,43 @@ def test_cli_lists_and_shows_versions(opened: Store, run_id: str) -> None:
     listed = run_cli("models", "list", check=True).stdout
     assert "tickets:1" in listed and "serves int8" in listed and "candidate" in listed
     shown = run_cli("models", "show", "tickets:1", check=True).stdout
-    assert "chosen: int8 - int8 within the 1.0 pt guard" in shown and "latency_ms" in shown
+    assert "chosen: int8 - int8 within the 1.0 pt guard" in shown and "p50 ms" in shown
+    assert re.search(r"^int8 +openvino-ir +23\.0 +0\.895 +- +1\.5 ", shown, re.M), shown
     as_json = json.loads(run_cli("models", "show", "tickets@candidate", "--json", check=True).stdout)
     assert as_json["lineage"]["base_model"] == "/models/minilm"
     missing = run_cli("models", "show", "nope")
     assert missing.returncode == 1 and "no model named 'nope'" in missing.stderr
+
+
+def test_deploy_moves_production_and_a_canary_splits_traffic_until_stopped(opened: Store, run_id: str) -> None:
+    _register(opened, run_id)
+    _register(opened, run_id, accuracy=0.92)
+    with pytest.raises(RegistryError, match="nothing serves in production yet") as raised:
+        registry.deploy(opened, "tickets:2", canary_percent=10)
+    assert "appliance deploy tickets:VERSION" in raised.value.hint
+    assert registry.deploy(opened, "tickets:1").aliases == ("production",)
+    with pytest.raises(RegistryError, match="it already serves in production"):
+        registry.deploy(opened, "tickets:1", canary_percent=10)
+    with pytest.raises(RegistryError, match="above 0 and at most 100"):
+        registry.deploy(opened, "tickets:2", canary_percent=150)
+
+    canary = registry.deploy(opened, "tickets", canary_percent=25)  # a bare name is the newest version
+    assert canary.ref == "tickets:2" and canary.aliases == ("candidate",)
+    assert registry.canary_percent(opened, "tickets") == 25
+    registry.stop_canary(opened, "tickets")
+    assert registry.canary_percent(opened, "tickets") == 0 and registry.get(opened, "tickets@production").version == 1
+    registry.deploy(opened, "tickets:2", canary_percent=25)
+    registry.deploy(opened, "tickets:2")  # promotion ends the canary
+    assert registry.canary_percent(opened, "tickets") == 0 and registry.get(opened, "tickets@production").version == 2
+    actions = [row["action"] for row in audit.rows(opened, action="model.*")]
+    assert actions.count("model.canary") == 2 and "model.canary_stop" in actions and "model.deploy" in actions
+
+
+def test_a_version_that_is_not_optimised_cannot_be_deployed(opened: Store, run_id: str) -> None:
+    bundle = blobs.put(opened, b"a torch bundle")
+    registry.register(opened, "raw", run_id=run_id, task="text-classification", chosen="torch", reason="trained",
+                      variants=[registry.Variant("torch", "torch-bundle", bundle, 14, {"accuracy": 0.9})])
+    with pytest.raises(RegistryError, match="raw:1 is not optimised") as raised:
+        registry.deploy(opened, "raw:1")
+    assert raised.value.hint == "'appliance optimize raw:1' makes a version that can serve"
+    assert registry.get(opened, "raw:1").aliases == ("candidate",)

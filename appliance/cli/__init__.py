@@ -13,7 +13,19 @@ import sys
 
 import click
 
-from appliance.cli import audit, data, hw, keys, models, quickstart, store, train  # noqa: F401  registers the command groups
+from appliance.cli import (  # noqa: F401  registers the command groups
+    audit,
+    data,
+    hw,
+    keys,
+    models,
+    optimize,
+    quickstart,
+    serve,
+    store,
+    tokens,
+    train,
+)
 from appliance.cli.base import cli
 from appliance.errors import ApplianceError
 

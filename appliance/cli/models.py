@@ -43,11 +43,25 @@ def models_show(ref: str, as_json: bool) -> None:
     if as_json:
         print_json({**dataclasses.asdict(version), "lineage": lineage})
         return
+    show_version(version, lineage)
+
+
+def show_version(version: registry.ModelVersion, lineage: dict) -> None:
+    """A version for a person: aliases, the guard's decision, lineage, then its variants side by side."""
     click.echo(f"{version.ref}  ({', '.join(version.aliases) or 'no alias'})  {version.task}")
     click.echo(f"chosen: {version.chosen} - {version.reason}")
     click.echo(f"lineage: run {lineage['run']}, dataset {lineage['dataset'][:12]}, base {lineage['base_model']}")
-    names = sorted({name for variant in version.variants.values() for name in variant.metrics})
-    click.echo(f"{'variant':<14}{'format':<14}{'MiB':>8}" + "".join(f"{name:>14}" for name in names))
-    for variant in version.variants.values():
-        cells = "".join(f"{variant.metrics[name]:>14.4g}" if name in variant.metrics else f"{'-':>14}" for name in names)
-        click.echo(f"{variant.name:<14}{variant.format:<14}{variant.bytes / 2**20:>8.1f}{cells}")
+    click.echo("hyperparameters: " + ", ".join(f"{key}={value}" for key, value in lineage["params"].items()))
+    click.echo(f"{'variant':<16}{'format':<13}{'MiB':>6}{'acc':>7}{'F1':>7}{'p50 ms':>8}{'b1/s':>7}{'b16/s':>7}{'x fp32':>7}")
+    for variant in sorted(version.variants.values(), key=lambda v: (v.name != "torch", "student" in v.name, v.name)):
+        cells = "".join(_cell(variant.metrics.get(name), spec) for name, spec in COLUMNS)
+        click.echo(f"{variant.name:<16}{variant.format:<13}{variant.bytes / 2**20:>6.1f}{cells}")
+
+
+COLUMNS = (("accuracy", ">7.3f"), ("macro_f1", ">7.3f"), ("latency_ms_p50", ">8.1f"), ("throughput_b1", ">7.0f"),
+           ("throughput_b16", ">7.0f"), ("speedup_b16", ">7.2f"))
+
+
+def _cell(value: float | None, spec: str) -> str:
+    width = spec[1:].split(".")[0]
+    return f"{'-':>{width}}" if value is None else f"{value:{spec}}"

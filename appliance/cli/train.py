@@ -5,17 +5,20 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from appliance import datasets, pipeline, registry
 from appliance.cli.base import cli, load_settings, opened_store, print_json, progress_bar
 from appliance.train import runs
 from appliance.train.params import TrainParams
 
 if TYPE_CHECKING:
-    from appliance.train.engine import Progress
+    from appliance.store import Store
+    from appliance.train.engine import Progress, RunResult
 
 
 class _StopFlag:
@@ -52,6 +55,7 @@ class _StopFlag:
 @click.option("--checkpoint-every", type=click.IntRange(1), default=TrainParams.checkpoint_every, show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the best available.")
 @click.option("--resume", "resume_run", help="Continue an interrupted run from its last checkpoint.")
+@click.option("--name", "model_name", help="Register the model under this name (default: the dataset's name).")
 def train(
     dataset: str | None,
     base: Path | None,
@@ -67,38 +71,48 @@ def train(
     checkpoint_every: int,
     device: str | None,
     resume_run: str | None,
+    model_name: str | None,
 ) -> None:
     """Fine-tune a base model on a dataset version, checkpointing as it goes."""
     if (dataset is None) == (resume_run is None):
         raise click.UsageError("give either --data NAME for a new run or --resume RUN")
-    from appliance.train import engine  # torch loads only for the commands that train
-
     stop = _StopFlag()
     stop.install()
-    with opened_store() as opened, progress_bar("training") as bar:
-
-        def show(report: Progress) -> None:
-            bar(report.step, report.total_steps, _describe(report))
-
-        if resume_run:
-            result = engine.resume(opened, resume_run, progress=show, should_stop=stop)
-        else:
-            params = TrainParams(
+    with opened_store() as opened:
+        source = datasets.get(opened, runs.get(opened, resume_run).dataset_id if resume_run else dataset)
+        name = registry.check_name(model_name or source.name)  # before hours of training, not after
+        with progress_bar("training") as bar:
+            result = _run(opened, bar, resume_run, dataset, base, device, stop, TrainParams(
                 epochs=epochs, learning_rate=lr, batch_size=batch_size, max_length=max_length, lora=lora,
                 schedule=schedule, patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
-            )
-            result = engine.start(
-                opened, dataset=dataset, base_dir=base or load_settings().base_model, params=params, device=device,
-                progress=show, should_stop=stop,
-            )
+            ))
+        if result.status == "finished":
+            registered = pipeline.register_run(opened, result.run_id, name)
     if result.status == "interrupted":
         click.echo(f"run {result.run_id} stopped at step {result.steps} and checkpointed")
         click.echo(f"  continue it with: appliance train --resume {result.run_id}")
         sys.exit(143 if stop.requested else 1)
-    summary = ", ".join(f"{name} {value:.4f}" for name, value in result.metrics.items())
+    summary = ", ".join(f"{metric} {value:.4f}" for metric, value in result.metrics.items())
     click.echo(f"run {result.run_id} finished after {result.steps} steps" + (" (stopped early)" if result.stopped_early else ""))
     click.echo(f"  best validation: {summary}")
-    click.echo(f"  model blob {result.model_blob}")
+    click.echo(f"  registered as {registered.ref}; optimise it with 'appliance optimize {registered.ref}'")
+
+
+def _run(
+    opened: Store, bar: Callable[..., None], resume_run: str | None, dataset: str | None, base: Path | None,
+    device: str | None, stop: _StopFlag, params: TrainParams,
+) -> RunResult:
+    """Start or resume the run, feeding the progress bar."""
+    from appliance.train import engine  # torch loads only for the commands that train
+
+    def show(report: Progress) -> None:
+        bar(report.step, report.total_steps, _describe(report))
+
+    if resume_run:
+        return engine.resume(opened, resume_run, progress=show, should_stop=stop)
+    base_dir = base or load_settings().base_model
+    return engine.start(opened, dataset=dataset, base_dir=base_dir, params=params, device=device, progress=show,
+                        should_stop=stop)
 
 
 def _describe(report: Progress) -> str:

@@ -128,6 +128,14 @@ def delete(store: Store, blob_id: str) -> None:
         store.db.execute("DELETE FROM blobs WHERE id = ?", (blob_id,))
 
 
+def size(store: Store, blob_id: str) -> int:
+    """The plaintext size of a blob, without decrypting it."""
+    row = store.db.execute("SELECT size FROM blobs WHERE id = ?", (blob_id,)).fetchone()
+    if row is None:
+        raise BlobNotFound(f"no blob {blob_id} in the store")
+    return row[0]
+
+
 def exists(store: Store, blob_id: str) -> bool:
     return store.db.execute("SELECT 1 FROM blobs WHERE id = ?", (blob_id,)).fetchone() is not None
 

@@ -172,7 +172,33 @@ def _v3_registry(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1_foundation, _v2_datasets_and_runs, _v3_registry]
+def _v4_serving(db: sqlite_utils.Database) -> None:
+    db.execute(
+        """CREATE TABLE api_keys (
+            id TEXT PRIMARY KEY,             -- public part of the key, shown in listings and logs
+            name TEXT NOT NULL,              -- who or what holds it
+            secret_hash BLOB NOT NULL,       -- HMAC-SHA256 of the secret part under a store secret
+            models TEXT NOT NULL,            -- JSON list of model names it may call; ["*"] for all
+            created_at TEXT NOT NULL,
+            last_used_at TEXT,
+            revoked_at TEXT
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE model_canary (
+            model TEXT PRIMARY KEY,
+            percent REAL NOT NULL CHECK (percent >= 0 AND percent <= 100),  -- share sent to the candidate
+            set_at TEXT NOT NULL
+        )"""
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _v1_foundation,
+    _v2_datasets_and_runs,
+    _v3_registry,
+    _v4_serving,
+]
 LATEST = len(MIGRATIONS)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from PIL import Image
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from appliance import archive
 from appliance.datasets import LoadedDataset
 from appliance.errors import JobError
 
@@ -138,7 +138,7 @@ class TextClassification:
         for name in _TOKENIZER_FILES:
             if (self.base_dir / name).is_file():
                 files[name] = (self.base_dir / name).read_bytes()
-        return _tar(files)
+        return archive.pack(sorted(files.items()))
 
 
 @dataclass
@@ -191,12 +191,11 @@ class ImageClassification:
         return {"pixel_values": self.pixels[list(indices)], "labels": self.targets[list(indices)]}
 
     def bundle(self, model: nn.Module) -> bytes:
-        return _tar(
-            {
-                "model.safetensors": save_safetensors(dict(model.state_dict())),
-                "appliance.json": _manifest(self.kind, self.label_names, image_size=self.image_size),
-            }
-        )
+        files = {
+            "model.safetensors": save_safetensors(dict(model.state_dict())),
+            "appliance.json": _manifest(self.kind, self.label_names, image_size=self.image_size),
+        }
+        return archive.pack(sorted(files.items()))
 
 
 def _to_tensor(image: bytes, size: int) -> torch.Tensor:
@@ -209,17 +208,6 @@ def _to_tensor(image: bytes, size: int) -> torch.Tensor:
 def _manifest(kind: str, label_names: list[str], **extra: object) -> bytes:
     return json.dumps({"task": kind, "labels": label_names, **extra}, indent=2).encode()
 
-
-def _tar(files: dict[str, bytes]) -> bytes:
-    """A deterministic uncompressed tar, built in memory: weights never touch the disk in clear."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(files):
-            info = tarfile.TarInfo(name)
-            info.size = len(files[name])
-            info.mode = 0o600
-            tar.addfile(info, io.BytesIO(files[name]))
-    return out.getvalue()
 
 
 def metrics(predictions: Sequence[int], targets: Sequence[int], num_labels: int) -> dict[str, float]:

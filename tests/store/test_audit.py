@@ -162,10 +162,9 @@ def test_an_operation_whose_record_cannot_be_written_does_not_happen(opened: Sto
 
 
 def test_a_failed_operation_is_rolled_back_and_recorded_as_failed(opened: Store) -> None:
-    with pytest.raises(ValueError):
-        with audit.operation(opened, "dataset.import", "bad.csv"):
-            blob_id = blobs.put(opened, b"half an import")
-            raise ValueError("line 3: missing label")
+    with pytest.raises(ValueError), audit.operation(opened, "dataset.import", "bad.csv"):
+        blob_id = blobs.put(opened, b"half an import")
+        raise ValueError("line 3: missing label")
     assert not blobs.exists(opened, blob_id)
     last = audit.rows(opened, limit=1)[0]
     assert (last["action"], last["outcome"]) == ("dataset.import", "failed")

@@ -25,16 +25,14 @@ def test_pragmas_hold_on_every_open(opened: Store, settings: Settings) -> None:
 
 def test_a_transaction_is_all_or_nothing_and_nests(opened: Store) -> None:
     db = opened.db
-    with pytest.raises(RuntimeError):
-        with transaction(db):
-            db.execute("INSERT INTO meta (key, value) VALUES ('a', 1)")
-            raise RuntimeError
+    with pytest.raises(RuntimeError), transaction(db):
+        db.execute("INSERT INTO meta (key, value) VALUES ('a', 1)")
+        raise RuntimeError
     with transaction(db):
         db.execute("INSERT INTO meta (key, value) VALUES ('b', 1)")
-        with pytest.raises(RuntimeError):
-            with transaction(db):
-                db.execute("INSERT INTO meta (key, value) VALUES ('c', 1)")
-                raise RuntimeError
+        with pytest.raises(RuntimeError), transaction(db):
+            db.execute("INSERT INTO meta (key, value) VALUES ('c', 1)")
+            raise RuntimeError
     names = {row[0] for row in db.execute("SELECT key FROM meta")}
     assert "b" in names and "a" not in names and "c" not in names
 

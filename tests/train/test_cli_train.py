@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.train.conftest import write_tickets
+from tests.conftest import run_cli, write_tickets
 
 LONG = ["--epochs", "12", "--patience", "12", "--lr", "3e-3", "--batch-size", "16", "--seed", "5",
         "--checkpoint-every", "3"]

@@ -1,0 +1,100 @@
+"""`appliance serve`, `deploy`, `rollback` and `predict`: the served model, from the shell."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import click
+
+from appliance import registry
+from appliance.cli.base import cli, load_settings, opened_store, print_json
+from appliance.errors import RegistryError
+
+
+@cli.command("serve")
+@click.option("--host", help="Address to listen on (default: serve.host, 127.0.0.1).")
+@click.option("--port", type=click.IntRange(1, 65535), help="Port (default: serve.port, 8080).")
+def serve(host: str | None, port: int | None) -> None:
+    """Run the inference server in the foreground; deploys and rollbacks take effect while it runs."""
+    import uvicorn
+
+    from appliance.serve import tls
+    from appliance.serve.app import create_app
+    from appliance.serve.metrics import Metrics
+    from appliance.serve.runtime import Runtime
+
+    settings = load_settings()
+    with opened_store():  # the key must open the store now, not after the server has started
+        pass
+    serve_settings = dataclasses.replace(settings.serve, **{k: v for k, v in (("host", host), ("port", port)) if v})
+    settings = dataclasses.replace(settings, serve=serve_settings)
+    tls_files: dict[str, str] = {}
+    if serve_settings.tls:
+        cert, key = serve_settings.tls_cert, serve_settings.tls_key
+        if cert is None:
+            cert, key = tls.self_signed(settings.state_dir)
+        tls_files = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    runtime = Runtime(settings, Metrics(), os.environ.get("APPLIANCE_PASSPHRASE"))
+    scheme = "https" if tls_files else "http"
+    click.echo(f"serving on {scheme}://{serve_settings.host}:{serve_settings.port} (Ctrl-C stops)", err=True)
+    uvicorn.run(create_app(settings, runtime), host=serve_settings.host, port=serve_settings.port,
+                log_level="warning", access_log=False, timeout_graceful_shutdown=10, **tls_files)
+
+
+@cli.command("deploy")
+@click.argument("ref", metavar="MODEL[:VERSION]")
+@click.option("--canary", "percent", type=click.FloatRange(0, 100, min_open=True),
+              help="Send this share of traffic (percent) to the version; production keeps the rest.")
+def deploy(ref: str, percent: float | None) -> None:
+    """Make a version serve (the newest if none is named): all traffic, or a canary share."""
+    with opened_store() as opened:
+        version = registry.deploy(opened, ref, percent)
+    if percent is None:
+        click.echo(f"{version.ref} is production; a running server switches to it once it is loaded and warm")
+    else:
+        click.echo(f"{version.ref} is the canary for {percent:g}% of {version.model}'s traffic")
+        click.echo(f"  promote it with 'appliance deploy {version.ref}', stop it with 'appliance rollback {version.model}'")
+
+
+@cli.command("rollback")
+@click.argument("model")
+def rollback(model: str) -> None:
+    """Stop a running canary; with none, production goes back to the version it had before."""
+    with opened_store() as opened:
+        if registry.canary_percent(opened, model) > 0:
+            registry.stop_canary(opened, model)
+            click.echo(f"the canary of {model} is stopped: production takes all traffic again")
+            return
+        version = registry.rollback(opened, model)
+    click.echo(f"{model} production is back to version {version}")
+
+
+@cli.command("predict")
+@click.argument("ref", metavar="MODEL[:VERSION]")
+@click.argument("texts", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def predict(ref: str, texts: tuple[str, ...], as_json: bool) -> None:
+    """Classify texts with a version's serving variant, in this process: a quick check, no server needed."""
+    import numpy as np
+
+    from appliance import optimize
+    from appliance.serve import drift
+    from appliance.store import blobs
+
+    with opened_store() as opened:
+        version = registry.get(opened, ref)
+        variant = version.variants[version.chosen]
+        if variant.format != "openvino-ir":
+            raise RegistryError(f"{version.ref} is not optimised yet",
+                                         hint=f"'appliance optimize {version.ref}' first")
+        servable = optimize.load_ir(blobs.read(opened, variant.blob_id))
+    probabilities = drift.softmax(optimize.predict(servable.compiled, servable.tokenizer, list(texts)))
+    rows = [{"text": text, "label": servable.labels[int(np.argmax(row))],
+             "scores": {label: round(float(p), 4) for label, p in zip(servable.labels, row)}}
+            for text, row in zip(texts, probabilities)]
+    if as_json:
+        print_json({"model": version.ref, "variant": version.chosen, "predictions": rows})
+        return
+    for row in rows:
+        click.echo(f"{row['label']:<16} {max(row['scores'].values()):.3f}  {row['text'][:60]}")

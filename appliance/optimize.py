@@ -1,0 +1,446 @@
+"""Optimisation: a trained model bundle becomes an OpenVINO IR, INT8 variants of it, and a guarded choice.
+
+Everything happens in memory, because no plaintext weight may reach a disk. The bundle is
+unpacked from bytes and the model rebuilt from its config and safetensors bytes. The IR is
+written into memfd files (anonymous RAM) that OpenVINO reaches through two symlinks in a
+private temporary directory: its serialiser wants paths ending in .xml and .bin, and a
+symlink holds only the /proc path of its memfd, never a weight. optimum-intel is not used
+here: its exporters start from a model directory on disk. ONNX goes through io.BytesIO.
+
+The accuracy guard is a pure function over scores: INT8 is served when it loses no more
+than the allowed accuracy points on the validation split; otherwise a gentler INT8 (the
+classifier head left in FP32) is tried; otherwise FP32 stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import tokenizers
+import torch
+
+from appliance import archive
+from appliance.errors import ArtifactError, OptimizeError
+from appliance.hardware import Hardware
+from appliance.train import tasks
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what _tokenizer reads
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products that cannot saturate
+HEAD_PATTERNS = [r".*(pooler|classifier).*"]  # node names of the head in the traced graph (BERT, DistilBERT, RoBERTa)
+FP32, INT8, INT8_GENTLE = "fp32", "int8", "int8-gentle"
+Runner = Any  # an openvino.CompiledModel or an onnxruntime.InferenceSession
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An OpenVINO IR held in memory: the XML graph and its weights."""
+
+    xml: bytes
+    weights: bytes
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the accuracy guard chose, every score it saw, and why, in words an operator can check."""
+
+    variant: str
+    scores: dict[str, dict[str, float]]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Every variant built, its IR and the guard's decision; timings in seconds for the report."""
+
+    decision: Decision
+    artifacts: dict[str, Artifact]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+# -- the bundle, back in memory ---------------------------------------------------------
+
+
+def load_torch_model(files: Mapping[str, bytes]) -> tuple[torch.nn.Module, tokenizers.Tokenizer, dict[str, Any]]:
+    """Rebuild the classifier, its tokenizer and its manifest from bundle bytes, without temporary files."""
+    from safetensors.torch import load as load_safetensors
+    from transformers import CONFIG_MAPPING, AutoModelForSequenceClassification
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
+    manifest = json.loads(files["appliance.json"]) if "appliance.json" in files else {}
+    if manifest and manifest.get("task") != tasks.TextClassification.kind:
+        raise OptimizeError(f"only text-classification models can be optimised, not {manifest.get('task')!r}")
+    missing = {"config.json", "model.safetensors", "tokenizer.json", "appliance.json"} - set(files)
+    if missing:
+        raise OptimizeError(f"the model bundle lacks {', '.join(sorted(missing))}")
+    config_dict = json.loads(files["config.json"])
+    config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
+    model = AutoModelForSequenceClassification.from_config(config)
+    model.load_state_dict(load_safetensors(files["model.safetensors"]))
+    return model.eval(), _tokenizer(files, manifest["max_length"]), manifest
+
+
+def _tokenizer(files: Mapping[str, bytes], max_length: int) -> tokenizers.Tokenizer:
+    """The fast tokenizer, truncating as training did and padding to the longest text of each call."""
+    tokenizer = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode())
+    pad_token = json.loads(files.get("tokenizer_config.json", b"{}")).get("pad_token") or "[PAD]"
+    pad_token = pad_token["content"] if isinstance(pad_token, dict) else pad_token
+    pad_id = tokenizer.token_to_id(pad_token)
+    tokenizer.enable_truncation(max_length)  # tokenizer.json may carry its own (all-MiniLM: pad to a fixed 128)
+    tokenizer.enable_padding(pad_id=pad_id or 0, pad_token=pad_token if pad_id is not None else "[PAD]")
+    return tokenizer
+
+
+# -- export ------------------------------------------------------------------------------
+
+
+class _Logits(torch.nn.Module):
+    """The classifier as tensors in, logits out, with the attention mask already 4-D.
+
+    transformers 5.5 builds its mask from a sequence length that tracing turns into a 0-d
+    tensor, which sdpa_mask mistakes for cache positions (IndexError; transformers#45735).
+    A 4-D additive mask is taken as given, and works for eager and SDPA attention alike.
+    """
+
+    def __init__(self, model: torch.nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.model, self.names = model, tuple(names)
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        inputs = dict(zip(self.names, tensors))
+        mask = inputs["attention_mask"][:, None, None, :].to(torch.float32)
+        inputs["attention_mask"] = (1.0 - mask) * torch.finfo(torch.float32).min
+        return self.model(**inputs).logits
+
+
+def _traceable(model: torch.nn.Module, max_length: int) -> tuple[_Logits, tuple[torch.Tensor, ...]]:
+    """The wrapped model and a padded example batch, with token_type_ids only if the model takes them."""
+    import inspect
+
+    names = [name for name in INPUTS if name in inspect.signature(model.forward).parameters]
+    width = max(2, min(max_length, 16))
+    ids = torch.full((2, width), 100, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    mask[1, width // 2 :] = 0  # a padded row, so nothing about padding is traced as a constant
+    example = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    # A new module starts in training mode, and exporters restore that mode on exit, recursively.
+    return _Logits(model, names).eval(), tuple(example[name] for name in names)
+
+
+def export_openvino(model: torch.nn.Module, max_length: int) -> Artifact:
+    """Convert to OpenVINO with dynamic batch and sequence dimensions, serialised in memory."""
+    wrapper, example = _traceable(model, max_length)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # tracer and deprecation notes about code paths BERT does not take
+            converted = ov.convert_model(wrapper, example_input=example)
+    except Exception as exc:  # the frontend raises many types; all mean the same to an operator
+        raise OptimizeError(f"OpenVINO could not convert the model: {exc}") from exc
+    for port, name in zip(converted.inputs, wrapper.names):
+        port.get_tensor().set_names({name})
+    converted.outputs[0].get_tensor().set_names({"logits"})
+    return serialize(converted)
+
+
+def serialize(model: ov.Model) -> Artifact:
+    """An IR as bytes: ov.serialize writes into memfds, reached through symlinks named .xml and .bin."""
+    xml_fd, bin_fd = os.memfd_create("ir.xml", os.MFD_CLOEXEC), os.memfd_create("ir.bin", os.MFD_CLOEXEC)
+    try:
+        with tempfile.TemporaryDirectory(prefix="appliance-ir-") as links:
+            xml_path, bin_path = Path(links, "model.xml"), Path(links, "model.bin")
+            xml_path.symlink_to(f"/proc/self/fd/{xml_fd}")
+            bin_path.symlink_to(f"/proc/self/fd/{bin_fd}")
+            ov.serialize(model, str(xml_path), str(bin_path))
+        return Artifact(_read_fd(xml_fd), _read_fd(bin_fd))
+    except (OSError, RuntimeError) as exc:  # no /proc, or a graph OpenVINO cannot write
+        raise OptimizeError(f"cannot serialise the OpenVINO model in memory: {exc}") from exc
+    finally:
+        os.close(xml_fd)
+        os.close(bin_fd)
+
+
+def _read_fd(fd: int) -> bytes:
+    with open(os.dup(fd), "rb") as f:
+        f.seek(0)
+        return f.read()
+
+
+def read_openvino(artifact: Artifact) -> ov.Model:
+    """The IR as an ov.Model, read from bytes (weights as a uint8 tensor)."""
+    weights = ov.Tensor(np.frombuffer(artifact.weights, dtype=np.uint8))
+    return _core().read_model(model=artifact.xml, weights=weights)
+
+
+def compile_openvino(
+    model: Artifact | ov.Model, device: str = "CPU", config: dict[str, Any] | None = None
+) -> ov.CompiledModel:
+    """Compile for a device; the guard must use the config serving will use (CPU defaults to bf16 where fast)."""
+    model = read_openvino(model) if isinstance(model, Artifact) else model
+    return _core().compile_model(model, device, config or {})
+
+
+def pack_ir(
+    artifact: Artifact, bundle_files: Mapping[str, bytes], variant: str, reference: dict[str, Any] | None = None
+) -> bytes:
+    """One blob that serving can load without torch: the IR, the tokenizer, the label map, the drift reference."""
+    manifest = json.loads(bundle_files["appliance.json"]) | {"variant": variant, "format": "openvino-ir"}
+    if reference is not None:
+        manifest["reference"] = reference
+    files = {"model.xml": artifact.xml, "model.bin": artifact.weights, "appliance.json": json.dumps(manifest).encode()}
+    files |= {name: bundle_files[name] for name in TOKENIZER_FILES if name in bundle_files}
+    return archive.pack(sorted(files.items()))
+
+
+@dataclass(frozen=True)
+class Servable:
+    """A compiled variant ready to answer: what the inference server holds per model version."""
+
+    compiled: ov.CompiledModel
+    tokenizer: tokenizers.Tokenizer
+    labels: list[str]
+    manifest: dict[str, Any]
+
+
+def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = None) -> Servable:
+    """Compile a packed IR from decrypted bytes: the weights go from memory to OpenVINO, never to a file."""
+    files = archive.unpack(blob)
+    missing = {"model.xml", "model.bin", "tokenizer.json", "appliance.json"} - set(files)
+    if missing:
+        raise ArtifactError(f"the OpenVINO artifact lacks {', '.join(sorted(missing))}")
+    manifest = json.loads(files["appliance.json"])
+    try:
+        compiled = compile_openvino(Artifact(files["model.xml"], files["model.bin"]), device, config)
+    except RuntimeError as exc:
+        raise ArtifactError(f"OpenVINO cannot compile the {manifest.get('variant')} artifact: {exc}") from exc
+    return Servable(compiled, _tokenizer(files, manifest["max_length"]), manifest["labels"], manifest)
+
+
+@functools.cache
+def _core() -> ov.Core:
+    """One OpenVINO runtime per process: each Core loads its device plugins again."""
+    return ov.Core()
+
+
+def export_onnx(model: torch.nn.Module, max_length: int = 128) -> bytes:
+    """ONNX bytes from the TorchScript exporter: the dynamo one needs onnxscript, which is not installed."""
+    wrapper, example = _traceable(model, max_length)
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in wrapper.names} | {"logits": {0: "batch"}}
+    buffer = io.BytesIO()
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # its own deprecation notice, and the tracer's
+            torch.onnx.export(wrapper, example, buffer, dynamo=False, input_names=list(wrapper.names),
+                              output_names=["logits"], dynamic_axes=dynamic, opset_version=17)
+    except torch.onnx.OnnxExporterError as exc:
+        raise OptimizeError(f"ONNX export failed: {exc}", hint="the 'onnx' package must be installed") from exc
+    return buffer.getvalue()
+
+
+def onnx_session(onnx: bytes) -> Any:
+    """An onnxruntime session on the CPU, loaded from bytes."""
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(onnx, providers=["CPUExecutionProvider"])
+
+
+# -- quantisation -------------------------------------------------------------------------
+
+
+def overflow_fix_for(hardware: Hardware) -> str:
+    """Without VNNI, int8 products are summed in saturating int16, so NNCF must keep weights to 7 bits."""
+    return "disable" if any(flag in hardware.cpu.flags for flag in VNNI_FLAGS) else "enable"
+
+
+def quantize_int8(
+    model: ov.Model,
+    calibration_texts: Sequence[str],
+    tokenizer: tokenizers.Tokenizer,
+    *,
+    overflow_fix: str,
+    subset_size: int = 300,
+    keep_head_fp32: bool = False,
+) -> ov.Model:
+    """Post-training INT8 with NNCF; keep_head_fp32 is the gentler retry, leaving pooler and classifier exact.
+
+    The head is where rounding moves logits directly, it is small (so little speed is
+    lost) and skipping it costs one more calibration, not the dozens of evaluations of
+    accuracy-controlled quantisation, which would also tune on the guard's own data.
+    """
+    import logging
+
+    import nncf
+
+    nncf.set_log_level(logging.WARNING)  # its INFO lines list every node it skips
+    if not calibration_texts:
+        raise OptimizeError("INT8 quantisation needs calibration texts, and none were given")
+    names = {port.get_any_name() for port in model.inputs}
+    dataset = nncf.Dataset(list(calibration_texts), lambda text: feeds(tokenizer.encode_batch([text]), names))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its rich progress bars would garble the caller's own
+            return nncf.quantize(
+                model.clone(),
+                dataset,
+                model_type=nncf.ModelType.TRANSFORMER,
+                subset_size=min(subset_size, len(calibration_texts)),
+                ignored_scope=nncf.IgnoredScope(patterns=HEAD_PATTERNS, validate=False) if keep_head_fp32 else None,
+                advanced_parameters=nncf.AdvancedQuantizationParameters(overflow_fix=nncf.OverflowFix(overflow_fix)),
+            )
+    except Exception as exc:  # NNCF and OpenVINO raise many types
+        raise OptimizeError(f"INT8 quantisation failed: {exc}") from exc
+
+
+# -- evaluation and the guard -------------------------------------------------------------
+
+
+def feeds(encodings: list[tokenizers.Encoding], names: set[str] | Sequence[str]) -> dict[str, np.ndarray]:
+    """The model's named int64 inputs from a padded batch of encodings."""
+    columns = {
+        "input_ids": [e.ids for e in encodings],
+        "attention_mask": [e.attention_mask for e in encodings],
+        "token_type_ids": [e.type_ids for e in encodings],
+    }
+    return {name: np.asarray(columns[name], dtype=np.int64) for name in names}
+
+
+def inference(runner: Runner) -> tuple[list[str], Callable[[dict[str, np.ndarray]], np.ndarray]]:
+    """The input names of a compiled model or ONNX session, and a call from feeds to logits."""
+    if hasattr(runner, "get_inputs"):  # an onnxruntime session
+        return [i.name for i in runner.get_inputs()], lambda feeds: runner.run(None, feeds)[0]
+    return [port.get_any_name() for port in runner.inputs], lambda feeds: runner(feeds)[0]
+
+
+def predict(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    """Logits for every text, with numpy only, in batches of similar length so padding stays small."""
+    names, infer = inference(runner)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    logits = np.empty((0, 0), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        out = infer(feeds(tokenizer.encode_batch([texts[i] for i in chunk]), names))
+        if not start:
+            logits = np.empty((len(texts), out.shape[1]), dtype=np.float32)
+        logits[chunk] = out
+    return logits
+
+
+def speed(
+    infer: Callable[[dict[str, np.ndarray]], Any],
+    names: Sequence[str],
+    tokenizer: tokenizers.Tokenizer,
+    texts: Sequence[str],
+    *,
+    min_seconds: float = 1.0,
+) -> dict[str, float]:
+    """p50 latency of one text, and texts/s at batch 1 and 16, tokenisation included, as a client sees it.
+
+    Texts are taken in the order given, cycling until min_seconds have passed (and each
+    text was seen once), so every variant is timed on the same inputs.
+    """
+    result = {}
+    for batch_size in (1, 16):
+        batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+        for batch in batches[:2]:  # warm up: first calls allocate and pick kernels
+            infer(feeds(tokenizer.encode_batch(batch), names))
+        timings, done, started = [], 0, time.perf_counter()
+        while done < len(batches) or time.perf_counter() - started < min_seconds:
+            batch = batches[done % len(batches)]
+            tick = time.perf_counter()
+            infer(feeds(tokenizer.encode_batch(batch), names))
+            timings.append((time.perf_counter() - tick, len(batch)))
+            done += 1
+        result[f"throughput_b{batch_size}"] = sum(n for _, n in timings) / sum(t for t, _ in timings)
+        if batch_size == 1:
+            result["latency_ms_p50"] = float(np.median([t for t, _ in timings]) * 1000)
+    return result
+
+
+def evaluate(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str], labels: Sequence[int]) -> dict[str, float]:
+    """Accuracy and macro-F1 of a compiled model or ONNX session, measured as training measures them."""
+    if not texts:
+        raise OptimizeError("there are no validation texts to score the model on")
+    logits = predict(runner, tokenizer, texts)
+    return tasks.metrics(logits.argmax(axis=1).tolist(), list(labels), logits.shape[1])
+
+
+def guard(
+    fp32: Mapping[str, float],
+    candidates: Mapping[str, Mapping[str, float]],
+    max_accuracy_drop: float = 1.0,
+    metric: str = "accuracy",
+) -> Decision:
+    """Choose the first candidate (in order) that loses at most max_accuracy_drop points, else FP32."""
+    scores = {FP32: dict(fp32), **{name: dict(score) for name, score in candidates.items()}}
+    tried = []
+    for name, score in candidates.items():
+        drop = round((fp32[metric] - score[metric]) * 100, 6)  # 0.90 - 0.89 is 1.0000000000000009 points
+        tried.append(f"{name} {score[metric]:.3f} ({0.0 - drop:+.1f} points)")
+        if drop <= max_accuracy_drop:
+            reason = f"{name} kept: {metric} {'; '.join(tried)} against fp32 {fp32[metric]:.3f}"
+            return Decision(name, scores, f"{reason}, within the allowed {max_accuracy_drop:g} points")
+    against = f"against fp32 {fp32[metric]:.3f}: more than the allowed {max_accuracy_drop:g} points"
+    reason = f"fp32 kept: {metric} {'; '.join(tried)} {against}" if tried else "fp32 kept: no INT8 variant was scored"
+    return Decision(FP32, scores, reason)
+
+
+# -- the whole step ------------------------------------------------------------------------
+
+
+def optimize(
+    bundle: bytes,
+    *,
+    calibration_texts: Sequence[str],
+    texts: Sequence[str],
+    labels: Sequence[str],
+    hardware: Hardware,
+    max_accuracy_drop: float = 1.0,
+    metric: str = "accuracy",
+    subset_size: int = 300,
+    int8: bool = True,
+    config: dict[str, Any] | None = None,
+) -> Outcome:
+    """Export, score FP32, then INT8 and (only if needed) the gentler INT8, and let the guard choose.
+
+    Calibrate on training texts and score on the validation split, so the guard judges on
+    data the quantiser never saw. Each variant is scored from its serialised IR, as served.
+    """
+    clock, seconds = time.monotonic(), {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        seconds[name], clock = time.monotonic() - clock, time.monotonic()
+
+    model, tokenizer, manifest = load_torch_model(archive.unpack(bundle))
+    index = {name: i for i, name in enumerate(manifest["labels"])}
+    targets = [index[label] for label in labels]
+    artifacts = {FP32: export_openvino(model, manifest["max_length"])}
+    del model
+    lap("export")
+    fp32 = evaluate(compile_openvino(artifacts[FP32], config=config), tokenizer, texts, targets)
+    lap("evaluate_fp32")
+    fix, scored = overflow_fix_for(hardware), {}
+    decision = guard(fp32, {}, max_accuracy_drop, metric)
+    for name, gentle in ((INT8, False), (INT8_GENTLE, True)) if int8 else ():
+        quantized = quantize_int8(read_openvino(artifacts[FP32]), calibration_texts, tokenizer,
+                                  overflow_fix=fix, subset_size=subset_size, keep_head_fp32=gentle)
+        artifacts[name] = serialize(quantized)
+        lap(f"quantize_{name}")
+        scored[name] = evaluate(compile_openvino(artifacts[name], config=config), tokenizer, texts, targets)
+        lap(f"evaluate_{name}")
+        decision = guard(fp32, scored, max_accuracy_drop, metric)
+        if decision.variant != FP32:
+            break
+    return Outcome(decision, artifacts, seconds)

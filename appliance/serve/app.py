@@ -1,0 +1,270 @@
+"""The HTTP API: Open Inference Protocol paths, a plain JSON text endpoint, metrics, health.
+
+Every endpoint but health needs an API key (`Authorization: Bearer apl_...` or
+`X-API-Key`), scoped per model. Every error is JSON `{"error": ..., "hint": ...}` with
+the status that says whose fault it is; a bad request changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from importlib import metadata
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from appliance import auth
+from appliance.config import Settings
+from appliance.errors import ApplianceError, BadRequest
+from appliance.serve import metrics as serve_metrics
+from appliance.serve.runtime import Loaded, Runtime
+
+log = logging.getLogger(__name__)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InferInput(_Strict):
+    name: str
+    shape: list[int]
+    datatype: Literal["BYTES"]
+    data: list[StrictStr]
+    parameters: dict[str, Any] | None = None
+
+
+class RequestedOutput(_Strict):
+    name: Literal["label", "probabilities"]
+    parameters: dict[str, Any] | None = None
+
+
+class InferRequest(_Strict):
+    """Open Inference Protocol request: one BYTES input of texts."""
+
+    id: str | None = None
+    inputs: list[InferInput] = Field(min_length=1, max_length=1)
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class PredictRequest(_Strict):
+    """The plain endpoint: texts in, a label and scores per text out."""
+
+    instances: list[StrictStr]
+
+
+def _token(authorization: str | None, x_api_key: str | None) -> str | None:
+    if x_api_key:
+        return x_api_key
+    return authorization[7:] if authorization and authorization.startswith("Bearer ") else None
+
+
+def _model_key(
+    request: Request, name: str, authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[str | None, Header()] = None,
+) -> auth.ApiKey:
+    """The request's key, allowed to call the model in its path; checked before the body is read."""
+    return request.app.state.runtime.authorize(_token(authorization, x_api_key), name)
+
+
+def _any_model_key(
+    request: Request, authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[str | None, Header()] = None,
+) -> auth.ApiKey:
+    return request.app.state.runtime.authorize(_token(authorization, x_api_key), None)
+
+
+ModelKey = Annotated[auth.ApiKey, Depends(_model_key)]
+AnyModelKey = Annotated[auth.ApiKey, Depends(_any_model_key)]
+
+
+def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
+    """The ASGI app; the runtime loads models in the background, so health answers at once."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.get_running_loop().create_task(runtime.start())
+        loading.add_done_callback(_report_start_failure)
+        yield
+        loading.cancel()
+        await runtime.stop()
+
+    app = FastAPI(title="appliance inference", version=metadata.version("appliance"), lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # the docs pages load scripts from a CDN; the box is offline
+    app.add_middleware(_BodyLimit, limit=settings.serve.max_body_bytes)
+    metrics = runtime.metrics
+    limit = settings.serve.max_instances
+
+    app.state.runtime = runtime
+    @app.get("/v2/health/live")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready() -> JSONResponse:
+        return JSONResponse({"ready": runtime.ready}, status_code=200 if runtime.ready else 503)
+
+    @app.get("/v2")
+    async def server_metadata(_key: AnyModelKey) -> dict[str, Any]:
+        return {"name": "appliance", "version": metadata.version("appliance"), "extensions": []}
+
+    @app.get("/v2/models/{name}")
+    async def model_metadata(name: str, _key: ModelKey) -> dict[str, Any]:
+        route = runtime.route(name)
+        labels = route.production.labels
+        return {
+            "name": name,
+            "versions": [str(loaded.version) for loaded in route.versions()],
+            "platform": "openvino",
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": "label", "datatype": "BYTES", "shape": [-1]},
+                        {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(labels)]}],
+            "parameters": {"labels": labels, "canary_percent": route.canary_percent},
+        }
+
+    @app.get("/v2/models/{name}/ready")
+    async def model_ready(name: str, _key: ModelKey) -> JSONResponse:
+        ok = runtime.model_ready(name)
+        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(name: str, _key: ModelKey, body: InferRequest) -> dict[str, Any]:
+        texts = body.inputs[0].data
+        if body.inputs[0].shape not in ([len(texts)], [len(texts), 1]):
+            raise BadRequest(f"input 'text' has shape {body.inputs[0].shape} but holds {len(texts)} texts",
+                             hint=f"give shape [{len(texts)}]")
+        loaded, probabilities = await _predict(name, texts)
+        wanted = {output.name for output in body.outputs} if body.outputs else {"label", "probabilities"}
+        outputs = []
+        if "label" in wanted:
+            labels = [loaded.labels[i] for i in probabilities.argmax(axis=1)]
+            outputs.append({"name": "label", "datatype": "BYTES", "shape": [len(texts)], "data": labels})
+        if "probabilities" in wanted:
+            outputs.append({"name": "probabilities", "datatype": "FP32", "shape": list(probabilities.shape),
+                            "data": probabilities.ravel().round(6).tolist()})
+        answer = {"model_name": name, "model_version": str(loaded.version), "outputs": outputs}
+        return answer | ({"id": body.id} if body.id is not None else {})
+
+    @app.post("/v1/models/{name}:predict")
+    async def predict(name: str, _key: ModelKey, body: PredictRequest) -> dict[str, Any]:
+        loaded, probabilities = await _predict(name, body.instances)
+        predictions = [
+            {"label": loaded.labels[int(row.argmax())],
+             "scores": {label: round(float(p), 6) for label, p in zip(loaded.labels, row)}}
+            for row in probabilities
+        ]
+        return {"model": name, "model_version": str(loaded.version), "predictions": predictions}
+
+    @app.get("/metrics")
+    async def metrics_endpoint(_key: AnyModelKey) -> Response:
+        for model, route in runtime.routes.items():
+            for loaded in route.versions():
+                share = route.canary_percent / 100 if loaded is route.candidate else 1 - route.canary_percent / 100
+                metrics.traffic.labels(model, str(loaded.version)).set(share)
+                metrics.queue_depth.labels(model, str(loaded.version)).set(loaded.batcher.depth)
+        return Response(metrics.exposition(), media_type=serve_metrics.CONTENT_TYPE)
+
+    async def _predict(name: str, texts: list[str]) -> tuple[Loaded, Any]:
+        if not texts:
+            raise BadRequest("the request holds no texts", hint="send at least one text")
+        if len(texts) > limit:
+            raise BadRequest(f"the request holds {len(texts)} texts; at most {limit} are allowed",
+                             hint="split it into several requests")
+        loaded = runtime.route(name).pick()
+        started = time.perf_counter()
+        probabilities = await loaded.predict(texts)  # an error is counted by the handler that answers it
+        metrics.request(name, loaded.version, 200, time.perf_counter() - started)
+        return loaded, probabilities
+
+    def refused(request: Request, status: int) -> None:
+        metrics.request(request.path_params.get("name", ""), None, status)
+
+    @app.exception_handler(ApplianceError)
+    async def appliance_error(request: Request, exc: ApplianceError) -> JSONResponse:
+        status = getattr(exc, "status", 400)
+        refused(request, status)
+        headers = {"Retry-After": "1"} if status == 503 else None
+        if status in (401, 403):
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return _error(status, exc.message, exc.hint, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        refused(request, 400)
+        problems = "; ".join(_describe(error) for error in exc.errors()[:5])
+        json_sent = request.headers.get("content-type", "").startswith("application/json")
+        hint = "see the OpenAPI document at /openapi.json" if json_sent else "send Content-Type: application/json"
+        return _error(400, f"the request body is not valid: {problems}", hint)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        refused(request, exc.status_code)
+        return _error(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
+
+    return app
+
+
+def _report_start_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        error = task.exception()
+        message = error.message if isinstance(error, ApplianceError) else repr(error)
+        log.error("the server could not open the store, so it stays unready: %s", message)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
+    return f"{where}: {error.get('msg', 'invalid')}"
+
+
+def _error(status: int, message: str, hint: str | None, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": message} | ({"hint": hint} if hint else {})
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class _BodyLimit:
+    """413 for a body over the limit, by Content-Length or by counting a streamed body."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._too_large(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._too_large(scope, receive, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = _error(413, f"the request body is over the limit of {self.limit} bytes",
+                          "send fewer or shorter texts per request")
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    """A streamed body passed the limit."""

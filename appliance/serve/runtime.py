@@ -1,0 +1,261 @@
+"""What the server serves: compiled model versions, and the routes that send traffic to them.
+
+A worker thread owns the store (SQLite connections stay on the thread that made them)
+and polls it: the `production` and `candidate` aliases, the canary share and the API
+keys. A version that should serve and is not loaded yet is decrypted into memory,
+compiled, warmed up and given a smoke inference on that thread; only then does the
+event loop swap the route to it, in one assignment, so a request is answered by the
+old version or the new one and never by neither. The old version's batcher drains
+before it is dropped. A version that fails to load leaves the previous one serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from appliance import auth, optimize, registry, store
+from appliance.config import Settings
+from appliance.errors import ApplianceError, ModelNotFound
+from appliance.serve import drift
+from appliance.serve.batching import Batch, Batcher
+from appliance.serve.metrics import Metrics
+from appliance.store import audit, blobs
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(eq=False)  # identity: a route compares the very versions it holds
+class Loaded:
+    """One model version compiled and warm, with its batcher and its live drift window."""
+
+    model: str
+    version: int
+    variant: str
+    servable: optimize.Servable
+    batcher: Batcher
+    reference: drift.Histograms | None
+    window: drift.Histograms = field(default_factory=drift.Histograms)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def labels(self) -> list[str]:
+        return self.servable.labels
+
+    async def predict(self, texts: list[str]) -> np.ndarray:
+        """Class probabilities for texts, batched with everyone else's."""
+        return drift.softmax(await self.batcher.infer(texts))
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a model's traffic goes: production, and a share of it to a candidate."""
+
+    production: Loaded
+    candidate: Loaded | None = None
+    canary_percent: float = 0.0
+
+    def pick(self) -> Loaded:
+        if self.candidate is not None and random.random() * 100 < self.canary_percent:
+            return self.candidate
+        return self.production
+
+    def versions(self) -> list[Loaded]:
+        return [self.production] + ([self.candidate] if self.candidate else [])
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    production: int
+    candidate: int | None
+    canary_percent: float
+
+
+class Runtime:
+    """Loads what the registry says should serve, keeps it current, and routes requests."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, passphrase: str | None = None) -> None:
+        self.settings, self.metrics = settings, metrics
+        self.routes: dict[str, Route] = {}
+        self.keys: list[auth.ApiKey] = []
+        self.unlocked = False  # the master key opened the store
+        self._passphrase = passphrase
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        self._store: store.Store | None = None
+        self._failed: set[tuple[str, int]] = set()  # versions that would not load: not retried until moved
+        self._wanted: dict[str, _Wanted] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._verifier: auth.Verifier | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store and load what should serve; the server is ready when this returns."""
+        self._store = await self._on_worker(store.open, self.settings, self._passphrase)
+        self.unlocked = True
+        await self.sync()
+        self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def stop(self) -> None:
+        if self._poller:
+            self._poller.cancel()
+        for route in list(self.routes.values()):
+            for loaded in route.versions():
+                await loaded.batcher.close()
+        if self._store is not None:
+            await self._on_worker(self._store.close)
+        self._worker.shutdown(wait=True)
+
+    @property
+    def ready(self) -> bool:
+        """Unlocked, and every model that should serve is serving its wanted versions."""
+        return self.unlocked and all(self.model_ready(model) for model in self._wanted)
+
+    def model_ready(self, model: str) -> bool:
+        route, wanted = self.routes.get(model), self._wanted.get(model)
+        if route is None or wanted is None:
+            return False
+        return route.production.version == wanted.production or (model, wanted.production) in self._failed
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def route(self, model: str) -> Route:
+        route = self.routes.get(model)
+        if route is None:
+            served = ", ".join(sorted(self.routes)) or "none"
+            raise ModelNotFound(f"no model named {model!r} is being served", hint=f"served models: {served}")
+        return route
+
+    def authorize(self, token: str | None, model: str | None) -> auth.ApiKey:
+        """The API key of a request, checked against the keys read at the last poll."""
+        if self._verifier is None:
+            raise auth.Unauthenticated("the server has not read its API keys yet")
+        return self._verifier.verify(token, model)
+
+    # -- keeping up with the registry ----------------------------------------------------------
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.serve.poll_s)
+            try:
+                await self.sync()
+            except Exception:
+                log.exception("reading the registry failed; serving goes on with what is loaded")
+
+    async def sync(self) -> None:
+        """Read the wanted state; load and swap in what changed; drain what left."""
+        wanted, verifier = await self._on_worker(self._read_wanted, self._verifier)
+        self._verifier, self._wanted = verifier, wanted
+        for model, want in wanted.items():
+            current = self.routes.get(model)
+            production = await self._get(model, want.production, current)
+            if production is None:
+                continue
+            candidate = None
+            if want.candidate is not None and want.candidate != want.production and want.canary_percent > 0:
+                candidate = await self._get(model, want.candidate, current)
+            route = Route(production, candidate, want.canary_percent if candidate else 0.0)
+            if route != current:
+                self.routes[model] = route  # the swap: one assignment on the event loop
+                await self._retire(current, route)
+        for model in set(self.routes) - set(wanted):  # no production alias any more
+            await self._retire(self.routes.pop(model), None)
+
+    async def _get(self, model: str, version: int, current: Route | None) -> Loaded | None:
+        """The loaded version: already serving, or loaded now; None if it will not load."""
+        for loaded in current.versions() if current else []:
+            if loaded.version == version:
+                return loaded
+        if (model, version) in self._failed:
+            return current.production if current else None
+        try:
+            servable, reference = await self._on_worker(self._load, model, version)
+        except ApplianceError as exc:
+            self._failed.add((model, version))
+            log.error("model %s:%s did not load, the previous version keeps serving: %s", model, version, exc.message)
+            await self._on_worker(self._audit, "serve.load_failed", f"{model}:{version}", {"error": exc.message})
+            return current.production if current else None
+        loaded = Loaded(model, version, servable.manifest["variant"], servable, self._batcher(model, version, servable),
+                        reference)
+        loaded.batcher.on_batch = lambda batch: self._observe(loaded, batch)
+        loaded.batcher.start()
+        log.info("model %s:%s (%s) is loaded and warm", model, version, loaded.variant)
+        return loaded
+
+    def _batcher(self, model: str, version: int, servable: optimize.Servable) -> Batcher:
+        serve = self.settings.serve
+        return Batcher(servable.compiled, servable.tokenizer, max_batch_size=serve.max_batch_size,
+                       max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue)
+
+    async def _retire(self, old: Route | None, new: Route | None) -> None:
+        """Drain and drop the versions of old that new no longer uses."""
+        keep = {id(loaded) for loaded in new.versions()} if new else set()
+        for loaded in old.versions() if old else []:
+            if id(loaded) not in keep:
+                await loaded.batcher.close()
+                self.metrics.forget(loaded.model, loaded.version)
+
+    # -- on the store thread ---------------------------------------------------------------
+
+    async def _on_worker(self, work: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._worker, work, *args)
+
+    def _read_wanted(self, previous: auth.Verifier | None) -> tuple[dict[str, _Wanted], auth.Verifier]:
+        """Which versions should serve, and the API keys; notes when the previous keys were last used."""
+        if previous is not None:
+            auth.record_use(self._store, previous)
+        db = self._store.db
+        aliases: dict[str, dict[str, int]] = {}
+        for model, alias, version in db.execute("SELECT model, alias, version FROM model_aliases"):
+            aliases.setdefault(model, {})[alias] = version
+        canary = dict(db.execute("SELECT model, percent FROM model_canary").fetchall())
+        wanted = {
+            model: _Wanted(found["production"], found.get("candidate"), canary.get(model, 0.0))
+            for model, found in aliases.items()
+            if "production" in found
+        }
+        return wanted, auth.verifier(self._store)
+
+    def _load(self, model: str, version: int) -> tuple[optimize.Servable, drift.Histograms | None]:
+        """Decrypt the chosen variant into memory, compile, warm up and check one inference."""
+        entry = registry.get(self._store, f"{model}:{version}")
+        variant = entry.variants[entry.chosen]
+        if variant.format != "openvino-ir":
+            raise ModelNotFound(f"{entry.ref} serves its {variant.format} variant, which the server cannot run",
+                                hint=f"optimise it first: 'appliance optimize {entry.ref}'")
+        servable = optimize.load_ir(blobs.read(self._store, variant.blob_id))
+        logits = optimize.predict(servable.compiled, servable.tokenizer, ["warm up", "a second, longer warm-up text"])
+        if logits.shape != (2, len(servable.labels)) or not np.isfinite(logits).all():
+            raise ModelNotFound(f"{entry.ref} failed its smoke inference (logits {logits.shape})")
+        stored = servable.manifest.get("reference")
+        return servable, drift.Histograms.from_json(stored) if stored else None
+
+    def _audit(self, action: str, obj: str, details: dict[str, Any]) -> None:
+        audit.record(self._store, action, obj, actor="service:serve", **details)
+
+    # -- monitoring (on OpenVINO's threads) ----------------------------------------------------
+
+    def _observe(self, loaded: Loaded, batch: Batch) -> None:
+        self.metrics.batch(loaded.model, loaded.version, len(batch.encodings), batch.seconds)
+        if loaded.reference is None:
+            return
+        with loaded.lock:
+            loaded.window.add_inputs(batch.encodings)
+            loaded.window.add_outputs(drift.softmax(batch.logits))
+            if loaded.window.texts < self.settings.serve.drift_window:
+                return
+            scores, loaded.window = loaded.window.scores(loaded.reference), drift.Histograms()
+        self.metrics.drift(loaded.model, loaded.version, scores)
+        worst = max(scores, key=scores.get)
+        if scores[worst] > self.settings.serve.drift_threshold:
+            details = {"feature": worst, "psi": round(scores[worst], 4), "threshold": self.settings.serve.drift_threshold}
+            self._worker.submit(self._audit, "serve.drift_alert", f"{loaded.model}:{loaded.version}", details)

@@ -1,0 +1,48 @@
+"""A self-signed certificate for the inference server, made once and kept in the state directory.
+
+Sites with their own CA give `serve.tls_cert` and `serve.tls_key` instead. The private
+key file is created 0600 before a byte is written to it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+VALID_DAYS = 825  # the longest validity browsers and most clients accept
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """(certificate, key) in directory, made on first use for this host name, localhost and 127.0.0.1."""
+    cert_path, key_path = directory / "tls-cert.pem", directory / "tls-key.pem"
+    if cert_path.exists() and key_path.exists():
+        return cert_path, key_path
+    key = ec.generate_private_key(ec.SECP256R1())
+    host = socket.gethostname()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host),
+                      x509.NameAttribute(NameOID.ORGANIZATION_NAME, "appliance (self-signed)")])
+    now = datetime.datetime.now(datetime.UTC)
+    names = [x509.DNSName(host), x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path

@@ -1,0 +1,68 @@
+"""The batcher in process, on a real compiled model: same answers as one call, batched, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from appliance import archive, optimize
+from appliance.errors import Overloaded
+from appliance.serve import batching
+from tests.conftest import Trained
+
+F32 = {"INFERENCE_PRECISION_HINT": "f32"}
+
+
+@pytest.fixture(scope="module")
+def servable(trained: Trained) -> optimize.Servable:
+    files = archive.unpack(trained.bundle)
+    model, _, manifest = optimize.load_torch_model(files)
+    packed = optimize.pack_ir(optimize.export_openvino(model, manifest["max_length"]), files, "fp32")
+    return optimize.load_ir(packed, config=F32)
+
+
+def test_concurrent_requests_share_inferences_and_get_their_own_answers(
+    servable: optimize.Servable, trained: Trained
+) -> None:
+    texts = trained.data.texts[:60] + ["parcel", "refund " * 60]
+    expected = optimize.predict(servable.compiled, servable.tokenizer, texts)
+    batches: list[batching.Batch] = []
+
+    async def scenario() -> list[np.ndarray]:
+        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=20,
+                                   on_batch=batches.append)
+        batcher.start()
+        requests = [texts[i : i + 3] for i in range(0, len(texts), 3)]
+        answers = await asyncio.gather(*(batcher.infer(request) for request in requests))
+        await batcher.close()
+        assert batcher.depth == 0
+        return answers
+
+    answers = asyncio.run(scenario())
+    np.testing.assert_allclose(np.concatenate(answers), expected, atol=1e-4)
+    assert sum(len(batch.encodings) for batch in batches) == len(texts)
+    assert max(len(batch.encodings) for batch in batches) > 3  # requests were merged
+    assert all(len(batch.encodings) <= 16 for batch in batches)
+
+
+def test_a_batch_is_cut_where_lengths_jump_so_short_texts_are_not_padded_to_long_ones() -> None:
+    request = batching._Request(["a" * 10, "b" * 12, "c" * 200, "d" * 15, "e" * 190], future=None)  # type: ignore[arg-type]
+    pieces = batching._pieces([(request, i) for i in range(5)])
+    assert [[request.texts[i][0] for _, i in piece] for piece in pieces] == [["a", "b", "d"], ["e", "c"]]
+
+
+def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: optimize.Servable) -> None:
+    async def scenario() -> None:
+        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=4, max_delay_ms=50,
+                                   max_queue=5)
+        batcher.start()
+        accepted = asyncio.ensure_future(batcher.infer(["one", "two", "three", "four"]))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="would pass 5"):
+            await batcher.infer(["five", "six"])
+        assert (await accepted).shape == (4, 3)
+        await batcher.close()
+
+    asyncio.run(scenario())

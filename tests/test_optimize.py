@@ -1,0 +1,299 @@
+"""Optimisation of a tiny trained classifier: export parity, INT8, the accuracy guard, and no weights on disk."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tokenizers
+import torch
+
+from appliance import archive, hardware, optimize
+from appliance.config import Settings
+from appliance.errors import ArtifactError, OptimizeError
+from appliance.store import Store, blobs
+from tests.conftest import Trained
+
+F32 = {"INFERENCE_PRECISION_HINT": "f32"}  # the CPU runs bf16 by default where it is fast; parity wants exact
+MAX_LENGTH = 32  # the trained fixture's
+HAS_ONNX = importlib.util.find_spec("onnx") is not None
+
+
+@pytest.fixture(scope="module")
+def loaded(trained: Trained) -> tuple[torch.nn.Module, tokenizers.Tokenizer, dict]:
+    return optimize.load_torch_model(archive.unpack(trained.bundle))
+
+
+@pytest.fixture(scope="module")
+def fp32_ir(loaded: tuple) -> optimize.Artifact:
+    model, _, manifest = loaded
+    return optimize.export_openvino(model, manifest["max_length"])
+
+
+def torch_logits(model: torch.nn.Module, tokenizer: tokenizers.Tokenizer, texts: list[str]) -> np.ndarray:
+    """The reference: the rebuilt PyTorch model on the same padded batch."""
+    encodings = tokenizer.encode_batch(texts)
+    inputs = {
+        "input_ids": torch.tensor([e.ids for e in encodings]),
+        "attention_mask": torch.tensor([e.attention_mask for e in encodings]),
+        "token_type_ids": torch.tensor([e.type_ids for e in encodings]),
+    }
+    with torch.no_grad():
+        return model(**inputs).logits.numpy()
+
+
+def mixed_texts(trained: Trained) -> list[str]:
+    """Short and long texts together, so batches are padded and one text is cut at max_length."""
+    return trained.data.texts[:20] + ["refund " * 80, "parcel", trained.data.texts[3] + " please help"]
+
+
+# -- loading and export -------------------------------------------------------------------
+
+
+def test_a_bundle_loads_into_memory_with_the_training_tokenization(trained: Trained, loaded: tuple) -> None:
+    model, tokenizer, manifest = loaded
+    assert manifest == {"task": "text-classification", "labels": ["billing", "shipping", "technical"],
+                        "max_length": MAX_LENGTH}
+    assert not model.training and model.config.num_labels == 3
+    # Unpadded ids are those the training tokenizer made, [CLS] and [SEP] included.
+    for encoding, expected in zip(tokenizer.encode_batch(trained.data.texts), trained.input_ids):
+        assert encoding.ids[: sum(encoding.attention_mask)] == expected
+    assert len(tokenizer.encode("refund " * 80).ids) == MAX_LENGTH
+
+
+def test_a_bundle_that_cannot_be_optimised_is_refused_with_the_reason() -> None:
+    with pytest.raises(ArtifactError, match="not a readable tar"):
+        archive.unpack(b"not a tar")
+    with pytest.raises(OptimizeError, match="lacks appliance.json, config.json"):
+        optimize.load_torch_model({"model.safetensors": b"", "tokenizer.json": b"{}"})
+    image = b'{"task": "image-classification", "labels": ["a", "b"], "image_size": 64}'
+    with pytest.raises(OptimizeError, match="only text-classification"):
+        optimize.load_torch_model({"model.safetensors": b"", "appliance.json": image})
+
+
+def test_an_artifact_that_cannot_be_served_is_refused_with_what_it_lacks(fp32_ir: optimize.Artifact) -> None:
+    with pytest.raises(ArtifactError, match="lacks model.bin, tokenizer.json"):
+        optimize.load_ir(archive.pack([("appliance.json", b"{}"), ("model.xml", fp32_ir.xml)]))
+    manifest = json.dumps({"variant": "int8", "labels": ["a"], "max_length": 8}).encode()
+    broken = [("appliance.json", manifest), ("model.xml", b"<net/>"), ("model.bin", b""), ("tokenizer.json", b"{}")]
+    with pytest.raises(ArtifactError, match="cannot compile the int8 artifact"):
+        optimize.load_ir(archive.pack(broken))
+
+
+def test_openvino_predicts_what_torch_predicts_for_any_batch_and_length(
+    trained: Trained, loaded: tuple, fp32_ir: optimize.Artifact
+) -> None:
+    model, tokenizer, _ = loaded
+    model_ir = optimize.read_openvino(fp32_ir)
+    assert [port.get_any_name() for port in model_ir.inputs] == list(optimize.INPUTS)
+    assert all(port.get_partial_shape().is_dynamic for port in model_ir.inputs)
+    texts = mixed_texts(trained)
+    expected = torch_logits(model, tokenizer, texts)
+    assert not model.training  # the export left the caller's model as it found it
+
+    compiled = optimize.compile_openvino(fp32_ir, config=F32)
+    for batch_size in (1, 7, 64):  # batch and sequence sizes the trace never saw
+        got = optimize.predict(compiled, tokenizer, texts, batch_size=batch_size)
+        np.testing.assert_allclose(got, expected, atol=1e-4)
+    # On the default (possibly bf16) precision the logits move a little, the predictions not.
+    default = optimize.predict(optimize.compile_openvino(fp32_ir), tokenizer, texts)
+    np.testing.assert_allclose(default, expected, atol=5e-2)
+
+
+@pytest.mark.skipif(not HAS_ONNX, reason="the TorchScript ONNX exporter needs the onnx package")
+def test_onnx_predicts_what_torch_predicts(trained: Trained, loaded: tuple) -> None:
+    model, tokenizer, manifest = loaded
+    session = optimize.onnx_session(optimize.export_onnx(model, manifest["max_length"]))
+    assert [i.name for i in session.get_inputs()] == list(optimize.INPUTS)
+    texts = mixed_texts(trained)
+    np.testing.assert_allclose(optimize.predict(session, tokenizer, texts, batch_size=5),
+                               torch_logits(model, tokenizer, texts), atol=1e-4)
+    _, validation_labels = trained.split(trained.data.validation)
+    targets = [manifest["labels"].index(label) for label in validation_labels]
+    assert optimize.evaluate(session, tokenizer, trained.split(trained.data.validation)[0], targets)["accuracy"] > 0.9
+
+
+@pytest.mark.skipif(HAS_ONNX, reason="only where the onnx package is missing")
+def test_onnx_export_without_the_onnx_package_says_what_is_missing(loaded: tuple) -> None:
+    with pytest.raises(OptimizeError) as raised:
+        optimize.export_onnx(loaded[0])
+    assert "onnx" in raised.value.hint
+
+
+# -- INT8 -----------------------------------------------------------------------------------
+
+
+def fake_quantize_inputs(model: optimize.ov.Model) -> list[str]:
+    """Names of the operations that read a FakeQuantize output: what runs in INT8."""
+    return [
+        consumer.get_node().get_friendly_name()
+        for op in model.get_ordered_ops()
+        if op.get_type_name() == "FakeQuantize"
+        for consumer in op.output(0).get_target_inputs()
+    ]
+
+
+def test_int8_quantisation_runs_and_keeps_the_accuracy(
+    trained: Trained, loaded: tuple, fp32_ir: optimize.Artifact
+) -> None:
+    _, tokenizer, manifest = loaded
+    calibration, _ = trained.split(trained.data.train)
+    texts, labels = trained.split(trained.data.validation)
+    targets = [manifest["labels"].index(label) for label in labels]
+
+    fp32 = optimize.evaluate(optimize.compile_openvino(fp32_ir), tokenizer, texts, targets)
+    int8 = optimize.quantize_int8(optimize.read_openvino(fp32_ir), calibration, tokenizer,
+                                  overflow_fix="disable", subset_size=64)
+    gentle = optimize.quantize_int8(optimize.read_openvino(fp32_ir), calibration, tokenizer,
+                                    overflow_fix="enable", subset_size=64, keep_head_fp32=True)
+    int8_ops, gentle_ops = fake_quantize_inputs(int8), fake_quantize_inputs(gentle)
+    assert any("classifier" in name for name in int8_ops)
+    assert gentle_ops and not any("classifier" in name or "pooler" in name for name in gentle_ops)
+
+    artifact = optimize.serialize(int8)
+    assert len(artifact.weights) < len(fp32_ir.weights) / 2  # int8 weights, embeddings included
+    scored = optimize.evaluate(optimize.compile_openvino(artifact), tokenizer, texts, targets)
+    assert fp32["accuracy"] > 0.9
+    assert scored["accuracy"] >= fp32["accuracy"] - 0.05, (fp32, scored)
+    assert set(scored) == {"accuracy", "macro_f1"}
+
+
+def test_quantisation_without_calibration_texts_is_refused(loaded: tuple, fp32_ir: optimize.Artifact) -> None:
+    with pytest.raises(OptimizeError, match="calibration"):
+        optimize.quantize_int8(optimize.read_openvino(fp32_ir), [], loaded[1], overflow_fix="enable")
+
+
+def machine(flags: tuple[str, ...]) -> hardware.Hardware:
+    return hardware.Hardware(
+        cpu=hardware.Cpu(model="test CPU", physical_cores=4, logical_cores=8, flags=flags),
+        ram_total_bytes=2**34, ram_available_bytes=2**33, gpus=(), openvino_devices=(), notes=(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "fix"),
+    [
+        ((), "enable"),
+        (("avx2", "avx512f"), "enable"),
+        (("avx2", "avx_vnni"), "disable"),
+        (("avx2", "avx512f", "avx512_vnni"), "disable"),
+        (("avx512f", "amx_tile", "amx_int8"), "disable"),
+    ],
+)
+def test_the_overflow_fix_is_on_only_without_vnni(flags: tuple[str, ...], fix: str) -> None:
+    assert optimize.overflow_fix_for(machine(flags)) == fix
+
+
+# -- the guard ------------------------------------------------------------------------------
+
+
+def scores(accuracy: float, macro_f1: float | None = None) -> dict[str, float]:
+    return {"accuracy": accuracy, "macro_f1": accuracy if macro_f1 is None else macro_f1}
+
+
+def test_the_guard_keeps_int8_within_the_allowed_drop() -> None:
+    decision = optimize.guard(scores(0.90), {"int8": scores(0.895)})
+    assert decision.variant == "int8"
+    assert decision.scores == {"fp32": scores(0.90), "int8": scores(0.895)}
+    assert "int8 kept" in decision.reason and "-0.5 points" in decision.reason
+    assert optimize.guard(scores(0.90), {"int8": scores(0.89)}, max_accuracy_drop=1.0).variant == "int8"  # the edge
+    assert optimize.guard(scores(0.90), {"int8": scores(0.93)}).variant == "int8"  # better is fine too
+
+
+def test_the_guard_tries_the_gentler_int8_when_int8_loses_too_much() -> None:
+    decision = optimize.guard(scores(0.90), {"int8": scores(0.85), "int8-gentle": scores(0.897)})
+    assert decision.variant == "int8-gentle"
+    assert "int8 0.850 (-5.0 points)" in decision.reason and "int8-gentle kept" in decision.reason
+
+
+def test_the_guard_keeps_fp32_when_every_int8_loses_too_much() -> None:
+    candidates = {"int8": scores(0.85), "int8-gentle": scores(0.88)}
+    decision = optimize.guard(scores(0.90), candidates, max_accuracy_drop=1.0)
+    assert decision.variant == "fp32"
+    assert set(decision.scores) == {"fp32", "int8", "int8-gentle"}
+    assert "fp32 kept" in decision.reason and "-2.0 points" in decision.reason and "allowed 1 points" in decision.reason
+    assert optimize.guard(scores(0.90), candidates, max_accuracy_drop=5.0).variant == "int8"
+    assert optimize.guard(scores(0.90), {}).variant == "fp32"
+
+
+def test_the_guard_can_judge_on_macro_f1() -> None:
+    # Accuracy barely moves while a rare class is lost: macro-F1 shows it.
+    candidates = {"int8": scores(0.90, macro_f1=0.60)}
+    assert optimize.guard(scores(0.905, macro_f1=0.80), candidates).variant == "int8"
+    assert optimize.guard(scores(0.905, macro_f1=0.80), candidates, metric="macro_f1").variant == "fp32"
+
+
+# -- the whole step ---------------------------------------------------------------------------
+
+
+def test_optimize_serves_int8_when_it_keeps_the_accuracy(trained: Trained) -> None:
+    calibration, _ = trained.split(trained.data.train)
+    texts, labels = trained.split(trained.data.validation)
+    outcome = optimize.optimize(trained.bundle, calibration_texts=calibration, texts=texts, labels=labels,
+                                hardware=machine(("avx512_vnni",)), subset_size=64)
+    assert outcome.decision.variant == "int8", outcome.decision.reason
+    assert set(outcome.artifacts) == {"fp32", "int8"}  # the gentler variant was not needed
+    assert outcome.decision.scores["fp32"]["accuracy"] > 0.9
+    assert {"export", "evaluate_fp32", "quantize_int8", "evaluate_int8"} <= set(outcome.seconds)
+
+
+def snapshot(roots: Iterable[Path], shallow: Path) -> dict[Path, tuple[int, int]]:
+    """Size and mtime of every file under roots, and of the files directly in shallow (a shared /tmp)."""
+    found = {}
+    for root in roots:
+        for folder, _, names in os.walk(root):
+            for name in names:
+                path = Path(folder, name)
+                if path.is_file() and not path.is_symlink():
+                    stat = path.stat()
+                    found[path] = (stat.st_size, stat.st_mtime_ns)
+    for entry in shallow.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            stat = entry.stat()
+            found[entry] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def test_export_quantise_store_and_load_write_no_weights_to_disk(
+    opened: Store, settings: Settings, trained: Trained, tmp_path: Path
+) -> None:
+    blob_id = blobs.put(opened, trained.bundle)
+    files = archive.unpack(trained.bundle)
+    weights = optimize.load_torch_model(files)[0].state_dict()
+    probes = [weights["classifier.weight"].numpy().tobytes()]  # changed by training, so seen nowhere else
+    probes += [t.numpy().tobytes()[:4096] for t in weights.values() if t.numel() * 4 >= 4096]
+    system_tmp = Path(tempfile.gettempdir())
+    system_before = {entry.name for entry in system_tmp.iterdir()}
+    roots = [tmp_path, settings.state_dir]
+    before = snapshot(roots, system_tmp)
+
+    calibration, _ = trained.split(trained.data.train)
+    texts, labels = trained.split(trained.data.validation)
+    # An impossible guard, so that every variant is built, serialised, scored and kept in memory.
+    outcome = optimize.optimize(blobs.read(opened, blob_id), calibration_texts=calibration, texts=texts,
+                                labels=labels, hardware=machine(()), max_accuracy_drop=-1.0, subset_size=64)
+    for name, artifact in outcome.artifacts.items():
+        stored = blobs.put(opened, optimize.pack_ir(artifact, files, name))
+        optimize.load_ir(blobs.read(opened, stored))  # as serving loads it: decrypt, unpack, compile
+        probes += [artifact.weights[:4096], artifact.weights[len(artifact.weights) // 2 :][:4096]]
+
+    assert outcome.decision.variant == "fp32"
+    assert set(outcome.artifacts) == {"fp32", "int8", "int8-gentle"}
+    new_names = {entry.name for entry in system_tmp.iterdir()} - system_before
+    assert not [name for name in new_names if name.startswith("appliance-ir-")]
+    new_folders = [system_tmp / name for name in new_names if (system_tmp / name).is_dir()]
+    after = snapshot(roots + new_folders, system_tmp)
+    written = [path for path, stamp in after.items() if before.get(path) != stamp]
+    assert not [path for path in written if path.is_relative_to(tmp_path) and "appliance.db" not in path.name]
+    for path in written:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # another process's temporary file, gone already
+            continue
+        assert not any(probe in data for probe in probes), f"{path} holds model weights"

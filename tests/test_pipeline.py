@@ -1,0 +1,144 @@
+"""After training: a run's model is registered, then optimised into a new version over the real store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from appliance import archive, datasets, optimize, pipeline, registry
+from appliance.errors import RegistryError
+from appliance.store import Store, audit, blobs
+from appliance.train import engine, runs
+from appliance.train.params import TrainParams
+from tests.conftest import run_cli, write_tickets
+
+FAST = TrainParams(epochs=8, learning_rate=3e-3, batch_size=16, max_length=32, seed=3)
+SPEED = ("latency_ms_p50", "throughput_b1", "throughput_b16", "speedup_b16")
+
+
+@pytest.fixture
+def registered(opened: Store, tickets: str, tiny_base: Path) -> registry.ModelVersion:
+    result = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=FAST)
+    return pipeline.register_run(opened, result.run_id, "tickets")
+
+
+def test_a_finished_run_is_registered_with_its_bundle_and_scores(
+    opened: Store, registered: registry.ModelVersion
+) -> None:
+    run = runs.get(opened, registered.run_id)
+    assert registered.ref == "tickets:1" and registered.aliases == ("candidate",)
+    assert registered.chosen == "torch" and list(registered.variants) == ["torch"]
+    torch_variant = registered.variants["torch"]
+    assert torch_variant.blob_id == run.model_blob and torch_variant.bytes == len(blobs.read(opened, run.model_blob))
+    assert torch_variant.metrics == {"accuracy": run.metrics["accuracy"], "macro_f1": run.metrics["macro_f1"]}
+
+
+def test_a_run_that_has_not_finished_cannot_be_registered(opened: Store, tickets: str) -> None:
+    version = datasets.get(opened, tickets)
+    run_id = runs.create(opened, dataset_id=version.id, base_model="tiny", task=version.task, params={}, plan={})
+    with pytest.raises(RegistryError, match="is running, so it has no model") as raised:
+        pipeline.register_run(opened, run_id, "tickets")
+    assert f"--resume {run_id}" in raised.value.hint
+    assert registry.list_versions(opened) == []
+
+
+def test_optimising_registers_measured_variants_and_serves_the_fastest_within_the_guard(
+    opened: Store, registered: registry.ModelVersion
+) -> None:
+    steps = []
+    version = pipeline.optimize_version(opened, "tickets", progress=lambda done, total, label: steps.append(label))
+
+    assert version.ref == "tickets:2" and version.run_id == registered.run_id
+    assert registry.get(opened, "tickets@candidate").version == 2
+    assert version.variants["torch"] == registered.variants["torch"]  # the source travels along, not copied
+    assert {"fp32", "int8"} <= set(version.variants) <= {"torch", "fp32", "int8", "int8-gentle"}
+    built = {name: v for name, v in version.variants.items() if name != "torch"}
+    for variant in built.values():
+        assert variant.format == "openvino-ir" and set(variant.metrics) == {"accuracy", "macro_f1", *SPEED}
+    assert built["fp32"].metrics["accuracy"] > 0.9
+    assert built["int8"].bytes < built["fp32"].bytes / 2
+    # What serves is the fastest variant whose accuracy is within a point of FP32: fp32 itself if none is faster.
+    fp32 = built["fp32"].metrics
+    allowed = [v for v in built.values() if fp32["accuracy"] - v.metrics["accuracy"] <= 0.01]
+    assert version.chosen == max(allowed, key=lambda v: v.metrics["throughput_b16"]).name
+    assert "Texts/s at batch 16: " in version.reason and steps[-1] == "registered tickets:2"
+    assert [r["action"] for r in audit.rows(opened)].count("model.register") == 2
+
+
+def test_a_stored_variant_serves_from_memory_with_its_tokenizer_and_labels(
+    opened: Store, registered: registry.ModelVersion
+) -> None:
+    version = pipeline.optimize_version(opened, "tickets:1", pipeline.OptimizeOptions(int8=False))
+    assert set(version.variants) == {"torch", "fp32"} and version.chosen == "fp32"
+    assert "no INT8 variant was scored" in version.reason and "fp32 serves: no variant is faster" in version.reason
+
+    packed = blobs.read(opened, version.variants["fp32"].blob_id)
+    files = archive.unpack(packed)
+    assert {"model.xml", "model.bin", "tokenizer.json", "appliance.json"} <= set(files)
+    assert "model.safetensors" not in files  # serving needs no torch
+    servable = optimize.load_ir(packed)
+    assert servable.labels == ["billing", "shipping", "technical"] == json.loads(files["appliance.json"])["labels"]
+    logits = optimize.predict(servable.compiled, servable.tokenizer, ["refund for my invoice", "courier lost parcel"])
+    assert [servable.labels[i] for i in np.argmax(logits, axis=1)] == ["billing", "shipping"]
+
+
+def test_when_every_int8_loses_too_much_fp32_serves_and_the_reason_says_why(
+    opened: Store, registered: registry.ModelVersion
+) -> None:
+    version = pipeline.optimize_version(opened, "tickets:1", pipeline.OptimizeOptions(max_accuracy_drop=-1.0))
+    assert version.chosen == "fp32"
+    assert set(version.variants) == {"torch", "fp32", "int8", "int8-gentle"}  # the gentler one was tried
+    assert "INT8 guard: fp32 kept" in version.reason and "fp32 serves" in version.reason
+
+
+def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
+    opened: Store, registered: registry.ModelVersion
+) -> None:
+    options = pipeline.OptimizeOptions(distill_layers=1, calibration_size=64)
+    version = pipeline.optimize_version(opened, "tickets:1", options)
+    assert {"torch", "fp32", "int8", "student-fp32", "student-int8"} <= set(version.variants)
+    student, teacher = version.variants["student-int8"], version.variants["int8"]
+    assert student.bytes < teacher.bytes and set(student.metrics) == {"accuracy", "macro_f1", *SPEED}
+    assert student.metrics["accuracy"] > 0.6  # three classes: chance is a third
+    assert "student INT8 guard" in version.reason and "student-int8" in version.reason.split("Texts/s")[1]
+    fp32 = version.variants["fp32"].metrics
+    allowed = [v for name, v in version.variants.items()
+               if name != "torch" and fp32["accuracy"] - v.metrics["accuracy"] <= 0.01]
+    assert version.chosen == max(allowed, key=lambda v: v.metrics["throughput_b16"]).name
+
+
+def test_a_version_without_a_torch_bundle_cannot_be_optimised(opened: Store, registered: registry.ModelVersion) -> None:
+    ir_only = registry.Variant("fp32", "openvino-ir", registered.variants["torch"].blob_id, 1, {})
+    exported = registry.register(opened, "exported", run_id=registered.run_id, task=registered.task,
+                                 variants=[ir_only], chosen="fp32", reason="imported")
+    with pytest.raises(RegistryError, match="exported:1 has no torch bundle"):
+        pipeline.optimize_version(opened, exported.ref)
+
+
+@pytest.mark.slow
+def test_train_then_optimize_from_the_command_line(tiny_base: Path, tmp_path: Path) -> None:
+    run_cli("keys", "init", check=True)
+    run_cli("data", "import", str(write_tickets(tmp_path / "tickets.csv")), "--name", "tickets", check=True)
+    refused = run_cli("train", "--data", "tickets", "--base", str(tiny_base), "--name", "no spaces")
+    assert refused.returncode == 1 and "'no spaces' is not a usable model name" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert run_cli("runs", "list").stdout.startswith("no training runs yet")  # refused before training started
+
+    trained = run_cli("train", "--data", "tickets", "--base", str(tiny_base), "--epochs", "8", "--lr", "3e-3",
+                      "--batch-size", "16", "--max-length", "32", "--seed", "3", "--name", "support", check=True)
+    assert "registered as support:1; optimise it with 'appliance optimize support:1'" in trained.stdout
+
+    optimized = run_cli("optimize", "support:1", "--calibration-size", "64", check=True)
+    assert optimized.stdout.startswith("support:2  (candidate)")
+    assert "chosen: " in optimized.stdout and "int8" in optimized.stdout and "Texts/s at batch 16" in optimized.stdout
+    shown = json.loads(run_cli("models", "show", "support:2", "--json", check=True).stdout)
+    assert shown["lineage"]["params"]["learning_rate"] == 0.003 and shown["chosen"] in shown["variants"]
+
+    missing = run_cli("optimize", "support:7")
+    assert missing.returncode == 1 and "model support has no version 7" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    bad = run_cli("optimize", "support", "--max-accuracy-drop", "-3")
+    assert bad.returncode == 2 and "--max-accuracy-drop" in bad.stderr
