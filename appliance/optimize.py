@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import io
 import json
 import os
@@ -25,6 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -127,11 +129,14 @@ class _Logits(torch.nn.Module):
         return self.model(**inputs).logits
 
 
+def input_names(model: torch.nn.Module) -> list[str]:
+    """The inputs a classifier takes, in INPUTS order: token_type_ids only where the architecture has them."""
+    return [name for name in INPUTS if name in inspect.signature(model.forward).parameters]
+
+
 def _traceable(model: torch.nn.Module, max_length: int) -> tuple[_Logits, tuple[torch.Tensor, ...]]:
     """The wrapped model and a padded example batch, with token_type_ids only if the model takes them."""
-    import inspect
-
-    names = [name for name in INPUTS if name in inspect.signature(model.forward).parameters]
+    names = input_names(model)
     width = max(2, min(max_length, 16))
     ids = torch.full((2, width), 100, dtype=torch.long)
     mask = torch.ones_like(ids)
@@ -314,6 +319,21 @@ def feeds(encodings: list[tokenizers.Encoding], names: set[str] | Sequence[str])
         "token_type_ids": [e.type_ids for e in encodings],
     }
     return {name: np.asarray(columns[name], dtype=np.int64) for name in names}
+
+
+class TorchRunner:
+    """A torch classifier in the shape of an onnxruntime session, so predict, evaluate and speed take it too."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.names = input_names(model)
+
+    def get_inputs(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(name=name) for name in self.names]
+
+    @torch.no_grad()
+    def run(self, _outputs: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return [self.model(**{name: torch.from_numpy(array) for name, array in feeds.items()}).logits.numpy()]
 
 
 def inference(runner: Runner) -> tuple[list[str], Callable[[dict[str, np.ndarray]], np.ndarray]]:

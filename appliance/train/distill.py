@@ -11,14 +11,11 @@ Everything stays in memory: no plaintext weight reaches a disk.
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 
-import numpy as np
 import torch
 from safetensors.torch import save as save_safetensors
 from torch import nn
@@ -57,21 +54,6 @@ class Student:
     seconds: float
 
 
-class _Runner:
-    """A torch classifier in the shape of an onnxruntime session, so optimize.predict and evaluate score it."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.names = [name for name in optimize.INPUTS if name in inspect.signature(model.forward).parameters]
-
-    def get_inputs(self) -> list[SimpleNamespace]:
-        return [SimpleNamespace(name=name) for name in self.names]
-
-    @torch.no_grad()
-    def run(self, _outputs: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return [self.model(**{name: torch.from_numpy(array) for name, array in feeds.items()}).logits.numpy()]
-
-
 def distill(
     teacher_bundle: bytes,
     data: LoadedDataset,
@@ -93,7 +75,7 @@ def distill(
     targets = torch.tensor([manifest["labels"].index(label) for label in data.labels])
     validation = [data.texts[i] for i in data.validation], targets[data.validation].tolist()
 
-    runner = _Runner(model)
+    runner = optimize.TorchRunner(model)
     teacher_metrics = optimize.evaluate(runner, tokenizer, *validation)
     soft = torch.zeros(len(data.texts), len(manifest["labels"]))
     soft[data.train] = torch.from_numpy(optimize.predict(runner, tokenizer, [data.texts[i] for i in data.train]))
