@@ -1,0 +1,698 @@
+"""Throughput and latency of `appliance serve` against a plain FastAPI + PyTorch server and against no HTTP at all.
+
+One run, loopback, one model, one client. The bundled all-MiniLM-L6-v2 is fine-tuned on
+the sample tickets through the appliance's own CLI in a temporary state directory
+(`keys init`, `data import`, `train`, `optimize`, `deploy`, `api-keys create`), so what
+is served is exactly what an operator would get. Then these systems answer the same
+texts, one text per request:
+
+  appliance serve        `appliance serve` in a subprocess: the deployed version's chosen
+                         OpenVINO variant behind dynamic batching, API keys, metrics, drift
+  naive fastapi+torch    baseline a, what one writes first: FastAPI + uvicorn in a
+                         subprocess, an `async def` endpoint running one PyTorch eager
+                         forward pass per request under torch.no_grad, torch's default
+                         threads. Its weights are the same version's training bundle, which
+                         the child decrypts from the store into memory itself
+  naive, 1 torch thread  the same server with torch.set_num_threads(1). On a small box
+                         torch's OpenMP threads spin against every other busy process (the
+                         client included) and can make the default many times slower; the
+                         headline ratio is taken against the faster of the two, so it never
+                         rests on that
+  in-process batcher     baseline b: the same OpenVINO variant in this process, driven
+                         through appliance.serve.batching.Batcher with the server's batching
+                         settings: the server minus HTTP, auth and JSON, hence the reference
+                         for "at least 80 % of in-process"
+  in-process threads     also b, without batching: one OpenVINO infer request per client
+                         thread, one text per call; it shows what batching buys here
+
+The client: C workers each send requests back to back, each on its own httpx.AsyncClient
+with one keep-alive connection. One shared pool of 64 connections would be the obvious
+choice, but httpcore walks its whole pool on every request (encode/httpx#3215): measured
+here at about 10 ms of client CPU per request against 2 ms, and the client shares the
+machine with the server under test. `--client raw` speaks bare HTTP/1.1 on asyncio
+streams instead, the same requests for about 0.1 ms: the difference between the two runs is
+what the client's own CPU costs the HTTP systems. The in-process systems get the same
+workers, awaiting the batcher or a thread instead of a socket. Every point runs a
+warm-up, then a measured window: throughput is the requests completed in the window per
+second, latency their p50 and p99 as the client saw them, tokenisation included. Texts
+cycle through the validation split in the same order for every system, and each
+system's accuracy is one pass over that split with the labels read from its answers.
+
+The table shows CPU milliseconds per request of the server process and of this process,
+and the share of the CPUs that other processes used: trust a row only when that is near
+0 %. The batching settings come from the configuration (APPLIANCE_SERVE_MAX_BATCH_SIZE,
+APPLIANCE_SERVE_MAX_DELAY_MS), for the server and the in-process batcher alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Self
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import httpx
+import numpy as np
+import psutil
+from pydantic import BaseModel
+
+SAMPLE = Path(__file__).resolve().parent.parent / "appliance" / "samples" / "support_tickets.csv"
+MODEL = "tickets"
+CONCURRENCY = (1, 8, 64)
+TARGET_VS_NAIVE = 3.0
+TARGET_VS_INPROCESS = 0.8
+OURS, NAIVE, NAIVE_1T = "appliance serve", "naive fastapi+torch", "naive, 1 torch thread"
+BATCHER, THREADS = "in-process batcher", "in-process threads"
+SCORING_CLIENTS = 8
+STARTED = time.perf_counter()
+
+Classify = Callable[[str], Awaitable[str]]
+Session = Callable[[], AbstractAsyncContextManager[Classify]]  # one per client: its connection, if any
+
+
+class PredictRequest(BaseModel):
+    """The body of the plain endpoint, as the naive server reads it."""
+
+    instances: list[str]
+
+
+@dataclass(frozen=True)
+class System:
+    """Something that labels one text per call; pid is its server process, None when it runs in this one."""
+
+    name: str
+    session: Session
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One system at one concurrency: latencies of the requests that completed in the window, and CPU use."""
+
+    system: str
+    concurrency: int
+    seconds: float
+    latencies: list[float]
+    errors: int
+    server_cpu_s: float
+    client_cpu_s: float
+    others: float
+
+    @property
+    def throughput(self) -> float:
+        return len(self.latencies) / self.seconds
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q) * 1000) if self.latencies else float("nan")
+
+    def per_request_ms(self, cpu_s: float) -> float:
+        return cpu_s * 1000 / len(self.latencies) if self.latencies else float("nan")
+
+
+@dataclass(frozen=True)
+class Validation:
+    texts: list[str]
+    labels: list[str]
+
+
+@dataclass(frozen=True)
+class Results:
+    points: list[Point]
+    accuracy: dict[str, float]
+    notes: list[str]
+    validation_size: int
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", type=Path, default=SAMPLE, help="CSV or JSONL of text,label (default: the sample)")
+    parser.add_argument("--epochs", type=int, default=3, help="fine-tuning epochs (default 3)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured window per point (default 8)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each window (default 1)")
+    parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
+                        help="concurrent clients per point, comma-separated (default 1,8,64)")
+    parser.add_argument("--client", choices=("httpx", "raw"), default="httpx",
+                        help="httpx, one AsyncClient per client (default); raw: bare HTTP/1.1 on asyncio streams")
+    parser.add_argument("--dir", type=Path, help="state directory to use and keep; a model deployed in it is reused")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch, 3 s windows, 0.5 s warm-up")
+    parser.add_argument("--naive-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--naive-threads", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.naive_server is not None:
+        naive_server(args.naive_server, args.naive_threads)
+        return
+    if args.quick:
+        args.epochs, args.seconds, args.warmup = 1, 3.0, 0.5
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally blocks stop the servers
+    state_dir = args.dir or Path(tempfile.mkdtemp(prefix="appliance-bench-serve-"))
+    os.environ["APPLIANCE_STATE_DIR"] = str(state_dir.resolve())
+    try:
+        token = prepare(args.dataset, args.epochs)
+        with Servers(token) as servers:
+            results = asyncio.run(run(servers, token, args.client, concurrency, args.warmup, args.seconds))
+    finally:
+        if args.dir is None:
+            shutil.rmtree(state_dir, ignore_errors=True)
+    report(results, args)
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+# -- the model, through the appliance's CLI ----------------------------------------------------------
+
+
+def appliance(*arguments: str) -> str:
+    """Run one `appliance` command against the benchmark's state directory; its stdout."""
+    done = subprocess.run([sys.executable, "-m", "appliance", *arguments], capture_output=True, text=True,
+                          env=os.environ | {"APPLIANCE_DEBUG": "1"}, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"'appliance {' '.join(arguments)}' failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def prepare(dataset: Path, epochs: int) -> str:
+    """Fine-tune, optimise and deploy the model unless the state directory already serves it; a new API token."""
+    if deployed():
+        log(f"{os.environ['APPLIANCE_STATE_DIR']} already serves {MODEL}: not trained again")
+    else:
+        steps = [("keys", "init"), ("data", "import", str(dataset), "--name", MODEL),
+                 ("train", "--data", MODEL, "--epochs", str(epochs), "--name", MODEL),
+                 ("optimize", f"{MODEL}:1"), ("deploy", f"{MODEL}:2")]
+        for step in steps:
+            log(f"appliance {' '.join(step)}")
+            started = time.perf_counter()
+            appliance(*step)
+            log(f"  done in {time.perf_counter() - started:.1f} s")
+    return json.loads(appliance("api-keys", "create", "bench", "--json"))["token"]
+
+
+def deployed() -> bool:
+    from appliance import config, registry, store
+    from appliance.errors import ApplianceError
+
+    settings = config.load()
+    if not settings.db_path.exists():
+        return False
+    try:
+        with store.open(settings) as opened:
+            return registry.get(opened, f"{MODEL}@production") is not None
+    except ApplianceError:
+        return False
+
+
+def validation_split() -> Validation:
+    """The validation texts and labels of the dataset the model was trained on, as the store split them."""
+    from appliance import config, datasets, store
+
+    with store.open(config.load()) as opened:
+        data = datasets.load(opened, datasets.get(opened, MODEL))
+    return Validation([data.texts[i] for i in data.validation], [data.labels[i] for i in data.validation])
+
+
+# -- the servers, as subprocesses ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Servers:
+    """The HTTP servers, started and ready on entry; their process groups are stopped on every way out."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.ports: dict[str, int] = {}
+        self.logs = Path(tempfile.mkdtemp(prefix="appliance-bench-serve-logs-"))
+
+    def __enter__(self) -> Self:
+        naive = [sys.executable, str(Path(__file__).resolve()), "--naive-server"]
+        try:
+            self.start(OURS, [sys.executable, "-m", "appliance", "serve", "--port"])
+            self.start(NAIVE, naive, naive_threads=0)
+            self.start(NAIVE_1T, naive, naive_threads=1)
+            for name in self.processes:
+                self.wait_ready(name)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for process in self.processes.values():
+            stop(process)
+        shutil.rmtree(self.logs, ignore_errors=True)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def pid(self, name: str) -> int:
+        return self.processes[name].pid
+
+    def start(self, name: str, command: list[str], naive_threads: int | None = None) -> None:
+        """Start a server on a free port; a naive one reads the API token from stdin."""
+        log(f"starting {name}")
+        self.ports[name] = port = free_port()
+        options = [] if naive_threads is None else ["--naive-threads", str(naive_threads)]
+        with self.log_file(name).open("wb") as output:
+            process = subprocess.Popen([*command, str(port), *options], stdout=output, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL if naive_threads is None else subprocess.PIPE,
+                                       start_new_session=True)
+        self.processes[name] = process
+        if process.stdin is not None:
+            process.stdin.write(self.token.encode() + b"\n")
+            process.stdin.close()
+
+    def wait_ready(self, name: str, timeout: float = 300.0) -> None:
+        process, deadline = self.processes[name], time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {process.returncode}:\n{self.tail(name)}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.url(name)}/v2/health/ready", timeout=2).status_code == 200:
+                    log(f"{name} is ready on port {self.ports[name]}")
+                    return
+            time.sleep(0.25)
+        raise RuntimeError(f"{name} was not ready after {timeout:.0f} s:\n{self.tail(name)}")
+
+    def log_file(self, name: str) -> Path:
+        return self.logs / f"{''.join(c if c.isalnum() else '-' for c in name)}.log"
+
+    def tail(self, name: str) -> str:
+        return self.log_file(name).read_text(errors="replace")[-3000:]
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group, SIGKILL after 15 s."""
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        if process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(wait)
+
+
+# -- baseline a: the straightforward server ------------------------------------------------------------
+
+
+def naive_server(port: int, threads: int) -> None:
+    """FastAPI + uvicorn, one PyTorch eager forward pass per request in an async endpoint: the first thing one writes.
+
+    The API token comes on stdin; the weights are the deployed version's training bundle, decrypted from the store
+    into memory (the child has the same APPLIANCE_* environment as the appliance). threads 0: torch's default.
+    """
+    import torch
+    import uvicorn
+    from fastapi import FastAPI, Header
+    from fastapi.responses import JSONResponse
+
+    from appliance import archive, config, optimize, registry, store
+    from appliance.store import blobs
+
+    token = sys.stdin.readline().strip()
+    if threads:
+        torch.set_num_threads(threads)
+    with store.open(config.load()) as opened:
+        version = registry.get(opened, f"{MODEL}@production")
+        bundle = blobs.read(opened, version.variants["torch"].blob_id)
+    model, tokenizer, manifest = optimize.load_torch_model(archive.unpack(bundle))
+    labels: list[str] = manifest["labels"]
+    app = FastAPI()
+
+    @app.get("/v2/health/ready")
+    async def ready() -> dict[str, bool]:
+        return {"ready": True}
+
+    @app.post("/v1/models/{name}:predict", response_model=None)
+    async def predict(name: str, body: PredictRequest, x_api_key: str | None = Header(None)) -> Any:
+        if x_api_key != token:
+            return JSONResponse({"error": "unauthorized"}, status_code=401)
+        encodings = tokenizer.encode_batch(body.instances)
+        inputs = {key: torch.from_numpy(value) for key, value in optimize.feeds(encodings, optimize.INPUTS).items()}
+        with torch.no_grad():
+            probabilities = torch.softmax(model(**inputs).logits, dim=-1).tolist()
+        predictions = [{"label": labels[int(np.argmax(row))], "scores": dict(zip(labels, row))} for row in probabilities]
+        return {"model": name, "model_version": str(version.version), "predictions": predictions}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+# -- the systems as the client sees them ------------------------------------------------------------------
+
+
+def http_session(base_url: str, token: str) -> Session:
+    """Each client its own httpx.AsyncClient and keep-alive connection, posting one text per request."""
+    url = f"{base_url}/v1/models/{MODEL}:predict"
+    headers = {"X-API-Key": token, "Content-Type": "application/json"}
+
+    @contextlib.asynccontextmanager
+    async def session() -> AsyncIterator[Classify]:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(limits=limits, timeout=60.0, headers=headers) as client:
+
+            async def classify(text: str) -> str:
+                response = await client.post(url, content=json.dumps({"instances": [text]}).encode())
+                if response.status_code != 200:
+                    raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+                return response.json()["predictions"][0]["label"]
+
+            yield classify
+
+    return session
+
+
+def raw_session(base_url: str, token: str) -> Session:
+    """Each client its own connection, spoken to in bare HTTP/1.1 on asyncio streams: the same bytes reach the server.
+
+    For --client raw: a client that costs a fraction of httpx's CPU, to show how much of the gap to the in-process
+    batcher is the client's when both share the machine.
+    """
+    host, port = base_url.removeprefix("http://").split(":")
+    head = (f"POST /v1/models/{MODEL}:predict HTTP/1.1\r\nHost: {host}:{port}\r\nX-API-Key: {token}\r\n"
+            "Content-Type: application/json\r\n").encode()
+
+    @contextlib.asynccontextmanager
+    async def session() -> AsyncIterator[Classify]:
+        streams: list[Any] = []
+
+        async def classify(text: str) -> str:
+            if not streams:
+                streams.extend(await asyncio.open_connection(host, int(port)))
+            reader, writer = streams
+            try:
+                body = json.dumps({"instances": [text]}).encode()
+                writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                status, headers = _response_head(await reader.readuntil(b"\r\n\r\n"))
+                payload = await reader.readexactly(int(headers["content-length"]))
+            except BaseException:
+                writer.close()
+                streams.clear()  # the next call connects again
+                raise
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {payload[:200]!r}")
+            return json.loads(payload)["predictions"][0]["label"]
+
+        try:
+            yield classify
+        finally:
+            if streams:
+                streams[1].close()
+
+    return session
+
+
+def _response_head(head: bytes) -> tuple[int, dict[str, str]]:
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    fields = (line.partition(":") for line in lines if line)
+    return int(status_line.split(" ", 2)[1]), {name.strip().lower(): value.strip() for name, _, value in fields}
+
+
+def shared_session(classify: Classify) -> Session:
+    @contextlib.asynccontextmanager
+    async def session() -> AsyncIterator[Classify]:
+        yield classify
+
+    return session
+
+
+def batcher_classify(batcher: Any, labels: list[str]) -> Classify:
+    """What the server's endpoint does once past HTTP: batch, softmax, the top label."""
+    from appliance.serve import drift
+
+    async def classify(text: str) -> str:
+        probabilities = drift.softmax(await batcher.infer([text]))
+        return labels[int(probabilities[0].argmax())]
+
+    return classify
+
+
+def threads_classify(pool: concurrent.futures.ThreadPoolExecutor, servable: Any) -> Classify:
+    """One text per call, on the pool thread's own OpenVINO infer request: no batching."""
+    from appliance import optimize
+
+    names, _ = optimize.inference(servable.compiled)
+    local = threading.local()
+
+    def infer(text: str) -> str:
+        if not hasattr(local, "request"):
+            local.request = servable.compiled.create_infer_request()
+        logits = local.request.infer(optimize.feeds(servable.tokenizer.encode_batch([text]), names))[0]
+        return servable.labels[int(np.argmax(logits[0]))]
+
+    async def classify(text: str) -> str:
+        return await asyncio.get_running_loop().run_in_executor(pool, infer, text)
+
+    return classify
+
+
+def load_served() -> tuple[Any, str]:
+    """The production version's chosen variant, compiled as the server compiles it, and a line on where it came from."""
+    from appliance import config, optimize, registry, store
+    from appliance.store import blobs
+
+    with store.open(config.load()) as opened:
+        version = registry.get(opened, f"{MODEL}@production")
+        servable = optimize.load_ir(blobs.read(opened, version.variants[version.chosen].blob_id))
+        params = version.lineage(opened)["params"]
+    origin = (f"model: {version.ref}, all-MiniLM-L6-v2 fine-tuned {params['epochs']} epochs through the appliance CLI, "
+              f"serving its {version.chosen} variant; the naive servers run the same version's torch bundle")
+    return servable, origin
+
+
+# -- the measurements --------------------------------------------------------------------------------------
+
+
+async def run(
+    servers: Servers, token: str, client: str, concurrency: Sequence[int], warmup: float, seconds: float
+) -> Results:
+    """Accuracy of every system, then each concurrency in turn over every system, so drift hits all alike."""
+    from appliance import config
+    from appliance.serve.batching import Batcher
+
+    validation = validation_split()
+    servable, origin = load_served()
+    serve = config.load().serve
+    notes = [origin,
+             (f"batching: max_batch_size {serve.max_batch_size}, max_delay_ms {serve.max_delay_ms:g} "
+              "(APPLIANCE_SERVE_MAX_BATCH_SIZE / _MAX_DELAY_MS), for the server and the in-process batcher")]
+    batcher = Batcher(servable.compiled, servable.tokenizer, max_batch_size=serve.max_batch_size,
+                      max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue)
+    batcher.start()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(concurrency), thread_name_prefix="client")
+    connect = http_session if client == "httpx" else raw_session
+    systems = [System(name, connect(servers.url(name), token), servers.pid(name)) for name in (NAIVE, NAIVE_1T, OURS)]
+    systems += [
+        System(BATCHER, shared_session(batcher_classify(batcher, servable.labels))),
+        System(THREADS, shared_session(threads_classify(pool, servable))),
+    ]
+    try:
+        accuracy = {system.name: await score(system, validation) for system in systems}
+        points = [await measure(system, validation.texts, clients, warmup, seconds)
+                  for clients in concurrency for system in systems]
+    finally:
+        await batcher.close()
+        pool.shutdown(wait=True)
+    return Results(points, accuracy, notes, len(validation.texts))
+
+
+async def score(system: System, validation: Validation) -> float:
+    """Accuracy over the validation split, one text per request, a few clients at a time."""
+    predicted: dict[int, str] = {}
+    indices = iter(range(len(validation.texts)))
+
+    async def client() -> None:
+        async with system.session() as classify:
+            for index in indices:
+                predicted[index] = await classify(validation.texts[index])
+
+    await asyncio.gather(*(client() for _ in range(SCORING_CLIENTS)))
+    accuracy = float(np.mean([predicted[i] == label for i, label in enumerate(validation.labels)]))
+    log(f"{system.name}: validation accuracy {accuracy:.2%}")
+    return accuracy
+
+
+async def measure(system: System, texts: Sequence[str], clients: int, warmup: float, seconds: float) -> Point:
+    """Clients send back to back through warm-up and window; the requests that complete in the window count."""
+    counter = itertools.count()
+    window_start = time.perf_counter() + warmup
+    window_end = window_start + seconds
+    latencies: list[float] = []
+    errors = 0
+
+    async def client() -> None:
+        nonlocal errors
+        async with system.session() as classify:
+            while (sent := time.perf_counter()) < window_end:
+                try:
+                    await classify(texts[next(counter) % len(texts)])
+                    failed = False
+                except Exception:  # noqa: BLE001  an error is counted, the client goes on
+                    failed = True
+                done = time.perf_counter()
+                if window_start <= done <= window_end:
+                    if failed:
+                        errors += 1
+                    else:
+                        latencies.append(done - sent)
+
+    usage = asyncio.create_task(cpu_usage(system.pid, window_start, window_end))
+    await asyncio.gather(*(client() for _ in range(clients)))
+    server_cpu, client_cpu, others = await usage
+    point = Point(system.name, clients, seconds, latencies, errors, server_cpu, client_cpu, others)
+    log(f"{system.name}, {clients} clients: {point.throughput:.1f} req/s, p50 {point.percentile_ms(50):.1f} ms, "
+        f"p99 {point.percentile_ms(99):.1f} ms, {errors} errors, others {others:.0%}")
+    return point
+
+
+async def cpu_usage(pid: int | None, start: float, end: float) -> tuple[float, float, float]:
+    """CPU seconds of the server process and of this one over the window, and the share of the CPUs others used."""
+    server = psutil.Process(pid) if pid else None
+    await asyncio.sleep(max(0.0, start - time.perf_counter()))
+    before = cpu_readings(server)
+    await asyncio.sleep(max(0.0, end - time.perf_counter()))
+    after = cpu_readings(server)
+    wall, machine, own, served = (b - a for a, b in zip(before, after))
+    others = max(0.0, (machine - own - served) / (wall * (psutil.cpu_count() or 1)))
+    return served, own, others
+
+
+def cpu_readings(server: psutil.Process | None) -> tuple[float, float, float, float]:
+    """Wall clock, busy CPU seconds of the machine, of this process and of the server process."""
+    machine = psutil.cpu_times()
+    not_busy = ("idle", "iowait", "guest", "guest_nice")  # guest time is already counted in user time
+    busy = sum(machine) - sum(getattr(machine, name, 0.0) for name in not_busy)
+    own = psutil.Process().cpu_times()
+    served = server.cpu_times() if server else None
+    return time.perf_counter(), busy, own.user + own.system, served.user + served.system if served else 0.0
+
+
+# -- the report --------------------------------------------------------------------------------------------
+
+
+def report(results: Results, args: argparse.Namespace) -> None:
+    from appliance import hardware
+
+    cpu = hardware.detect().cpu
+    print(f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores; "
+          f"openvino {version('openvino')}, torch {version('torch')}, fastapi {version('fastapi')}, "
+          f"uvicorn {version('uvicorn')} ({uvicorn_stack()})")
+    for note in results.notes:
+        print(note)
+    print(f"data: {args.dataset.name}; its {results.validation_size} validation texts, one per request, in a fixed order")
+    client = f"httpx {version('httpx')}" if args.client == "httpx" else "bare HTTP/1.1 on asyncio streams"
+    print(f"load: each client sends one text per request back to back on its own connection ({client}); "
+          f"{args.warmup:g} s warm-up, then {args.seconds:g} s measured per point; the client runs on this machine")
+    print()
+    table(results.points)
+    print()
+    print("validation accuracy, one text per request: "
+          + ", ".join(f"{name} {value:.2%}" for name, value in results.accuracy.items()))
+    busiest = max(point.others for point in results.points)
+    if busiest > 0.1:
+        print(f"WARNING: other processes used up to {busiest:.0%} of the CPUs during a window: run it again when idle")
+    summary(results, max(point.concurrency for point in results.points), args.client)
+
+
+def table(points: Sequence[Point]) -> None:
+    header = (f"{'system':<22} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
+              f"{'server CPU ms/req':>17} {'client CPU ms/req':>17} {'others':>6}")
+    print(header)
+    print("-" * len(header))
+    for point in points:
+        server_ms = "-" if point.system in (BATCHER, THREADS) else f"{point.per_request_ms(point.server_cpu_s):.2f}"
+        print(f"{point.system:<22} {point.concurrency:>7} {point.throughput:>8.1f} {point.percentile_ms(50):>8.1f} "
+              f"{point.percentile_ms(99):>8.1f} {point.errors:>6} {server_ms:>17} "
+              f"{point.per_request_ms(point.client_cpu_s):>17.2f} {point.others:>6.0%}")
+    print("(in-process rows: the client CPU column is the whole cost, inference included)")
+
+
+def summary(results: Results, top: int, client: str) -> None:
+    """The ratios at the highest concurrency, the accuracy delta, and the last line: one JSON object.
+
+    Besides throughput, CPU per request: on a box this small the client's CPU comes out of the server's, which the
+    in-process batcher never pays, so its CPU ms per request against the server process's says how much of the
+    in-process efficiency the server keeps, whatever the client costs and whatever else runs.
+    """
+    at_top = {point.system: point for point in results.points if point.concurrency == top}
+    rate = {name: point.throughput for name, point in at_top.items()}
+
+    def ratio(name: str) -> float:
+        return rate[OURS] / rate[name] if rate[name] else 0.0
+
+    ours, batcher = at_top[OURS], at_top[BATCHER]
+    efficiency = batcher.per_request_ms(batcher.client_cpu_s) / ours.per_request_ms(ours.server_cpu_s)
+    naive = max((NAIVE, NAIVE_1T), key=lambda name: rate[name])
+    print(f"at {top} clients: appliance serve / naive = {ratio(naive):.2f}x against the faster naive ({naive}; "
+          f"target {TARGET_VS_NAIVE:.1f}x; {ratio(NAIVE):.2f}x against torch's default threads); "
+          f"/ in-process batcher = {ratio(BATCHER):.2f} (target {TARGET_VS_INPROCESS:.1f}); "
+          f"/ in-process threads = {ratio(THREADS):.2f}")
+    print(f"CPU per request at {top} clients: in-process batcher {batcher.per_request_ms(batcher.client_cpu_s):.2f} ms, "
+          f"appliance serve {ours.per_request_ms(ours.server_cpu_s):.2f} ms in the server + "
+          f"{ours.per_request_ms(ours.client_cpu_s):.2f} ms in the client: the server keeps {efficiency:.0%} of the "
+          "in-process efficiency")
+    accuracy = results.accuracy
+    delta_pt = (accuracy[OURS] - max(accuracy[NAIVE], accuracy[NAIVE_1T])) * 100
+    print(f"accuracy, appliance serve against naive: {delta_pt:+.1f} pt "
+          f"(one validation text is {100 / results.validation_size:.1f} pt)")
+    print(json.dumps({
+        f"vs_naive_c{top}": round(ratio(naive), 2), "target_vs_naive": TARGET_VS_NAIVE,
+        f"vs_inprocess_c{top}": round(ratio(BATCHER), 2), "target_vs_inprocess": TARGET_VS_INPROCESS,
+        f"vs_naive_default_threads_c{top}": round(ratio(NAIVE), 2),
+        f"vs_naive_1thread_c{top}": round(ratio(NAIVE_1T), 2),
+        f"vs_inprocess_threads_c{top}": round(ratio(THREADS), 2),
+        f"server_cpu_efficiency_vs_inprocess_c{top}": round(efficiency, 2),
+        "accuracy": {key(name): round(value, 4) for name, value in accuracy.items()},
+        "accuracy_delta_pt": round(delta_pt, 2),
+        "client": client,
+        "others_max": round(max(point.others for point in results.points), 2),
+    }))
+
+
+def key(name: str) -> str:
+    return "_".join("".join(c if c.isalnum() else " " for c in name).split())
+
+
+def version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def uvicorn_stack() -> str:
+    """The event loop and HTTP parser uvicorn picks: uvloop and httptools when installed, else asyncio and h11."""
+    loop = "uvloop" if version("uvloop") != "not installed" else "asyncio"
+    parser = "httptools" if version("httptools") != "not installed" else "h11"
+    return f"{loop} + {parser}"
+
+
+if __name__ == "__main__":
+    main()
