@@ -69,15 +69,18 @@ def _token(authorization: str | None, x_api_key: str | None) -> str | None:
     return authorization[7:] if authorization and authorization.startswith("Bearer ") else None
 
 
-def _model_key(
+async def _model_key(
     request: Request, name: str, authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
 ) -> auth.ApiKey:
-    """The request's key, allowed to call the model in its path; checked before the body is read."""
+    """The request's key, allowed to call the model in its path; checked before the body is read.
+
+    async, so FastAPI calls it on the event loop: the check is an in-memory HMAC, not worth a thread hop.
+    """
     return request.app.state.runtime.authorize(_token(authorization, x_api_key), name)
 
 
-def _any_model_key(
+async def _any_model_key(
     request: Request, authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
 ) -> auth.ApiKey:

@@ -27,7 +27,8 @@ from appliance import optimize
 from appliance.errors import Overloaded, ServeError
 
 log = logging.getLogger(__name__)
-SPLIT_RATIO = 2.0  # start a new piece when a text is this much longer than the piece's shortest
+SPLIT_RATIO = 2.0  # start a new piece when a text is this much longer than the piece's shortest...
+SPLIT_FLOOR = 256  # ...and this long (characters, ~64 tokens): below it, one more inference costs more than padding
 
 
 @dataclass
@@ -110,7 +111,8 @@ class Batcher:
         while True:
             await self._arrived.wait()
             deadline = time.monotonic() + self._max_delay
-            while len(self._pending) < self._max_batch and time.monotonic() < deadline:
+            # Wait for company only while the device is busy: an idle device answers a lone text at once.
+            while self._in_flight and len(self._pending) < self._max_batch and time.monotonic() < deadline:
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), deadline - time.monotonic())
@@ -129,16 +131,16 @@ class Batcher:
                 try:
                     encodings = self._tokenizer.encode_batch([request.texts[index] for request, index in piece])
                     feeds = optimize.feeds(encodings, self._names)
-                    self._infer.start_async(feeds, (piece, encodings, feeds["input_ids"].size, time.perf_counter()))
+                    self._infer.start_async(feeds, (piece, encodings, feeds["input_ids"].size))
                 except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
                     self._answer(piece, None, exc)
 
     def _done(self, request: ov.InferRequest, userdata: tuple) -> None:
-        piece, encodings, padded, started = userdata
+        piece, encodings, padded = userdata
         logits = request.get_output_tensor(0).data.copy()
         self._answer(piece, logits, None)
         try:
-            self.on_batch(Batch(encodings, logits, padded, time.perf_counter() - started))
+            self.on_batch(Batch(encodings, logits, padded, request.latency / 1000))  # device time, not queueing
         except Exception:
             log.exception("recording a batch failed")
 
@@ -161,12 +163,13 @@ class Batcher:
 
 
 def _pieces(batch: list[tuple[_Request, int]]) -> list[list[tuple[_Request, int]]]:
-    """The batch sorted by text length and cut where a text is much longer than its piece's shortest."""
+    """The batch sorted by text length and cut where long texts are much longer than their piece's shortest."""
     ordered = sorted(batch, key=lambda item: len(item[0].texts[item[1]]))
     pieces: list[list[tuple[_Request, int]]] = []
     for item in ordered:
-        length = max(len(item[0].texts[item[1]]), 1)
-        if pieces and length <= SPLIT_RATIO * max(len(pieces[-1][0][0].texts[pieces[-1][0][1]]), 8):
+        length = len(item[0].texts[item[1]])
+        shortest = len(pieces[-1][0][0].texts[pieces[-1][0][1]]) if pieces else 0
+        if pieces and (length <= SPLIT_FLOOR or length <= SPLIT_RATIO * shortest):
             pieces[-1].append(item)
         else:
             pieces.append([item])

@@ -47,10 +47,12 @@ def test_concurrent_requests_share_inferences_and_get_their_own_answers(
     assert all(len(batch.encodings) <= 16 for batch in batches)
 
 
-def test_a_batch_is_cut_where_lengths_jump_so_short_texts_are_not_padded_to_long_ones() -> None:
-    request = batching._Request(["a" * 10, "b" * 12, "c" * 200, "d" * 15, "e" * 190], future=None)  # type: ignore[arg-type]
-    pieces = batching._pieces([(request, i) for i in range(5)])
-    assert [[request.texts[i][0] for _, i in piece] for piece in pieces] == [["a", "b", "d"], ["e", "c"]]
+def test_a_batch_is_cut_only_where_long_texts_would_pad_short_ones() -> None:
+    texts = ["a" * 40, "b" * 300, "c" * 900, "d" * 60, "e" * 800, "f" * 250]
+    request = batching._Request(texts, future=None)  # type: ignore[arg-type]
+    pieces = batching._pieces([(request, i) for i in range(len(texts))])
+    # Short texts stay together whatever their ratio; a long one starts a piece when it is twice the shortest.
+    assert [[request.texts[i][0] for _, i in piece] for piece in pieces] == [["a", "d", "f"], ["b"], ["e", "c"]]
 
 
 def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: optimize.Servable) -> None:
