@@ -390,7 +390,7 @@ def http_session(base_url: str, token: str) -> Session:
 
 
 def raw_session(base_url: str, token: str) -> Session:
-    """Each client its own connection, spoken to in bare HTTP/1.1 on asyncio streams: the same bytes reach the server.
+    """Each client its own connection, spoken to in bare HTTP/1.1 on asyncio streams: the same requests reach the server.
 
     For --client raw: a client that costs a fraction of httpx's CPU, to show how much of the gap to the in-process
     batcher is the client's when both share the machine.

@@ -111,8 +111,7 @@ class Batcher:
         while True:
             await self._arrived.wait()
             deadline = time.monotonic() + self._max_delay
-            # Wait for company only while the device is busy: an idle device answers a lone text at once.
-            while self._in_flight and len(self._pending) < self._max_batch and time.monotonic() < deadline:
+            while len(self._pending) < self._max_batch and time.monotonic() < deadline:
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), deadline - time.monotonic())
