@@ -51,6 +51,14 @@ class ModelVersion:
     def ref(self) -> str:
         return f"{self.model}:{self.version}"
 
+    def serving_variant(self) -> Variant:
+        """The chosen variant, if the server (and `appliance predict`) can run it: an OpenVINO IR."""
+        variant = self.variants[self.chosen]
+        if variant.format != "openvino-ir":
+            raise RegistryError(f"{self.ref} is not optimised, so the server cannot run it",
+                                hint=f"'appliance optimize {self.ref}' makes a version that can serve")
+        return variant
+
     def lineage(self, store: Store) -> dict[str, Any]:
         """Where this version came from: run, dataset version, base model, hyperparameters."""
         run = runs.get(store, self.run_id)
@@ -150,9 +158,7 @@ def rollback(store: Store, model: str, alias: str = "production", actor: str | N
 def deploy(store: Store, ref: str, canary_percent: float | None = None, actor: str | None = None) -> ModelVersion:
     """Serve a version: as production (any canary ends), or as a candidate taking canary_percent of traffic."""
     version = get(store, ref if ":" in ref or "@" in ref else f"{ref}:{_newest(store, ref)}")
-    if version.variants[version.chosen].format != "openvino-ir":
-        raise RegistryError(f"{version.ref} is not optimised, so the server cannot run it",
-                            hint=f"'appliance optimize {version.ref}' makes a version that can serve")
+    version.serving_variant()  # refuses a version the server could not load
     if canary_percent is None:
         with audit.operation(store, "model.deploy", version.ref, actor=actor):
             set_alias(store, version.model, "production", version.version, actor=actor)

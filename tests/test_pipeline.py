@@ -19,6 +19,14 @@ FAST = TrainParams(epochs=8, learning_rate=3e-3, batch_size=16, max_length=32, s
 SPEED = ("latency_ms_p50", "throughput_b1", "throughput_b16", "speedup_b16")
 
 
+def fastest_within_a_point_of_fp32(version: registry.ModelVersion) -> str:
+    """What should serve: the fastest built variant whose accuracy is within a point of FP32 (fp32 itself at worst)."""
+    fp32 = version.variants["fp32"].metrics
+    allowed = [v for name, v in version.variants.items()
+               if name != "torch" and fp32["accuracy"] - v.metrics["accuracy"] <= 0.01]
+    return max(allowed, key=lambda v: v.metrics["throughput_b16"]).name
+
+
 @pytest.fixture
 def registered(opened: Store, tickets: str, tiny_base: Path) -> registry.ModelVersion:
     result = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=FAST)
@@ -60,10 +68,7 @@ def test_optimising_registers_measured_variants_and_serves_the_fastest_within_th
         assert variant.format == "openvino-ir" and set(variant.metrics) == {"accuracy", "macro_f1", *SPEED}
     assert built["fp32"].metrics["accuracy"] > 0.9
     assert built["int8"].bytes < built["fp32"].bytes / 2
-    # What serves is the fastest variant whose accuracy is within a point of FP32: fp32 itself if none is faster.
-    fp32 = built["fp32"].metrics
-    allowed = [v for v in built.values() if fp32["accuracy"] - v.metrics["accuracy"] <= 0.01]
-    assert version.chosen == max(allowed, key=lambda v: v.metrics["throughput_b16"]).name
+    assert version.chosen == fastest_within_a_point_of_fp32(version)
     assert "Texts/s at batch 16: " in version.reason and steps[-1] == "registered tickets:2"
     assert [r["action"] for r in audit.rows(opened)].count("model.register") == 2
 
@@ -104,10 +109,7 @@ def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
     assert student.bytes < teacher.bytes and set(student.metrics) == {"accuracy", "macro_f1", *SPEED}
     assert student.metrics["accuracy"] > 0.6  # three classes: chance is a third
     assert "student INT8 guard" in version.reason and "student-int8" in version.reason.split("Texts/s")[1]
-    fp32 = version.variants["fp32"].metrics
-    allowed = [v for name, v in version.variants.items()
-               if name != "torch" and fp32["accuracy"] - v.metrics["accuracy"] <= 0.01]
-    assert version.chosen == max(allowed, key=lambda v: v.metrics["throughput_b16"]).name
+    assert version.chosen == fastest_within_a_point_of_fp32(version)
 
 
 def test_a_version_without_a_torch_bundle_cannot_be_optimised(opened: Store, registered: registry.ModelVersion) -> None:

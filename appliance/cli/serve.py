@@ -9,7 +9,6 @@ import click
 
 from appliance import registry
 from appliance.cli.base import cli, load_settings, opened_store, print_json
-from appliance.errors import RegistryError
 
 
 @cli.command("serve")
@@ -84,11 +83,7 @@ def predict(ref: str, texts: tuple[str, ...], as_json: bool) -> None:
 
     with opened_store() as opened:
         version = registry.get(opened, ref)
-        variant = version.variants[version.chosen]
-        if variant.format != "openvino-ir":
-            raise RegistryError(f"{version.ref} is not optimised yet",
-                                         hint=f"'appliance optimize {version.ref}' first")
-        servable = optimize.load_ir(blobs.read(opened, variant.blob_id))
+        servable = optimize.load_ir(blobs.read(opened, version.serving_variant().blob_id))
     probabilities = drift.softmax(optimize.predict(servable.compiled, servable.tokenizer, list(texts)))
     rows = [{"text": text, "label": servable.labels[int(np.argmax(row))],
              "scores": {label: round(float(p), 4) for label, p in zip(servable.labels, row)}}

@@ -228,11 +228,7 @@ class Runtime:
     def _load(self, model: str, version: int) -> tuple[optimize.Servable, drift.Histograms | None]:
         """Decrypt the chosen variant into memory, compile, warm up and check one inference."""
         entry = registry.get(self._store, f"{model}:{version}")
-        variant = entry.variants[entry.chosen]
-        if variant.format != "openvino-ir":
-            raise ModelNotFound(f"{entry.ref} serves its {variant.format} variant, which the server cannot run",
-                                hint=f"optimise it first: 'appliance optimize {entry.ref}'")
-        servable = optimize.load_ir(blobs.read(self._store, variant.blob_id))
+        servable = optimize.load_ir(blobs.read(self._store, entry.serving_variant().blob_id))
         logits = optimize.predict(servable.compiled, servable.tokenizer, ["warm up", "a second, longer warm-up text"])
         if logits.shape != (2, len(servable.labels)) or not np.isfinite(logits).all():
             raise ModelNotFound(f"{entry.ref} failed its smoke inference (logits {logits.shape})")
