@@ -87,6 +87,7 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, default=SAMPLE, help="CSV or JSONL of text,label (default: the sample)")
     parser.add_argument("--seed", type=int, default=engine.TrainParams().seed, help="split and training seed")
     parser.add_argument("--engine-epochs", type=int, help="the engine's epochs (default: its TrainParams default)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both systems train")
     args = parser.parse_args()
 
     quiet_transformers()
@@ -101,8 +102,8 @@ def main() -> None:
         with lifecycle.init(config.load()) as store:
             name = import_dataset(store, args.dataset, args.seed)
             data = datasets.load(store, datasets.get(store, name))
-            engine_outcome, threads = run_engine(store, name, len(data.train), base_dir, params)
-        trainer_outcome = run_trainer(data, base_dir, args.seed, threads, state_dir / "trainer")
+            engine_outcome, threads = run_engine(store, name, len(data.train), base_dir, params, args.device)
+        trainer_outcome = run_trainer(data, base_dir, args.seed, threads, args.device, state_dir / "trainer")
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
     report(data, args.dataset, base_dir, threads, params, engine_outcome, trainer_outcome)
@@ -123,11 +124,11 @@ def import_dataset(store: Store, path: Path, seed: int) -> str:
 
 
 def run_engine(
-    store: Store, name: str, train_size: int, base_dir: Path, params: engine.TrainParams
+    store: Store, name: str, train_size: int, base_dir: Path, params: engine.TrainParams, device: str
 ) -> tuple[Outcome, int]:
     """Train with the engine; also return the thread count its plan chose."""
     started, cpu_started = time.perf_counter(), time.process_time()
-    result = engine.start(store, dataset=name, base_dir=base_dir, params=params)
+    result = engine.start(store, dataset=name, base_dir=base_dir, params=params, device=device)
     end_to_end, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     history = runs.epochs(store, result.run_id)
     plan = runs.get(store, result.run_id).plan
@@ -190,7 +191,9 @@ def accuracy(prediction: Any) -> dict[str, float]:
     return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
 
 
-def run_trainer(data: datasets.LoadedDataset, base_dir: Path, seed: int, threads: int, output_dir: Path) -> Outcome:
+def run_trainer(
+    data: datasets.LoadedDataset, base_dir: Path, seed: int, threads: int, device: str, output_dir: Path
+) -> Outcome:
     """Train with a default Trainer, recording the accuracy and time of each epoch's evaluation."""
     from transformers import (
         AutoModelForSequenceClassification,
@@ -207,7 +210,9 @@ def run_trainer(data: datasets.LoadedDataset, base_dir: Path, seed: int, threads
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     train_set, validation_set = tutorial_datasets(data, tokenizer)
     set_seed(seed)  # the new classifier head starts from the same seed, as the engine's does
-    model = AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=len(data.label_names))
+    model = AutoModelForSequenceClassification.from_pretrained(
+        base_dir, num_labels=len(data.label_names), dtype=torch.float32  # as the engine: FP32 even from an FP16 file
+    )
     outcome = Outcome("HF Trainer", len(train_set))
     clock = {"start": 0.0}
 
@@ -223,7 +228,7 @@ def run_trainer(data: datasets.LoadedDataset, base_dir: Path, seed: int, threads
         save_strategy="no",
         report_to="none",
         seed=seed,
-        use_cpu=True,
+        use_cpu=device == "cpu",
         disable_tqdm=True,  # progress bars only; nothing that changes the training
     )
     assert training_args.learning_rate == 5e-5 and training_args.per_device_train_batch_size == TRAINER_BATCH
@@ -246,7 +251,7 @@ def run_trainer(data: datasets.LoadedDataset, base_dir: Path, seed: int, threads
     outcome.final_accuracy = outcome.curve[-1][1]
     outcome.notes = [
         (
-            f"fp32, {torch.get_num_threads()} threads, batch {TRAINER_BATCH}, lr {training_args.learning_rate:g}, "
+            f"{device}, fp32, {torch.get_num_threads()} threads, batch {TRAINER_BATCH}, lr {training_args.learning_rate:g}, "
             f"{TRAINER_EPOCHS} epochs, every text padded to {TRAINER_MAX_LENGTH} tokens"
         )
     ]
@@ -266,10 +271,12 @@ def report(
     engine_outcome: Outcome,
     trainer_outcome: Outcome,
 ) -> None:
-    cpu = hardware.detect().cpu
+    found = hardware.detect()
+    cpu = found.cpu
     target = trainer_outcome.final_accuracy
+    gpus = "".join(f", GPU {gpu.name}" for gpu in found.gpus)
     print(
-        f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores, "
+        f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores{gpus}, "
         f"flags {' '.join(cpu.flags) or 'none'}; torch {torch.__version__}, {threads} threads for both"
     )
     print(

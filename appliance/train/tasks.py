@@ -92,6 +92,7 @@ class TextClassification:
             id2label=dict(enumerate(self.label_names)),
             label2id={name: i for i, name in enumerate(self.label_names)},
             local_files_only=True,
+            dtype=torch.float32,  # master weights stay FP32 even when the base model was saved in half precision
         )
         if self.lora is None:
             return model
