@@ -11,30 +11,18 @@ time and last_used_at is written at most once a minute.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import hmac
+import dataclasses
 import json
-import logging
-import re
-import secrets
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 
-from appliance import registry
+from appliance import credentials, registry
 from appliance.errors import AuthError, Forbidden, RegistryError, Unauthenticated
-from appliance.store import Store, audit, keys
-from appliance.store.db import transaction
+from appliance.store import Store, audit
 
-log = logging.getLogger(__name__)
-
-PREFIX = "apl_"
+KIND = credentials.Kind("apl_", "API key", "an", "appliance api keys")
+PREFIX = KIND.prefix
 ALL_MODELS = "*"
-TOKEN = re.compile(r"apl_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
-KEY_ID = re.compile(r"[0-9a-f]{16}")
-LAST_USED_EVERY = timedelta(minutes=1)
 _COLUMNS = "id, name, models, created_at, last_used_at, revoked_at"
 
 
@@ -60,15 +48,15 @@ def create(
     store: Store, name: str, models: Sequence[str] = (ALL_MODELS,), actor: str | None = None
 ) -> tuple[ApiKey, str]:
     """A new key and its token; the token is returned here and nowhere else, ever."""
-    name = _check_name(name)
+    name = credentials.check_name(name, "an API key")
     scope = _check_models(models)
-    key_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
+    key_id, secret, token = KIND.new()
     with audit.operation(store, "apikey.create", key_id, actor=actor, name=name, models=list(scope)):
         store.db.execute(
             "INSERT INTO api_keys (id, name, secret_hash, models, created_at) VALUES (?, ?, ?, ?, ?)",
-            (key_id, name, _digest(store, secret), json.dumps(list(scope)), _now()),
+            (key_id, name, KIND.digest(store.secret, secret), json.dumps(list(scope)), credentials.now()),
         )
-    return get(store, key_id), f"{PREFIX}{key_id}_{secret}"
+    return get(store, key_id), token
 
 
 def verify(store: Store, token: str | None, model: str | None) -> ApiKey:
@@ -80,23 +68,14 @@ def verify(store: Store, token: str | None, model: str | None) -> ApiKey:
 class Verifier:
     """The keys as read at one moment, checked with no database access: what a server holds between polls."""
 
-    hmac_key: bytes = field(repr=False)
+    store_secret: bytes = field(repr=False)
     keys: dict[str, tuple[ApiKey, bytes]]  # id -> key, HMAC of its secret
     used: set[str] = field(default_factory=set)  # ids that passed since the snapshot, for last_used_at
 
     def verify(self, token: str | None, model: str | None) -> ApiKey:
-        if not token:
-            raise Unauthenticated("no API key given",
-                                  hint="send an API key; 'appliance api-keys create NAME' makes one")
-        match = TOKEN.fullmatch(token) if isinstance(token, str) else None
-        if match is None:
-            raise Unauthenticated("the API key is malformed",
-                                  hint=f"an API key reads {PREFIX}<16 hex digits>_<43 characters>")
-        key_id, secret = match.groups()
-        key, expected = self.keys.get(key_id, (None, bytes(hashlib.sha256().digest_size)))
-        # An unknown id costs the same HMAC as a known one.
-        digest = hmac.new(self.hmac_key, secret.encode(), hashlib.sha256).digest()
-        if not hmac.compare_digest(digest, expected) or key is None:
+        key_id, secret = KIND.parse(token, "send an API key; 'appliance api-keys create NAME' makes one")
+        key, expected = self.keys.get(key_id, (None, None))
+        if key is None or not KIND.matches(self.store_secret, secret, expected):
             raise Unauthenticated(f"API key {key_id} is not valid", hint="check the token; 'appliance api-keys list'")
         if key.revoked_at is not None:
             raise Unauthenticated(f"API key {key_id} was revoked at {key.revoked_at}", hint="ask for a new key")
@@ -112,7 +91,7 @@ class Verifier:
 def verifier(store: Store) -> Verifier:
     """Every key and its HMAC, read now."""
     rows = store.db.execute(f"SELECT {_COLUMNS}, secret_hash FROM api_keys").fetchall()
-    return Verifier(_hmac_key(store.secret), {row[0]: (_key(row[:-1]), bytes(row[-1])) for row in rows})
+    return Verifier(store.secret, {row[0]: (_key(row[:-1]), bytes(row[-1])) for row in rows})
 
 
 def record_use(store: Store, used: Verifier) -> None:
@@ -123,7 +102,7 @@ def record_use(store: Store, used: Verifier) -> None:
 
 def get(store: Store, key_id: str) -> ApiKey:
     """One key by its id (or by a whole token, whose secret is ignored)."""
-    key_id = _check_id(key_id)
+    key_id = KIND.check_id(key_id, "appliance api-keys list")
     row = store.db.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE id = ?", (key_id,)).fetchone()
     if row is None:
         raise AuthError(f"no API key with id {key_id}", hint="'appliance api-keys list' shows every key")
@@ -137,14 +116,8 @@ def list_keys(store: Store) -> list[ApiKey]:
 
 def revoke(store: Store, key_id: str, actor: str | None = None) -> ApiKey:
     """Make a key useless from the next request on; revoking a revoked key changes nothing."""
-    key_id = _check_id(key_id)
-    with audit.operation(store, "apikey.revoke", key_id, actor=actor) as details:
-        key = get(store, key_id)
-        details["name"] = key.name
-        if key.revoked_at is None:
-            store.db.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (_now(), key_id))
-        else:
-            details["already_revoked_at"] = key.revoked_at
+    key_id = KIND.check_id(key_id, "appliance api-keys list")
+    credentials.revoke(store, "api_keys", "apikey.revoke", key_id, lambda found: get(store, found), actor)
     return get(store, key_id)
 
 
@@ -152,50 +125,13 @@ def revoke(store: Store, key_id: str, actor: str | None = None) -> ApiKey:
 
 
 def _touch(store: Store, key: ApiKey) -> ApiKey:
-    """Record that the key was used, at most once a minute: bookkeeping, not audited."""
-    now = datetime.now(UTC)
-    if key.last_used_at is not None and now - datetime.fromisoformat(key.last_used_at) < LAST_USED_EVERY:
-        return key
-    stamp = now.isoformat(timespec="seconds")
-    try:
-        with transaction(store.db):
-            store.db.execute("UPDATE api_keys SET last_used_at = ? WHERE id = ?", (stamp, key.id))
-    except sqlite3.Error as exc:  # a busy or full disk must not turn a valid key away
-        log.warning("last use of API key %s not recorded: %s", key.id, exc)
-        return key
-    return ApiKey(key.id, key.name, key.models, key.created_at, stamp, key.revoked_at)
-
-
-def _digest(store: Store, secret: str) -> bytes:
-    return hmac.new(_hmac_key(store.secret), secret.encode(), hashlib.sha256).digest()
-
-
-@functools.lru_cache(maxsize=4)
-def _hmac_key(store_secret: bytes) -> bytes:
-    """Derived once per store, not on every request."""
-    return keys.derive(store_secret, "appliance api keys")
+    stamp = credentials.touch(store, "api_keys", key.id, key.last_used_at)
+    return dataclasses.replace(key, last_used_at=stamp) if stamp else key
 
 
 def _key(row: tuple) -> ApiKey:
     key_id, name, models, created_at, last_used_at, revoked_at = row
     return ApiKey(key_id, name, tuple(json.loads(models)), created_at, last_used_at, revoked_at)
-
-
-def _check_id(key_id: str) -> str:
-    """The id itself, from an id or a whole token; the input is never echoed, it may hold a secret."""
-    match = TOKEN.fullmatch(key_id)
-    if match:
-        return match[1]
-    if not KEY_ID.fullmatch(key_id):
-        raise AuthError("that is not an API key id (16 hex digits)", hint="'appliance api-keys list' shows the ids")
-    return key_id
-
-
-def _check_name(name: str) -> str:
-    name = name.strip()
-    if not name or len(name) > 64 or not name.isprintable():
-        raise AuthError("an API key's name must be 1 to 64 printable characters", hint="name who or what holds it")
-    return name
 
 
 def _check_models(models: Sequence[str]) -> tuple[str, ...]:
@@ -209,7 +145,3 @@ def _check_models(models: Sequence[str]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(registry.check_name(model) for model in models))
     except RegistryError as exc:
         raise AuthError(exc.message, hint=exc.hint) from exc
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")

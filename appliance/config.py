@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,15 @@ class ServeSettings:
 
 
 @dataclass(frozen=True)
+class DaemonSettings:
+    """The service: where its control API listens and how long a job may take to checkpoint and stop."""
+
+    socket: Path | None = None  # default: appliance.sock in the state directory
+    stop_timeout_s: float = 60.0  # SIGTERM to a job, then this long to checkpoint before it is killed
+    heartbeat_timeout_s: float = 600.0  # a job silent this long is killed and marked failed
+
+
+@dataclass(frozen=True)
 class Settings:
     """The appliance's configuration; derived paths are properties so they cannot drift."""
 
@@ -59,10 +68,28 @@ class Settings:
     config_file: Path | None
     base_model: Path  # the model `appliance train` starts from unless told otherwise
     serve: ServeSettings = ServeSettings()
+    daemon: DaemonSettings = DaemonSettings()
 
     @property
     def db_path(self) -> Path:
         return self.state_dir / "appliance.db"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.daemon.socket or self.state_dir / "appliance.sock"
+
+    @property
+    def inference_url(self) -> str:
+        return f"{'https' if self.serve.tls else 'http'}://{self.serve.host}:{self.serve.port}"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.state_dir / "daemon.pid"
+
+    @property
+    def cli_token_path(self) -> Path:
+        """The local admin token the daemon leaves for the CLI and TUI of its own user (mode 0600)."""
+        return self.state_dir / "cli.token"
 
     @property
     def audit_head_path(self) -> Path:
@@ -84,6 +111,9 @@ _SCHEMA: dict[str, type] = {
         "max_delay_ms": float, "max_queue": int, "max_body_bytes": int, "max_instances": int, "poll_s": float,
         "drift_window": int, "drift_threshold": float,
     }.items()},
+    "daemon.socket": Path,
+    "daemon.stop_timeout_s": float,
+    "daemon.heartbeat_timeout_s": float,
 }
 
 
@@ -104,7 +134,24 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
     serve = ServeSettings(**{key.removeprefix("serve."): value for key, value in values.items()
                              if key.startswith("serve.")})
     _check_serve(serve, path)
-    return Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model, serve=serve)
+    daemon = DaemonSettings(**{key.removeprefix("daemon."): value for key, value in values.items()
+                               if key.startswith("daemon.")})
+    if daemon.socket is not None:
+        daemon = replace(daemon, socket=_absolute(daemon.socket))
+    settings = Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model, serve=serve,
+                        daemon=daemon)
+    _check_daemon(settings, path)
+    return settings
+
+
+def _check_daemon(settings: Settings, path: Path | None) -> None:
+    where = f"{path} or the environment" if path else "the environment"
+    if len(os.fsencode(settings.socket_path)) > 100:  # sockaddr_un holds 108 bytes
+        raise ConfigError(f"the control socket path {settings.socket_path} is too long for a unix socket",
+                          hint=f"set 'daemon.socket' in {where} to a shorter path, e.g. /run/appliance/api.sock")
+    for name in ("stop_timeout_s", "heartbeat_timeout_s"):
+        if not 1 <= getattr(settings.daemon, name) <= 86400:
+            raise ConfigError(f"'daemon.{name}' in {where} must be from 1 to 86400 seconds")
 
 
 def _check_serve(serve: ServeSettings, path: Path | None) -> None:

@@ -10,7 +10,8 @@
      │    └── BlobNotFound        no blob with that id
      ├── DatasetError             a dataset file is invalid, or no such dataset version
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
-     ├── JobError                 a training job cannot start or go on
+     ├── JobError                 a job cannot be submitted, start or go on
+ │    └── JobNotFound         no job with that id (404)
      ├── PlanError                no training plan: the model is unreadable or does not fit
      ├── ArtifactError            a stored model bundle or artifact cannot be read
      ├── OptimizeError            export, quantisation or distillation failed
@@ -18,7 +19,8 @@
      ├── AuthError                a request has no valid API key or the key may not do this
      │    ├── Unauthenticated     no key, or a malformed, unknown, revoked or wrong one (401)
      │    └── Forbidden           a valid key that may not call this model (403)
-     └── ServeError               the inference server cannot answer this request
+     ├── DaemonError              the daemon cannot start, or none runs to ask
+ └── ServeError               the inference server cannot answer this request
           ├── ModelNotFound       no model of that name is being served (404)
           ├── BadRequest          the request body is malformed or out of bounds (400, 413)
           └── Overloaded          too much is queued already; retry later (503)
@@ -79,6 +81,12 @@ class JobError(ApplianceError):
     """A training job cannot start or go on as asked."""
 
 
+class JobNotFound(JobError):
+    """No job with that id."""
+
+    status = 404
+
+
 class PlanError(ApplianceError):
     """No training plan can be made: the base model cannot be read, or does not fit this machine."""
 
@@ -111,6 +119,12 @@ class Forbidden(AuthError):
     """A valid API key that is not allowed to call this model."""
 
     status = 403
+
+
+class DaemonError(ApplianceError):
+    """The daemon cannot start (its socket or port is taken), or no daemon answers."""
+
+    status = 503
 
 
 class ServeError(ApplianceError):

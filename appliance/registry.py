@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from appliance import events
 from appliance.errors import RegistryError
 from appliance.store import Store, audit
 from appliance.train import runs
@@ -152,6 +153,7 @@ def rollback(store: Store, model: str, alias: str = "production", actor: str | N
             )
         details.update({"from": stack[-1], "to": stack[-2]})
         _move(store, model, alias, stack[-2], "rollback")
+        events.emit(store, "deploy", model, "rollback", {"alias": alias, "from": stack[-1], "to": stack[-2]})
     return stack[-2]
 
 
@@ -163,6 +165,7 @@ def deploy(store: Store, ref: str, canary_percent: float | None = None, actor: s
         with audit.operation(store, "model.deploy", version.ref, actor=actor):
             set_alias(store, version.model, "production", version.version, actor=actor)
             _set_canary(store, version.model, 0.0)
+            events.emit(store, "deploy", version.model, "production", {"version": version.version})
         return get(store, version.ref)
     if not 0 < canary_percent <= 100:
         raise RegistryError(f"a canary share must be above 0 and at most 100 percent, not {canary_percent:g}")
@@ -176,6 +179,7 @@ def deploy(store: Store, ref: str, canary_percent: float | None = None, actor: s
     with audit.operation(store, "model.canary", version.ref, actor=actor, percent=canary_percent):
         set_alias(store, version.model, "candidate", version.version, actor=actor)
         _set_canary(store, version.model, canary_percent)
+        events.emit(store, "deploy", version.model, "canary", {"version": version.version, "percent": canary_percent})
     return get(store, version.ref)
 
 
@@ -189,6 +193,7 @@ def stop_canary(store: Store, model: str, actor: str | None = None) -> None:
     """All traffic back to production; the candidate alias stays where it is."""
     with audit.operation(store, "model.canary_stop", model, actor=actor, percent=canary_percent(store, model)):
         _set_canary(store, model, 0.0)
+        events.emit(store, "deploy", model, "canary-stopped", {})
 
 
 def _set_canary(store: Store, model: str, percent: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import socket
 import stat
 from pathlib import Path
 
@@ -44,23 +45,30 @@ def test_usage_errors_exit_2() -> None:
 
 
 @pytest.mark.slow
-def test_quickstart_fine_tunes_and_optimises_the_bundled_model_and_reuses_it_next_time(tmp_path: Path) -> None:
-    first = run_cli("quickstart", check=True)
-    assert "created the master key" in first.stdout
-    assert "dataset sample-tickets:1: 300 examples" in first.stdout
-    accuracy = float(first.stdout.split("validation accuracy ")[1].split(",")[0])
-    assert accuracy > 0.8  # four classes: chance is 0.25
-    assert "sample-tickets:2  (candidate, production)" in first.stdout  # registered, optimised, deployed
-    served = first.stdout.split("chosen: ")[1].split(" ")[0]
-    assert served in ("fp32", "int8", "int8-gentle") and "int8 " in first.stdout
-    assert "audit log OK" in first.stdout
-    assert "Traceback" not in first.stderr and "LOAD REPORT" not in first.stderr
-    assert stat.S_IMODE((tmp_path / "var" / "master.key").stat().st_mode) == 0o600
+def test_quickstart_serves_the_bundled_model_through_the_daemon_and_reuses_it_next_time(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        env = {"APPLIANCE_SERVE_PORT": str(probe.getsockname()[1])}
+    try:
+        first = run_cli("quickstart", env=env, check=True)
+        assert "created the master key" in first.stdout and "started the daemon" in first.stdout
+        assert "deployed sample-tickets:2" in first.stdout  # registered as :1, optimised as :2
+        accuracy = float(first.stdout.split("validation accuracy ")[1].split()[0])
+        assert accuracy > 0.8  # four classes: chance is 0.25
+        label = first.stdout.split("live prediction for ")[1].split(": ")[1].split(" ")[0]
+        assert label == "billing"  # "I was charged twice for my subscription this month"
+        assert "curl -s" in first.stdout and "/v1/models/sample-tickets:predict" in first.stdout
+        assert "Traceback" not in first.stderr and "LOAD REPORT" not in first.stderr
+        for name in ("master.key", "quickstart.key", "cli.token"):
+            assert stat.S_IMODE((tmp_path / "var" / name).stat().st_mode) == 0o600
 
-    second = run_cli("quickstart", check=True)
-    assert "created the master key" not in second.stdout
-    assert "reusing the finished run" in second.stdout
-    assert "reusing the optimised version sample-tickets:2" in second.stdout
+        second = run_cli("quickstart", env=env, check=True)
+        assert "created the master key" not in second.stdout
+        assert "using the running daemon" in second.stdout and "reusing job" in second.stdout
+        assert "live prediction for" in second.stdout and "billing" in second.stdout
+    finally:
+        stopped = run_cli("stop", env=env)
+    assert stopped.returncode == 0 and "the daemon stopped" in stopped.stdout
 
 
 def test_store_info_reports_counts_and_integrity() -> None:

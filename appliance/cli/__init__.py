@@ -15,8 +15,10 @@ import click
 
 from appliance.cli import (  # noqa: F401  registers the command groups
     audit,
+    daemon,
     data,
     hw,
+    jobs,
     keys,
     models,
     optimize,
@@ -25,6 +27,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     store,
     tokens,
     train,
+    users,
 )
 from appliance.cli.base import cli
 from appliance.errors import ApplianceError

@@ -1,85 +1,141 @@
-"""`appliance quickstart`: from a fresh clone to a fine-tuned model, on embedded defaults.
+"""`appliance quickstart`: from a fresh clone to a served model, on embedded defaults.
 
-It creates the master key and the store on first use, imports the sample dataset
-that ships with the appliance, fine-tunes the bundled base model on it, and optimises
-the result for this box (OpenVINO, INT8 under the accuracy guard) into the registry.
-Running it again reuses what the first run made: the key, the dataset version, a
-finished run (an interrupted one is resumed) and its optimised version.
+It creates the master key and the store on first use, starts the daemon if none runs,
+and submits one pipeline job: import the sample dataset that ships with the appliance,
+fine-tune the bundled base model on it, optimise the result for this box (OpenVINO,
+INT8 under the accuracy guard) and deploy it. Then it prints the endpoint, an example
+`curl` and a live prediction from the running server. Running it again reuses what the
+first run made: the key, the daemon, the finished job and the API key it created.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
 import click
+import httpx
 
-from appliance import datasets, registry
-from appliance.cli.audit import show_verification
-from appliance.cli.base import cli, load_settings, opened_store, progress_bar
-from appliance.cli.models import show_version
-from appliance.store import Store, audit, lifecycle
-from appliance.train import runs
-from appliance.train.params import TrainParams
+from appliance import client
+from appliance.cli.base import cli, load_settings
+from appliance.cli.jobs import follow_job
+from appliance.config import Settings
+from appliance.errors import ApplianceError, DaemonError, JobError
+from appliance.store import lifecycle
 
 SAMPLE_NAME = "sample-tickets"
+EXAMPLE = "I was charged twice for my subscription this month"
+DAEMON_START_S = 120
+MODEL_READY_S = 120
 
 
 @cli.command()
 def quickstart() -> None:
-    """Set up the store, import the sample dataset, fine-tune the bundled model on it and optimise the result."""
-    from appliance.train import engine  # torch loads only when training
-
+    """Start the daemon, fine-tune the bundled model on the sample data, deploy it and try it."""
     settings = load_settings()
     if not settings.key_file.exists() and not os.environ.get("APPLIANCE_PASSPHRASE"):
         with lifecycle.init(settings):
             click.echo(f"created the master key at {settings.key_file} (mode 0600)")
             click.echo("  back it up somewhere safe: without it nothing in the store can be read")
-    with opened_store() as opened:
-        with resources.as_file(resources.files("appliance.samples") / "support_tickets.csv") as sample:
-            version = datasets.import_file(opened, sample, name=SAMPLE_NAME)
-        click.echo(f"dataset {version.ref}: {version.examples} examples, labels {', '.join(version.labels)}")
-
-        earlier = [run for run in runs.list_runs(opened) if run.dataset_id == version.id]
-        finished = [run for run in earlier if run.status == "finished"]
-        if finished:
-            run_id, metrics = finished[-1].id, finished[-1].metrics or {}
-            click.echo(f"reusing the finished run {run_id}")
-        else:
-            with progress_bar("training") as bar:
-
-                def show(report: engine.Progress) -> None:
-                    bar(report.step, report.total_steps, f"epoch {report.epoch}/{report.epochs} {report.phase}")
-
-                if earlier:
-                    result = engine.resume(opened, earlier[-1].id, progress=show)
-                else:
-                    result = engine.start(
-                        opened, dataset=version.ref, base_dir=settings.base_model, params=TrainParams(), progress=show
-                    )
-            run_id, metrics = result.run_id, result.metrics
-        click.echo(
-            f"run {run_id}: validation accuracy {metrics.get('accuracy', 0):.3f},"
-            f" macro-F1 {metrics.get('macro_f1', 0):.3f}"
-        )
-        version = _optimized(opened, run_id)
-        if "production" not in version.aliases:
-            version = registry.deploy(opened, version.ref)
-        show_version(version, version.lineage(opened))
-        show_verification(audit.verify(opened))
-    click.echo(f"next: 'appliance api-keys create NAME', then 'appliance serve' answers on "
-               f"http://127.0.0.1:8080/v1/models/{version.model}:predict")
+    _ensure_daemon(settings)
+    with client.Client(settings) as api:
+        job = _pipeline_job(api)
+        if job["status"] in ("queued", "running"):
+            job = follow_job(api, job["id"])
+        if job["status"] != "finished":
+            raise JobError(f"the quickstart job {job['id']} {job['status']}: {job.get('error') or ''}".strip(),
+                           hint=f"'appliance jobs logs {job['id']}' shows what happened")
+        result = job["result"]
+        served = next(v for v in api.get("/v1/models") if f"{v['model']}:{v['version']}" == result["version"])
+        metrics = served["variants"][served["chosen"]]["metrics"]
+        click.echo(f"job {job['id']}: trained run {result['run_id']}, deployed {result['version']}, serving its"
+                   f" {served['chosen']} variant: validation accuracy {metrics.get('accuracy', 0):.3f}")
+        token = _api_key(api, settings)
+    model = result["version"].partition(":")[0]
+    url = f"{settings.inference_url}/v1/models/{model}:predict"
+    prediction = _live_prediction(settings, url, token, model)
+    click.echo(f"\nserving {model} at {url}")
+    click.echo(f"API key (kept in {_key_path(settings)}, mode 0600): {token[:20]}...")
+    click.echo("try it:")
+    click.echo(f"  curl -s -H \"Authorization: Bearer $(cat {_key_path(settings)})\" -H 'Content-Type: application/json' \\")
+    click.echo(f"       -d '{{\"instances\": [\"{EXAMPLE}\"]}}' {url}")
+    click.echo(f"live prediction for {EXAMPLE!r}: {prediction['label']} ({max(prediction['scores'].values()):.2f})")
+    click.echo("stop the daemon with 'appliance stop'; 'appliance jobs list' and 'appliance models list' show the rest")
 
 
-def _optimized(opened: Store, run_id: str) -> registry.ModelVersion:
-    """The run's optimised version: found from an earlier quickstart, or registered and optimised now."""
-    from appliance import pipeline
+def _ensure_daemon(settings: Settings) -> None:
+    """Start `appliance daemon` in the background unless one answers already."""
+    if client.daemon_running(settings):
+        click.echo(f"using the running daemon on {settings.socket_path}")
+        return
+    log_path = settings.state_dir / "daemon.log"
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log_file:
+        process = subprocess.Popen([sys.executable, "-m", "appliance", "daemon"], stdin=subprocess.DEVNULL,
+                                   stdout=log_file, stderr=log_file, start_new_session=True)
+    deadline = time.monotonic() + DAEMON_START_S
+    while not client.daemon_running(settings):
+        if process.poll() is not None or time.monotonic() > deadline:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+            raise DaemonError("the daemon did not start: " + (" / ".join(tail) or "no output"),
+                              hint=f"its log is {log_path}")
+        time.sleep(0.2)
+    click.echo(f"started the daemon (pid {process.pid}); its log is {log_path}")
 
-    versions = [v for v in registry.list_versions(opened) if v.run_id == run_id]
-    done = [v for v in versions if len(v.variants) > 1]
-    if done:
-        click.echo(f"reusing the optimised version {done[-1].ref}")
-        return done[-1]
-    registered = versions[-1] if versions else pipeline.register_run(opened, run_id, SAMPLE_NAME)
-    with progress_bar("optimising") as bar:
-        return pipeline.optimize_version(opened, registered.ref, progress=bar)
+
+def _pipeline_job(api: client.Client) -> dict[str, Any]:
+    """The quickstart's pipeline job: an earlier one that finished or is under way, else a new one."""
+    for job in api.get("/v1/jobs"):
+        mine = job["kind"] == "pipeline" and job["params"].get("name") == SAMPLE_NAME
+        if mine and job["status"] in ("queued", "running", "finished"):
+            click.echo(f"reusing job {job['id']} ({job['status']})")
+            return job
+    with resources.as_file(resources.files("appliance.samples") / "support_tickets.csv") as sample:
+        job = api.post("/v1/jobs", {"kind": "pipeline", "params": {
+            "source": str(sample), "dataset": SAMPLE_NAME, "name": SAMPLE_NAME}})
+    click.echo(f"job {job['id']} queued: import the sample, fine-tune, optimise, deploy")
+    return job
+
+
+def _api_key(api: client.Client, settings: Settings) -> str:
+    """The quickstart's API key: made once, kept in a 0600 file in the state directory."""
+    path = _key_path(settings)
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    token = api.post("/v1/api-keys", {"name": "quickstart"})["token"]
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(token + "\n")
+    return token
+
+
+def _key_path(settings: Settings) -> Path:
+    return settings.state_dir / "quickstart.key"
+
+
+def _live_prediction(settings: Settings, url: str, token: str, model: str) -> dict[str, Any]:
+    """Ask the running server, waiting while it loads and warms the new version."""
+    headers = {"Authorization": f"Bearer {token}"}
+    deadline = time.monotonic() + MODEL_READY_S
+    with httpx.Client(verify=False, timeout=30) as http:  # our own self-signed certificate, on loopback
+        while True:
+            try:
+                ready = http.get(f"{settings.inference_url}/v2/models/{model}/ready", headers=headers)
+                if ready.status_code == 200:
+                    answer = http.post(url, headers=headers, json={"instances": [EXAMPLE]})
+                    if answer.status_code == 200:
+                        return answer.json()["predictions"][0]
+                    raise ApplianceError(f"the server answered {answer.status_code}: {answer.text[:200]}")
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise DaemonError(f"the server did not load {model} within {MODEL_READY_S} s",
+                                  hint=f"see {settings.state_dir / 'daemon.log'}")
+            time.sleep(0.5)

@@ -18,8 +18,7 @@ def serve(host: str | None, port: int | None) -> None:
     """Run the inference server in the foreground; deploys and rollbacks take effect while it runs."""
     import uvicorn
 
-    from appliance.serve import tls
-    from appliance.serve.app import create_app
+    from appliance.serve.app import server_config
     from appliance.serve.metrics import Metrics
     from appliance.serve.runtime import Runtime
 
@@ -28,17 +27,9 @@ def serve(host: str | None, port: int | None) -> None:
         pass
     serve_settings = dataclasses.replace(settings.serve, **{k: v for k, v in (("host", host), ("port", port)) if v})
     settings = dataclasses.replace(settings, serve=serve_settings)
-    tls_files: dict[str, str] = {}
-    if serve_settings.tls:
-        cert, key = serve_settings.tls_cert, serve_settings.tls_key
-        if cert is None:
-            cert, key = tls.self_signed(settings.state_dir)
-        tls_files = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
     runtime = Runtime(settings, Metrics(), os.environ.get("APPLIANCE_PASSPHRASE"))
-    scheme = "https" if tls_files else "http"
-    click.echo(f"serving on {scheme}://{serve_settings.host}:{serve_settings.port} (Ctrl-C stops)", err=True)
-    uvicorn.run(create_app(settings, runtime), host=serve_settings.host, port=serve_settings.port,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=10, **tls_files)
+    click.echo(f"serving on {settings.inference_url} (Ctrl-C stops)", err=True)
+    uvicorn.Server(server_config(settings, runtime)).run()
 
 
 @cli.command("deploy")

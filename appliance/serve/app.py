@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Annotated, Any, Literal
 
+import uvicorn
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -26,6 +27,7 @@ from appliance import auth
 from appliance.config import Settings
 from appliance.errors import ApplianceError, BadRequest
 from appliance.serve import metrics as serve_metrics
+from appliance.serve import tls
 from appliance.serve.runtime import Loaded, Runtime
 
 log = logging.getLogger(__name__)
@@ -199,22 +201,33 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         headers = {"Retry-After": "1"} if status == 503 else None
         if status in (401, 403):
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return _error(status, exc.message, exc.hint, headers)
+        return json_error(status, exc.message, exc.hint, headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         refused(request, 400)
-        problems = "; ".join(_describe(error) for error in exc.errors()[:5])
+        problems = "; ".join(describe_error(error) for error in exc.errors()[:5])
         json_sent = request.headers.get("content-type", "").startswith("application/json")
         hint = "see the OpenAPI document at /openapi.json" if json_sent else "send Content-Type: application/json"
-        return _error(400, f"the request body is not valid: {problems}", hint)
+        return json_error(400, f"the request body is not valid: {problems}", hint)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         refused(request, exc.status_code)
-        return _error(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
+        return json_error(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
 
     return app
+
+
+def server_config(settings: Settings, runtime: Runtime) -> uvicorn.Config:
+    """How uvicorn serves the app: address, TLS (a self-signed pair when none is given), graceful stop."""
+    serve = settings.serve
+    tls_files: dict[str, str] = {}
+    if serve.tls:
+        cert, key = (serve.tls_cert, serve.tls_key) if serve.tls_cert else tls.self_signed(settings.state_dir)
+        tls_files = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    return uvicorn.Config(create_app(settings, runtime), host=serve.host, port=serve.port, log_level="warning",
+                          access_log=False, log_config=None, timeout_graceful_shutdown=10, **tls_files)
 
 
 def _report_start_failure(task: asyncio.Task[None]) -> None:
@@ -224,12 +237,12 @@ def _report_start_failure(task: asyncio.Task[None]) -> None:
         log.error("the server could not open the store, so it stays unready: %s", message)
 
 
-def _describe(error: dict[str, Any]) -> str:
+def describe_error(error: dict[str, Any]) -> str:
     where = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
     return f"{where}: {error.get('msg', 'invalid')}"
 
 
-def _error(status: int, message: str, hint: str | None, headers: dict[str, str] | None = None) -> JSONResponse:
+def json_error(status: int, message: str, hint: str | None, headers: dict[str, str] | None = None) -> JSONResponse:
     body = {"error": message} | ({"hint": hint} if hint else {})
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -264,7 +277,7 @@ class _BodyLimit:
             await self._too_large(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = _error(413, f"the request body is over the limit of {self.limit} bytes",
+        response = json_error(413, f"the request body is over the limit of {self.limit} bytes",
                           "send fewer or shorter texts per request")
         await response(scope, receive, send)
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from appliance import auth, optimize, registry, store
+from appliance import auth, events, optimize, registry, store
 from appliance.config import Settings
 from appliance.errors import ApplianceError, ModelNotFound
 from appliance.serve import drift
@@ -237,6 +237,8 @@ class Runtime:
 
     def _audit(self, action: str, obj: str, details: dict[str, Any]) -> None:
         audit.record(self._store, action, obj, actor="service:serve", **details)
+        if action == "serve.drift_alert":
+            events.emit(self._store, "drift", obj.partition(":")[0], "alert", {"version": obj, **details})
 
     # -- monitoring (on OpenVINO's threads) ----------------------------------------------------
 

@@ -193,11 +193,60 @@ def _v4_serving(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v5_daemon(db: sqlite_utils.Database) -> None:
+    db.execute(
+        """CREATE TABLE jobs (
+            id TEXT PRIMARY KEY,             -- 12 hex digits
+            kind TEXT NOT NULL,              -- train | optimize | pipeline
+            params TEXT NOT NULL,            -- JSON, as submitted
+            priority INTEGER NOT NULL DEFAULT 0,  -- higher runs first and may preempt lower
+            status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'finished', 'failed', 'cancelled')),
+            stage TEXT,                      -- the step it is on (pipeline: import, train, optimize, deploy)
+            state TEXT NOT NULL DEFAULT '{}',  -- JSON: what each finished step made, so a resumed attempt skips it
+            result TEXT,                     -- JSON, once finished
+            error TEXT,                      -- why it failed
+            attempts INTEGER NOT NULL DEFAULT 0,  -- claims so far: a restart after a crash adds one
+            owner TEXT,                      -- the claim of the attempt now running; NULL when none runs
+            pid INTEGER,
+            heartbeat_at TEXT,
+            cancel_requested INTEGER NOT NULL DEFAULT 0,
+            submitted_by TEXT NOT NULL,
+            submitted_at TEXT NOT NULL,
+            started_at TEXT,
+            finished_at TEXT
+        )"""
+    )
+    db.execute("CREATE INDEX jobs_queue ON jobs(status, priority DESC, submitted_at)")
+    db.execute(
+        """CREATE TABLE events (
+            seq INTEGER PRIMARY KEY,         -- what an events client resumes after
+            ts TEXT NOT NULL,
+            topic TEXT NOT NULL,             -- job | deploy | drift
+            subject TEXT NOT NULL,           -- job id or model name
+            kind TEXT NOT NULL,              -- e.g. stage, progress, log, finished
+            data TEXT NOT NULL               -- JSON
+        )"""
+    )
+    db.execute("CREATE INDEX events_subject ON events(subject, seq)")
+    db.execute(
+        """CREATE TABLE users (
+            id TEXT PRIMARY KEY,             -- public part of the token, shown in listings and the audit log
+            name TEXT NOT NULL,
+            role TEXT NOT NULL CHECK (role IN ('admin', 'operator', 'viewer')),
+            secret_hash BLOB NOT NULL,       -- HMAC-SHA256 of the token's secret part under a store secret
+            created_at TEXT NOT NULL,
+            last_used_at TEXT,
+            revoked_at TEXT
+        )"""
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
     _v3_registry,
     _v4_serving,
+    _v5_daemon,
 ]
 LATEST = len(MIGRATIONS)
 

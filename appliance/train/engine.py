@@ -70,6 +70,29 @@ class _Position:
 ProgressFn = Callable[[Progress], None]
 
 
+def create(
+    store: Store,
+    *,
+    dataset: str,
+    base_dir: Path,
+    params: TrainParams = TrainParams(),
+    device: str | None = None,
+) -> str:
+    """Plan a new run on a dataset version and record it, untrained: a job keeps the id before the first step."""
+    version = datasets.get(store, dataset)
+    data = datasets.load(store, version)
+    task = _task(version.task, data, base_dir, params)
+    plan = hardware.plan(hardware.detect(), _request(task, data, base_dir, params, device))
+    return runs.create(
+        store,
+        dataset_id=version.id,
+        base_model=str(base_dir) if isinstance(task, tasks.TextClassification) else "small-cnn",
+        task=version.task,
+        params=asdict(params),
+        plan=asdict(plan),
+    )
+
+
 def start(
     store: Store,
     *,
@@ -81,19 +104,8 @@ def start(
     should_stop: Callable[[], bool] = lambda: False,
 ) -> RunResult:
     """Plan and run a new fine-tuning job on a dataset version."""
-    version = datasets.get(store, dataset)
-    data = datasets.load(store, version)
-    task = _task(version.task, data, base_dir, params)
-    plan = hardware.plan(hardware.detect(), _request(task, data, base_dir, params, device))
-    run_id = runs.create(
-        store,
-        dataset_id=version.id,
-        base_model=str(base_dir) if isinstance(task, tasks.TextClassification) else "small-cnn",
-        task=version.task,
-        params=asdict(params),
-        plan=asdict(plan),
-    )
-    return _train(store, run_id, task, data, params, plan, None, progress, should_stop)
+    run_id = create(store, dataset=dataset, base_dir=base_dir, params=params, device=device)
+    return _continue(store, runs.get(store, run_id), progress, should_stop)
 
 
 def resume(
@@ -103,15 +115,21 @@ def resume(
     progress: ProgressFn | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> RunResult:
-    """Continue a run from its last checkpoint with the plan it started with."""
+    """Continue a run from its last checkpoint (or its start, if it has none) with the plan it started with."""
     run = runs.get(store, run_id)
     if run.status == "finished":
         raise JobError(f"run {run.id} has already finished", hint="start a new run with 'appliance train'")
+    runs.set_status(store, run.id, "running", resumed=True)
+    return _continue(store, run, progress, should_stop)
+
+
+def _continue(
+    store: Store, run: runs.Run, progress: ProgressFn | None, should_stop: Callable[[], bool]
+) -> RunResult:
     params = TrainParams(**run.params)
     data = datasets.load(store, datasets.get(store, run.dataset_id))
     task = _task(run.task, data, Path(run.base_model), params)
     plan = hardware.TrainingPlan(**{**run.plan, "notes": tuple(run.plan["notes"])})
-    runs.set_status(store, run.id, "running", resumed=True)
     return _train(store, run.id, task, data, params, plan, checkpoint.latest(store, run.id), progress, should_stop)
 
 

@@ -6,14 +6,13 @@ import asyncio
 import json
 import re
 import ssl
-import time
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance import auth, registry
+from appliance import auth, events, registry
 from appliance.store import audit
 from tests.serve.conftest import Server, start_server, stop_server
 
@@ -139,9 +138,13 @@ def test_traffic_unlike_the_training_data_raises_a_drift_alert(server: Server) -
     psi = float(re.search(r'appliance_drift_psi\{feature="length",model="tickets",version="2"\} (\S+)', text)[1])
     assert psi > 0.2
     with server.state.open() as opened:
-        server.wait(lambda: audit.rows(opened, action="serve.drift_alert"))  # written off the request path
-        alerts = audit.rows(opened, action="serve.drift_alert")
+        def drift_events() -> list[events.Event]:
+            return [event for event in events.after(opened, 0, "tickets") if event.topic == "drift"]
+
+        server.wait(drift_events)  # written off the request path, after the audit record
+        alerts, shown = audit.rows(opened, action="serve.drift_alert"), drift_events()
     assert alerts and alerts[-1]["object"] == "tickets:2" and alerts[-1]["actor"] == "service:serve"
+    assert shown and shown[-1].data["version"] == "tickets:2" and shown[-1].data["psi"] > 0.2
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

@@ -1,0 +1,172 @@
+"""`appliance jobs`: the daemon's queue, from the shell.
+
+With a daemon running, every command goes through its control API (authorised and
+audited as the caller's user); with none, list, show and logs read the store directly,
+and submit and cancel queue or cancel for the next daemon start.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from appliance import client, events, jobs
+from appliance.cli.base import cli, load_settings, opened_store, print_json, progress_bar
+
+
+class _Jobs:
+    """The same questions, asked of the daemon or of the store."""
+
+    def __init__(self, api: client.Client | None, store: Any) -> None:
+        self.api, self.store = api, store
+
+    def list(self, status: str | None) -> list[dict[str, Any]]:
+        if self.api:
+            return self.api.get("/v1/jobs", status=status)
+        return [asdict(job) for job in jobs.list_jobs(self.store, status)]
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return self.api.get(f"/v1/jobs/{job_id}") if self.api else asdict(jobs.get(self.store, job_id))
+
+    def logs(self, job_id: str) -> list[str]:
+        if self.api:
+            return self.api.get(f"/v1/jobs/{job_id}/logs")
+        jobs.get(self.store, job_id)
+        return [event.data["line"] for event in events.after(self.store, 0, job_id, 100_000) if event.kind == "log"]
+
+    def submit(self, kind: str, params: dict[str, Any], priority: int) -> dict[str, Any]:
+        if self.api:
+            return self.api.post("/v1/jobs", {"kind": kind, "params": params, "priority": priority})
+        return asdict(jobs.submit(self.store, kind, params, priority))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self.api.post(f"/v1/jobs/{job_id}/cancel") if self.api else asdict(jobs.cancel(self.store, job_id))
+
+
+@contextmanager
+def _jobs() -> Iterator[_Jobs]:
+    settings = load_settings()
+    if client.daemon_running(settings):
+        with client.Client(settings) as api:
+            yield _Jobs(api, None)
+    else:
+        with opened_store() as opened:
+            yield _Jobs(None, opened)
+
+
+@cli.group("jobs")
+def jobs_group() -> None:
+    """Queued, running and finished jobs: train, optimize, pipeline."""
+
+
+@jobs_group.command("list")
+@click.option("--status", type=click.Choice(["queued", "running", "finished", "failed", "cancelled"]))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def jobs_list(status: str | None, as_json: bool) -> None:
+    """Every job, newest first."""
+    with _jobs() as source:
+        found = source.list(status)
+    if as_json:
+        print_json(found)
+        return
+    if not found:
+        click.echo("no jobs; 'appliance jobs submit' or 'appliance quickstart' queues one")
+    for job in found:
+        stage = f" ({job['stage']})" if job["stage"] and job["status"] == "running" else ""
+        click.echo(f"{job['id']}  {job['submitted_at'][:19]}  {job['kind']:<9} {job['status']:<9}{stage:<12}"
+                   f" priority {job['priority']:>3}  by {job['submitted_by']}")
+
+
+@jobs_group.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def jobs_show(job_id: str, as_json: bool) -> None:
+    """One job: parameters, stage, what its steps made, result or error."""
+    with _jobs() as source:
+        job = source.get(job_id)
+    if as_json:
+        print_json(job)
+        return
+    click.echo(f"job {job['id']}: {job['kind']}, {job['status']}" + (f" at {job['stage']}" if job["stage"] else ""))
+    click.echo(f"  submitted {job['submitted_at']} by {job['submitted_by']}, priority {job['priority']},"
+               f" attempts {job['attempts']}")
+    click.echo(f"  params: {json.dumps(job['params'])}")
+    if job["state"]:
+        click.echo(f"  made:   {json.dumps(job['state'])}")
+    if job["result"]:
+        click.echo(f"  result: {json.dumps(job['result'])}")
+    if job["error"]:
+        click.echo(f"  error:  {job['error']}")
+
+
+@jobs_group.command("logs")
+@click.argument("job_id")
+def jobs_logs(job_id: str) -> None:
+    """What the job's process wrote, oldest first."""
+    with _jobs() as source:
+        for line in source.logs(job_id):
+            click.echo(line)
+
+
+@jobs_group.command("cancel")
+@click.argument("job_id")
+def jobs_cancel(job_id: str) -> None:
+    """Cancel a queued job, or stop a running one (it checkpoints first)."""
+    with _jobs() as source:
+        job = source.cancel(job_id)
+    if job["status"] == "cancelled":
+        click.echo(f"job {job_id} is cancelled")
+    else:
+        click.echo(f"job {job_id} is asked to stop; it checkpoints and ends as cancelled")
+
+
+@jobs_group.command("submit")
+@click.argument("kind", type=click.Choice(jobs.KINDS))
+@click.option("--param", "-p", "pairs", multiple=True, metavar="KEY=JSON",
+              help="A job parameter, e.g. -p dataset='\"tickets\"' or -p params='{\"epochs\": 3}'; repeat.")
+@click.option("--priority", type=click.IntRange(-100, 100), default=0, show_default=True)
+@click.option("--follow", is_flag=True, help="Show progress until the job ends (needs the daemon).")
+def jobs_submit(kind: str, pairs: tuple[str, ...], priority: int, follow: bool) -> None:
+    """Queue a job for the daemon."""
+    params = dict(_pair(pair) for pair in pairs)
+    with _jobs() as source:
+        job = source.submit(kind, params, priority)
+        click.echo(f"job {job['id']} queued ({kind}, priority {priority})")
+        if follow and source.api:
+            follow_job(source.api, job["id"])
+
+
+def follow_job(api: client.Client, job_id: str) -> dict[str, Any]:
+    """A progress bar fed by the job's events until it ends; returns the job as it ended."""
+    with progress_bar(f"job {job_id}") as bar:
+        for event in api.events(subject=job_id):
+            data = event["data"]
+            if event["kind"] == "progress" and data.get("total_steps"):
+                bar(data["step"], data["total_steps"], _describe(data))
+            elif event["kind"] == "stage":
+                bar(0, 1, data["stage"])
+            elif event["kind"] in ("finished", "failed", "cancelled"):
+                break
+    return api.get(f"/v1/jobs/{job_id}")
+
+
+def _describe(progress: dict[str, Any]) -> str:
+    if progress.get("stage") == "train":
+        eta = f" eta {progress['eta_s']:.0f}s" if progress.get("eta_s") is not None else ""
+        return f"train epoch {progress['epoch']}/{progress['epochs']} loss {progress['loss']:.4f}{eta}"
+    return f"{progress.get('stage')}: {progress.get('what', '')}"[:48]
+
+
+def _pair(pair: str) -> tuple[str, Any]:
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+        raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--param")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value  # a bare word is a string: -p dataset=tickets

@@ -1,0 +1,101 @@
+"""The CLI's and the TUI's side of the control API: HTTP over the daemon's unix socket.
+
+The token is $APPLIANCE_TOKEN, else the local admin token the daemon leaves (mode 0600)
+for its own user in the state directory. An error answer becomes the ApplianceError it
+describes, so commands report it like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any, Self
+
+import httpx
+
+from appliance import config
+from appliance.errors import ApplianceError, DaemonError, Forbidden, JobNotFound, Unauthenticated
+
+TIMEOUT_S = 30.0
+_BY_STATUS: dict[int, type[ApplianceError]] = {401: Unauthenticated, 403: Forbidden, 404: JobNotFound}
+
+
+def daemon_running(settings: config.Settings) -> bool:
+    """Whether a daemon answers on the control socket."""
+    if not settings.socket_path.exists():
+        return False
+    try:
+        with _http(settings, None) as http:
+            return http.get("/v1/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+class Client:
+    def __init__(self, settings: config.Settings) -> None:
+        self._http = _http(settings, _token(settings))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._http.close()
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self._request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._request("POST", path, json=body or {})
+
+    def events(self, after: int = 0, subject: str | None = None) -> Iterator[dict[str, Any]]:
+        """Server-sent events as dicts (seq, topic, subject, kind, data), until the caller stops reading."""
+        params = {"after": after} | ({"subject": subject} if subject else {})
+        try:
+            with self._http.stream("GET", "/v1/events", params=params, timeout=None) as response:
+                _raise_for(response, response.read() if response.status_code >= 400 else b"")
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        yield json.loads(line.removeprefix("data: "))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        _raise_for(response, response.content)
+        return response.json()
+
+
+def _http(settings: config.Settings, token: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(settings.socket_path)), base_url="http://appliance",
+                        headers=headers, timeout=TIMEOUT_S)
+
+
+def _token(settings: config.Settings) -> str | None:
+    if os.environ.get("APPLIANCE_TOKEN"):
+        return os.environ["APPLIANCE_TOKEN"]
+    try:
+        return settings.cli_token_path.read_text().strip()
+    except OSError:
+        return None  # the daemon answers 401 with a hint
+
+
+def _raise_for(response: httpx.Response, content: bytes) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = json.loads(content)
+        message, hint = body["error"], body.get("hint")
+    except (ValueError, KeyError, TypeError):
+        message, hint = f"the daemon answered {response.status_code}", None
+    if response.status_code == 401 and not os.environ.get("APPLIANCE_TOKEN"):
+        hint = "set APPLIANCE_TOKEN to a token from 'appliance users add NAME --role ROLE'"
+    raise _BY_STATUS.get(response.status_code, ApplianceError)(message, hint=hint)
+
+
+def _unreachable(exc: Exception) -> DaemonError:
+    return DaemonError(f"the daemon does not answer: {exc}", hint="start it with 'appliance daemon' or check its log")

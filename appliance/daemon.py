@@ -1,0 +1,332 @@
+"""The service: the control API, the inference server and the job supervisor in one process.
+
+Jobs run in child processes (appliance.worker), one at a time, so an out-of-memory
+kill, a crash or a cancel costs the job, never the daemon. The supervisor thread
+starts the next queued job, preempts a running one when a higher priority arrives
+(SIGTERM: the job checkpoints and is requeued), cancels on request, kills a job whose
+heartbeat stopped, and records how each child ended. On start, jobs an earlier daemon
+left running (it crashed, or was killed with -9) go back to the queue and resume from
+their checkpoints.
+
+systemd: READY=1 once both servers listen, STATUS= with what runs, WATCHDOG=1 while
+the event loop and the supervisor are alive, STOPPING=1 on SIGTERM. SIGTERM drains:
+the running job checkpoints and is requeued, then the servers stop. SIGHUP re-reads
+the configuration: the daemon.* settings apply at once, serve.* ones at the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from appliance import api, config, jobs, registry, sdnotify, store, users
+from appliance.errors import ApplianceError, DaemonError
+from appliance.worker import EXIT_STOPPED
+
+log = logging.getLogger("appliance.daemon")
+
+TICK_S = 0.5
+BACKGROUND_NICENESS = 10  # training yields the CPU to serving while a model is deployed
+
+
+@dataclass
+class Running:
+    """The job whose child process runs now, and why it is being stopped, if it is."""
+
+    job: jobs.Job
+    owner: str
+    process: subprocess.Popen[str]
+    lines: queue.Queue[str] = field(default_factory=queue.Queue)
+    stopping: str | None = None  # cancel | preempted by ... | the daemon is stopping
+    signalled_at: float | None = None
+
+
+class Supervisor:
+    """Runs queued jobs one at a time in child processes; called from its own thread only."""
+
+    def __init__(self, settings: config.Settings, passphrase: str | None) -> None:
+        self.settings = settings
+        self._passphrase = passphrase
+        self._store = store.open(settings, passphrase)
+        self.running: Running | None = None
+        self.draining = False
+        self.last_tick = time.monotonic()
+
+    def close(self) -> None:
+        self._store.close()
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick until stop is set, then drain: the running job checkpoints and goes back to the queue."""
+        while not stop.is_set():
+            self.tick()
+            stop.wait(TICK_S)
+        self.draining = True
+        if self.running:
+            self._signal(self.running, "the daemon is stopping")
+        while self.running:
+            self.tick()
+            time.sleep(0.1)
+
+    def tick(self) -> None:
+        self.last_tick = time.monotonic()
+        try:
+            if self.running:
+                self._watch(self.running)
+            if self.running is None and not self.draining:
+                self._start_next()
+        except ApplianceError as exc:  # a busy database or a bad job must not stop the supervisor
+            log.error("supervisor: %s", exc.message)
+
+    def describe(self) -> dict[str, Any]:
+        if self.running is None:
+            return {"running_job": None}
+        job = self.running.job
+        return {"running_job": {"id": job.id, "kind": job.kind, "pid": self.running.process.pid,
+                                "stopping": self.running.stopping}}
+
+    # -- one job ------------------------------------------------------------------
+
+    def _start_next(self) -> None:
+        job = jobs.next_queued(self._store)
+        if job is None:
+            return
+        owner = jobs.claim(self._store, job.id)
+        if owner is None:
+            return
+        process = subprocess.Popen(
+            [sys.executable, "-m", "appliance.worker", job.id, owner],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env=self._child_env(),
+        )
+        running = Running(jobs.get(self._store, job.id), owner, process)
+        threading.Thread(target=_pump, args=(process, running.lines), daemon=True, name=f"job-{job.id}").start()
+        assert process.stdin is not None
+        process.stdin.write((self._passphrase or "") + "\n")  # never argv or environment
+        process.stdin.close()
+        if self._serving():
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, process.pid, BACKGROUND_NICENESS)
+        jobs.set_pid(self._store, job.id, owner, process.pid)
+        self.running = running
+        log.info("job %s (%s, attempt %d) started as pid %d", job.id, job.kind, running.job.attempts, process.pid)
+        sdnotify.notify(STATUS=f"running job {job.id} ({job.kind})")
+
+    def _watch(self, running: Running) -> None:
+        self._record_lines(running)
+        code = running.process.poll()
+        if code is not None:
+            self._record_lines(running)
+            self._ended(running, code)
+            self.running = None
+            sdnotify.notify(STATUS="idle")
+            return
+        job = jobs.get(self._store, running.job.id)
+        if running.stopping is None:
+            waiting = jobs.next_queued(self._store)
+            if job.cancel_requested:
+                self._signal(running, "cancel")
+            elif waiting is not None and waiting.priority > job.priority:
+                self._signal(running, f"preempted by job {waiting.id} (priority {waiting.priority})")
+            elif _age_s(job.heartbeat_at) > self.settings.daemon.heartbeat_timeout_s:
+                log.error("job %s: no heartbeat for %.0f s; killing it", job.id, _age_s(job.heartbeat_at))
+                running.stopping = "stopped sending heartbeats"
+                running.process.kill()
+        elif (running.signalled_at is not None
+              and time.monotonic() - running.signalled_at > self.settings.daemon.stop_timeout_s):
+            log.warning("job %s did not stop within %.0f s; killing it", job.id, self.settings.daemon.stop_timeout_s)
+            running.process.kill()
+
+    def _signal(self, running: Running, reason: str) -> None:
+        running.stopping, running.signalled_at = reason, time.monotonic()
+        log.info("job %s: stopping (%s)", running.job.id, reason)
+        with contextlib.suppress(ProcessLookupError):
+            running.process.send_signal(signal.SIGTERM)
+
+    def _ended(self, running: Running, code: int) -> None:
+        job = jobs.get(self._store, running.job.id)
+        if job.status != "running" or job.owner != running.owner:
+            log.info("job %s ended: %s", job.id, job.status)  # the child recorded it
+            return
+        # Stopped on request: it checkpointed (75), or died of our signal before it could (-15, -9), which
+        # loses at most the work since its last checkpoint.
+        stopped = running.stopping is not None and code in (EXIT_STOPPED, -signal.SIGTERM, -signal.SIGKILL)
+        if stopped and running.stopping == "cancel":
+            jobs.cancelled_while_running(self._store, job.id, running.owner)
+        elif stopped and running.stopping != "stopped sending heartbeats":
+            jobs.requeue(self._store, job.id, running.owner, running.stopping)
+            log.info("job %s requeued (%s)", job.id, running.stopping)
+        else:
+            reason = running.stopping or _exit_reason(code)
+            jobs.fail(self._store, job.id, running.owner, f"the job process {reason}")
+            log.error("job %s failed: the job process %s", job.id, reason)
+
+    def _record_lines(self, running: Running) -> None:
+        while True:
+            try:
+                line = running.lines.get_nowait()
+            except queue.Empty:
+                return
+            jobs.log(self._store, running.job.id, line)
+            log.info("job %s: %s", running.job.id, line, extra={"job": running.job.id})
+
+    def _serving(self) -> bool:
+        return any("production" in version.aliases for version in registry.list_versions(self._store))
+
+    def _child_env(self) -> dict[str, str]:
+        env = {key: value for key, value in os.environ.items() if key != "APPLIANCE_PASSPHRASE"}
+        if self.settings.config_file is not None:
+            env["APPLIANCE_CONFIG"] = str(self.settings.config_file)
+        return env
+
+
+def _pump(process: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
+    """Move the child's stderr into a queue, line by line, so the supervisor never blocks on it."""
+    assert process.stderr is not None
+    for line in process.stderr:
+        if line.strip():
+            lines.put(line.rstrip()[:2000])
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name
+        return f"was killed by {name}" + (" (out of memory?)" if code == -signal.SIGKILL else "")
+    return f"exited with status {code}"
+
+
+def _age_s(stamp: str | None) -> float:
+    return (datetime.now(UTC) - datetime.fromisoformat(stamp)).total_seconds() if stamp else 0.0
+
+
+# -- the process -------------------------------------------------------------------
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to the daemon, which runs two of them."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def run(settings: config.Settings, passphrase: str | None) -> None:
+    """Run the daemon until SIGTERM or SIGINT; raises ApplianceError when it cannot start."""
+    with store.open(settings, passphrase) as opened:
+        users.local_admin_token(opened, settings.cli_token_path)
+        for job_id in jobs.recover(opened):
+            log.warning("job %s was running when the previous daemon stopped; it is queued again", job_id)
+    listener = _bind(settings.socket_path)
+    try:
+        asyncio.run(_serve(settings, passphrase, listener))
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            settings.socket_path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            settings.pid_path.unlink()
+
+
+async def _serve(settings: config.Settings, passphrase: str | None, listener: socket.socket) -> None:
+    from appliance.serve import app as serve_app
+    from appliance.serve.metrics import Metrics
+    from appliance.serve.runtime import Runtime
+
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    supervisor = Supervisor(settings, passphrase)
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+
+    def status() -> dict[str, Any]:
+        return {"pid": os.getpid(), "started_at": started_at, "socket": str(settings.socket_path),
+                "inference": settings.inference_url, **supervisor.describe()}
+
+    def reload() -> None:
+        try:
+            fresh = config.load(settings.config_file)
+        except ApplianceError as exc:
+            log.error("config not reloaded: %s", exc.message)
+            return
+        supervisor.settings = dataclasses.replace(supervisor.settings, daemon=fresh.daemon)
+        note = "; serve.* changes apply at the next start" if fresh.serve != settings.serve else ""
+        log.info("configuration reloaded from %s%s", settings.config_file or "the environment", note)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    loop.add_signal_handler(signal.SIGHUP, reload)
+
+    with store.open(settings, passphrase) as api_store:
+        control = _Server(uvicorn.Config(api.create_app(api.SharedStore(api_store), status), log_level="warning",
+                                         log_config=None, access_log=False, lifespan="off"))
+        runtime = Runtime(settings, Metrics(), passphrase)
+        inference = _Server(serve_app.server_config(settings, runtime))
+        servers = [asyncio.create_task(control.serve(sockets=[listener])), asyncio.create_task(inference.serve())]
+        stop_supervisor = threading.Event()
+        worker = threading.Thread(target=supervisor.run, args=(stop_supervisor,), name="supervisor")
+        try:
+            while not (control.started and inference.started):
+                if any(task.done() for task in servers):
+                    raise DaemonError(
+                        f"the inference server could not listen on {settings.serve.host}:{settings.serve.port}",
+                        hint="another program uses that port: stop it, or set serve.port")
+                await asyncio.sleep(0.05)
+            worker.start()
+            settings.pid_path.write_text(f"{os.getpid()}\n")
+            log.info("ready: control API on %s, inference on %s", settings.socket_path, settings.inference_url)
+            sdnotify.notify(READY=1, STATUS="idle")
+            watchdog = sdnotify.watchdog_interval()
+            while not stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), timeout=watchdog or 1.0)
+                if watchdog and worker.is_alive() and time.monotonic() - supervisor.last_tick < 60:
+                    sdnotify.notify(WATCHDOG=1)
+            sdnotify.notify(STOPPING=1, STATUS="stopping: the running job checkpoints")
+            log.info("stopping: draining the running job")
+        finally:
+            stop_supervisor.set()
+            if worker.is_alive():
+                await asyncio.to_thread(worker.join)
+            supervisor.close()
+            control.should_exit = inference.should_exit = True
+            await asyncio.gather(*servers, return_exceptions=True)
+    log.info("stopped")
+
+
+def _bind(path: Path) -> socket.socket:
+    """The control socket, mode 0660 from the start; a stale file from a dead daemon is replaced."""
+    if path.exists():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # nobody listens: left by a daemon that was killed
+        else:
+            raise DaemonError(f"a daemon already listens on {path}", hint="'appliance stop' stops it")
+        finally:
+            probe.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o117)
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o660)
+    listener.listen(64)
+    return listener

@@ -1,0 +1,44 @@
+"""What user interfaces follow: job stages, progress, logs and outcomes, deploys, drift alerts.
+
+Events are rows with an increasing seq in the store; the control API streams them as
+server-sent events and a client resumes after the last seq it saw. They are for
+watching, not for the record: the audit log is the record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from appliance.store import Store
+from appliance.store.db import transaction
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    ts: str
+    topic: str  # job | deploy | drift
+    subject: str  # a job id or a model name
+    kind: str
+    data: dict[str, Any]
+
+
+def emit(store: Store, topic: str, subject: str, kind: str, data: dict[str, Any]) -> None:
+    with transaction(store.db):
+        store.db.execute(
+            "INSERT INTO events (ts, topic, subject, kind, data) VALUES (?, ?, ?, ?, ?)",
+            (datetime.now(UTC).isoformat(timespec="milliseconds"), topic, subject, kind, json.dumps(data, default=str)),
+        )
+
+
+def after(store: Store, seq: int, subject: str | None = None, limit: int = 500) -> list[Event]:
+    """Events newer than seq (all, or one job's or model's), oldest first."""
+    where, params = ("AND subject = ?", (subject,)) if subject else ("", ())
+    rows = store.db.execute(
+        f"SELECT seq, ts, topic, subject, kind, data FROM events WHERE seq > ? {where} ORDER BY seq LIMIT ?",
+        (seq, *params, limit),
+    )
+    return [Event(*row[:5], json.loads(row[5])) for row in rows]

@@ -1,0 +1,245 @@
+"""One job, run in its own process: the steps of its kind, with progress and a clean stop.
+
+The daemon starts `python -m appliance.worker JOB_ID OWNER` for a job it has claimed
+and writes the store's passphrase (or an empty line) to its stdin: secrets never go
+into argv or the environment. The process dies with the daemon (PR_SET_PDEATHSIG), so
+a `kill -9` of the daemon cannot leave a second copy of a job running beside the one
+a restarted daemon resumes.
+
+Steps record what they made in the job's state as they finish, so a later attempt
+(after preemption, a shutdown or a crash) skips them, and training resumes from its
+checkpoint. SIGTERM asks the running step to checkpoint and stop: exit code
+EXIT_STOPPED, and the daemon requeues or cancels the job. A failure is recorded in
+the job with its message (exit 1); a crash or an out-of-memory kill the daemon
+records from the exit status.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from appliance import config, datasets, jobs, pipeline, registry, store
+from appliance.errors import ApplianceError, JobError
+from appliance.store import Store
+from appliance.train.params import TrainParams
+
+log = logging.getLogger("appliance.worker")
+
+EXIT_STOPPED = 75  # EX_TEMPFAIL: checkpointed and stopped on request; run it again later
+PROGRESS_EVERY_S = 1.0
+T = TypeVar("T")
+
+
+class Stopped(Exception):
+    """The job was asked to stop (SIGTERM) or lost its claim, and has checkpointed."""
+
+
+class Job:
+    """What a step may do: read params and state, save state, report progress, check for a stop."""
+
+    def __init__(self, store: Store, job: jobs.Job, owner: str) -> None:
+        self.store, self.id, self.owner = store, job.id, owner
+        self.kind, self.params, self.state = job.kind, job.params, dict(job.state)
+        self.actor = job.submitted_by
+        self.stop_requested = False
+        self._last_report = 0.0
+
+    def should_stop(self) -> bool:
+        return self.stop_requested
+
+    def between(self, made: T) -> T:
+        """Pass a step's result on, unless a stop was asked for while it ran: its state is saved, so stop here."""
+        if self.stop_requested:
+            raise Stopped
+        return made
+
+    def stage(self, name: str) -> None:
+        jobs.set_stage(self.store, self.id, self.owner, name)
+        log.info("stage: %s", name)
+
+    def save(self, **made: Any) -> None:
+        self.state = jobs.save_state(self.store, self.id, self.owner, **made)
+
+    def report(self, data: dict[str, Any], force: bool = False) -> None:
+        """Progress for the events stream, at most once a second; doubles as the heartbeat."""
+        now = time.monotonic()
+        if not force and now - self._last_report < PROGRESS_EVERY_S:
+            return
+        self._last_report = now
+        if not jobs.heartbeat(self.store, self.id, self.owner):
+            log.warning("another attempt owns this job now; stopping")
+            self.stop_requested = True
+            return
+        jobs.progress(self.store, self.id, data)
+
+
+# -- the steps -------------------------------------------------------------------
+
+
+def import_step(job: Job) -> str:
+    """The dataset version to train on: imported from params.source, or named by params.dataset."""
+    if "dataset" in job.state:
+        return job.state["dataset"]
+    job.stage("import")
+    source = job.params.get("source")
+    if source:
+        version = datasets.import_file(
+            job.store, Path(source), name=job.params["dataset"], task=job.params.get("task", "text-classification"),
+            actor=job.actor,
+        )
+    else:
+        version = datasets.get(job.store, _required(job, "dataset"))
+    job.save(dataset=version.ref)
+    return version.ref
+
+
+def train_step(job: Job, dataset: str) -> str:
+    """A finished run's id: the run this job started earlier, resumed, or a new one."""
+    from appliance.train import engine, runs  # torch loads in the worker, never in the daemon
+
+    if "run_id" in job.state and runs.get(job.store, job.state["run_id"]).status == "finished":
+        return job.state["run_id"]
+    job.stage("train")
+
+    def progress(report: engine.Progress) -> None:
+        job.report({"stage": "train", "phase": report.phase, "epoch": report.epoch, "epochs": report.epochs,
+                    "step": report.step, "total_steps": report.total_steps, "loss": round(report.loss, 5),
+                    "samples_per_s": round(report.samples_per_s, 2), "eta_s": report.eta_s})
+
+    if "run_id" not in job.state:
+        settings = job.store.settings
+        base = Path(job.params.get("base") or settings.base_model)
+        run_id = engine.create(job.store, dataset=dataset, base_dir=base, params=_train_params(job),
+                               device=job.params.get("device"))
+        job.save(run_id=run_id)
+    result = engine.resume(job.store, job.state["run_id"], progress=progress, should_stop=job.should_stop)
+    if result.status == "interrupted":
+        raise Stopped
+    job.report({"stage": "train", "metrics": result.metrics}, force=True)
+    return result.run_id
+
+
+def register_step(job: Job, dataset: str, run_id: str) -> str:
+    if "registered" in job.state:
+        return job.state["registered"]
+    name = job.params.get("name") or datasets.get(job.store, dataset).name
+    version = pipeline.register_run(job.store, run_id, name, actor=job.actor)
+    job.save(registered=version.ref)
+    return version.ref
+
+
+def optimize_step(job: Job, ref: str) -> str:
+    if "optimized" in job.state:
+        return job.state["optimized"]
+    job.stage("optimize")
+    options = pipeline.OptimizeOptions(**{key: job.params[key] for key in ("int8", "distill_layers", "max_accuracy_drop")
+                                         if key in job.params})
+
+    def progress(done: int, total: int, what: str) -> None:
+        job.report({"stage": "optimize", "step": done, "total_steps": total, "what": what})
+
+    version = pipeline.optimize_version(job.store, ref, options, progress=progress, actor=job.actor)
+    job.save(optimized=version.ref)
+    return version.ref
+
+
+def deploy_step(job: Job, ref: str) -> None:
+    if job.state.get("deployed") == ref:
+        return
+    job.stage("deploy")
+    registry.deploy(job.store, ref, job.params.get("canary_percent"), actor=job.actor)
+    job.save(deployed=ref)
+
+
+def run(job: Job) -> dict[str, Any]:
+    """The steps of the job's kind, in order, stopping between them when asked; returns the job's result."""
+    if job.kind == "optimize":
+        return {"version": optimize_step(job, _required(job, "version"))}
+    dataset = job.between(import_step(job) if job.kind == "pipeline" else _required(job, "dataset"))
+    run_id = job.between(train_step(job, dataset))
+    registered = job.between(register_step(job, dataset, run_id))
+    if job.kind == "train":
+        return {"run_id": run_id, "version": registered}
+    optimized = job.between(optimize_step(job, registered))
+    if job.params.get("deploy", True):
+        deploy_step(job, optimized)
+    return {"dataset": dataset, "run_id": run_id, "version": optimized, "deployed": job.params.get("deploy", True)}
+
+
+# -- the process -------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    job_id, owner = argv
+    passphrase = sys.stdin.readline().rstrip("\n") or None
+    _die_with_parent()
+    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stderr)
+    try:
+        with store.open(config.load(), passphrase) as opened:
+            return _run_claimed(opened, job_id, owner)
+    except ApplianceError as exc:  # the store itself could not be opened: the daemon records the exit
+        log.error("%s", exc.message)
+        return 1
+
+
+def _run_claimed(opened: Store, job_id: str, owner: str) -> int:
+    job = Job(opened, jobs.get(opened, job_id), owner)
+    _on_sigterm(lambda: setattr(job, "stop_requested", True))
+    try:
+        result = run(job)
+    except Stopped:
+        log.info("checkpointed and stopped")
+        return EXIT_STOPPED
+    except ApplianceError as exc:
+        message = exc.message + (f" ({exc.hint})" if exc.hint else "")
+        log.error("failed: %s", message)
+        jobs.fail(opened, job_id, owner, message)
+        return 1
+    except Exception as exc:  # a bug: the traceback goes to the job's log, one line reaches the job's error
+        log.exception("failed with an internal error")
+        jobs.fail(opened, job_id, owner, f"internal error: {type(exc).__name__}: {exc}")
+        return 1
+    jobs.finish(opened, job_id, owner, result)
+    log.info("finished")
+    return 0
+
+
+def _train_params(job: Job) -> TrainParams:
+    return TrainParams(**(job.params.get("params") or {}))  # jobs.check_params vetted the names
+
+
+def _required(job: Job, key: str) -> Any:
+    if not job.params.get(key):
+        raise JobError(f"a {job.kind} job needs '{key}' in its params", hint="submit it again with that parameter")
+    return job.params[key]
+
+
+def _on_sigterm(stop: Callable[[], None]) -> None:
+    def handler(_signum: int, _frame: object) -> None:
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the daemon's terminal reaches the daemon, which decides
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when the daemon dies, however it dies."""
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the heartbeat check still catches orphans
+        return
+    if os.getppid() == 1:  # the daemon died before the call above took effect
+        os._exit(EXIT_STOPPED)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
