@@ -9,6 +9,7 @@ refused with a message naming the key, the value and where it came from.
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import os
 import tomllib
@@ -57,6 +58,17 @@ class DaemonSettings:
     socket: Path | None = None  # default: appliance.sock in the state directory
     stop_timeout_s: float = 60.0  # SIGTERM to a job, then this long to checkpoint before it is killed
     heartbeat_timeout_s: float = 600.0  # a job silent this long is killed and marked failed
+    training_hours: str = ""  # e.g. "22:00-06:00": jobs start, and run, only then; empty: any time
+    latency_objective_ms: float = 0.0  # serving p95 above this pauses the running job; 0: off
+    tcp_port: int = 0  # the control API also on TCP with TLS; 0: the unix socket only
+    tcp_host: str = "127.0.0.1"
+
+    def allows_jobs_at(self, moment: dt.time) -> bool:
+        """Whether jobs may run at this time of day (a window may wrap past midnight)."""
+        if not self.training_hours:
+            return True
+        start, end = _window(self.training_hours)
+        return start <= moment < end if start < end else moment >= start or moment < end
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,10 @@ _SCHEMA: dict[str, type] = {
     "daemon.socket": Path,
     "daemon.stop_timeout_s": float,
     "daemon.heartbeat_timeout_s": float,
+    "daemon.training_hours": str,
+    "daemon.latency_objective_ms": float,
+    "daemon.tcp_port": int,
+    "daemon.tcp_host": str,
 }
 
 
@@ -152,6 +168,24 @@ def _check_daemon(settings: Settings, path: Path | None) -> None:
     for name in ("stop_timeout_s", "heartbeat_timeout_s"):
         if not 1 <= getattr(settings.daemon, name) <= 86400:
             raise ConfigError(f"'daemon.{name}' in {where} must be from 1 to 86400 seconds")
+    if not 0 <= settings.daemon.latency_objective_ms <= 60000:
+        raise ConfigError(f"'daemon.latency_objective_ms' in {where} must be from 0 (off) to 60000")
+    if not 0 <= settings.daemon.tcp_port <= 65535:
+        raise ConfigError(f"'daemon.tcp_port' in {where} must be from 0 (off) to 65535")
+    if settings.daemon.training_hours:
+        try:
+            _window(settings.daemon.training_hours)
+        except ValueError:
+            raise ConfigError(f"'daemon.training_hours' in {where} is {settings.daemon.training_hours!r}",
+                              hint="write it as HH:MM-HH:MM, e.g. \"22:00-06:00\", or leave it empty") from None
+
+
+def _window(spec: str) -> tuple[dt.time, dt.time]:
+    first, second = spec.split("-")
+    start, end = dt.time.fromisoformat(first.strip()), dt.time.fromisoformat(second.strip())
+    if start == end:
+        raise ValueError("an empty window")
+    return start, end
 
 
 def _check_serve(serve: ServeSettings, path: Path | None) -> None:

@@ -41,7 +41,7 @@ class Kind:
     article: str  # "an", "a"
     label: str
 
-    @property
+    @functools.cached_property
     def pattern(self) -> re.Pattern[str]:
         return re.compile(re.escape(self.prefix) + r"([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
 
@@ -78,6 +78,7 @@ class Kind:
 
 
 def check_name(name: str, what: str) -> str:
+    """The name, stripped; it is shown in listings and logs, so one short printable line."""
     name = name.strip()
     if not name or len(name) > 64 or not name.isprintable():
         raise AuthError(f"{what}'s name must be 1 to 64 printable characters", hint="name who or what holds it")
@@ -85,6 +86,7 @@ def check_name(name: str, what: str) -> str:
 
 
 def now() -> str:
+    """A timestamp to the second: credentials need no finer one, and listings read better."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 

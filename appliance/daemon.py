@@ -8,6 +8,11 @@ heartbeat stopped, and records how each child ended. On start, jobs an earlier d
 left running (it crashed, or was killed with -9) go back to the queue and resume from
 their checkpoints.
 
+Serving comes first: while a model is deployed, a job runs at niceness 10 with at most
+half the cores, and when the served p95 latency goes over `daemon.latency_objective_ms`
+the running job is paused (checkpointed, requeued) and none starts for a minute. Jobs
+run only inside `daemon.training_hours` when it is set.
+
 systemd: READY=1 once both servers listen, STATUS= with what runs, WATCHDOG=1 while
 the event loop and the supervisor are alive, STOPPING=1 on SIGTERM. SIGTERM drains:
 the running job checkpoints and is requeued, then the servers stop. SIGHUP re-reads
@@ -28,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,12 +43,16 @@ import uvicorn
 
 from appliance import api, config, jobs, registry, sdnotify, store, users
 from appliance.errors import ApplianceError, DaemonError
+from appliance.serve.metrics import Metrics, quantile_s
 from appliance.worker import EXIT_STOPPED
 
 log = logging.getLogger("appliance.daemon")
 
 TICK_S = 0.5
 BACKGROUND_NICENESS = 10  # training yields the CPU to serving while a model is deployed
+LATENCY_WINDOW_S = 10.0  # serving latency is judged over windows this long
+LATENCY_MIN_REQUESTS = 20  # fewer requests than this in a window say nothing about latency
+LATENCY_PAUSE_S = 60.0  # after a pause for latency, no job starts for this long
 
 
 @dataclass
@@ -61,10 +70,15 @@ class Running:
 class Supervisor:
     """Runs queued jobs one at a time in child processes; called from its own thread only."""
 
-    def __init__(self, settings: config.Settings, passphrase: str | None) -> None:
+    def __init__(self, settings: config.Settings, passphrase: str | None,
+                 latency_counts: Callable[[], list[float]] | None = None) -> None:
         self.settings = settings
         self._passphrase = passphrase
         self._store = store.open(settings, passphrase)
+        self._latency_counts = latency_counts
+        self._latency_window: tuple[float, list[float]] | None = None  # (since, counts then)
+        self.paused_until = 0.0  # monotonic: serving was too slow, so jobs wait
+        self._last_wait_reason: str | None = None
         self.running: Running | None = None
         self.draining = False
         self.last_tick = time.monotonic()
@@ -87,16 +101,17 @@ class Supervisor:
     def tick(self) -> None:
         self.last_tick = time.monotonic()
         try:
+            slow = self._serving_too_slow()
             if self.running:
-                self._watch(self.running)
-            if self.running is None and not self.draining:
+                self._watch(self.running, slow)
+            if self.running is None and not self.draining and self._may_start():
                 self._start_next()
         except ApplianceError as exc:  # a busy database or a bad job must not stop the supervisor
             log.error("supervisor: %s", exc.message)
 
     def describe(self) -> dict[str, Any]:
         if self.running is None:
-            return {"running_job": None}
+            return {"running_job": None, "jobs_wait_for": self._waiting_reason()}
         job = self.running.job
         return {"running_job": {"id": job.id, "kind": job.kind, "pid": self.running.process.pid,
                                 "stopping": self.running.stopping}}
@@ -110,8 +125,10 @@ class Supervisor:
         owner = jobs.claim(self._store, job.id)
         if owner is None:
             return
+        serving = self._serving()
+        threads = [str(max(1, (os.cpu_count() or 2) // 2))] if serving else []  # leave serving its cores
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance.worker", job.id, owner],
+            [sys.executable, "-m", "appliance.worker", job.id, owner, *threads],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env=self._child_env(),
         )
@@ -120,7 +137,7 @@ class Supervisor:
         assert process.stdin is not None
         process.stdin.write((self._passphrase or "") + "\n")  # never argv or environment
         process.stdin.close()
-        if self._serving():
+        if serving:
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, process.pid, BACKGROUND_NICENESS)
         jobs.set_pid(self._store, job.id, owner, process.pid)
@@ -128,7 +145,7 @@ class Supervisor:
         log.info("job %s (%s, attempt %d) started as pid %d", job.id, job.kind, running.job.attempts, process.pid)
         sdnotify.notify(STATUS=f"running job {job.id} ({job.kind})")
 
-    def _watch(self, running: Running) -> None:
+    def _watch(self, running: Running, slow: str | None) -> None:
         self._record_lines(running)
         code = running.process.poll()
         if code is not None:
@@ -144,6 +161,10 @@ class Supervisor:
                 self._signal(running, "cancel")
             elif waiting is not None and waiting.priority > job.priority:
                 self._signal(running, f"preempted by job {waiting.id} (priority {waiting.priority})")
+            elif slow:
+                self._signal(running, f"paused: {slow}")
+            elif not self.settings.daemon.allows_jobs_at(datetime.now().time()):
+                self._signal(running, f"outside the training hours {self.settings.daemon.training_hours}")
             elif _age_s(job.heartbeat_at) > self.settings.daemon.heartbeat_timeout_s:
                 log.error("job %s: no heartbeat for %.0f s; killing it", job.id, _age_s(job.heartbeat_at))
                 running.stopping = "stopped sending heartbeats"
@@ -185,6 +206,37 @@ class Supervisor:
                 return
             jobs.log(self._store, running.job.id, line)
             log.info("job %s: %s", running.job.id, line, extra={"job": running.job.id})
+
+    def _may_start(self) -> bool:
+        reason = self._waiting_reason()
+        if reason and reason != self._last_wait_reason:
+            log.info("jobs wait: %s", reason)
+            sdnotify.notify(STATUS=f"jobs wait: {reason}")
+        self._last_wait_reason = reason
+        return reason is None
+
+    def _waiting_reason(self) -> str | None:
+        if not self.settings.daemon.allows_jobs_at(datetime.now().time()):
+            return f"outside the training hours {self.settings.daemon.training_hours}"
+        if time.monotonic() < self.paused_until:
+            return "serving latency was over its objective"
+        return None
+
+    def _serving_too_slow(self) -> str | None:
+        """Once per window: why serving is too slow (its p95 over the objective), or None."""
+        objective_ms = self.settings.daemon.latency_objective_ms
+        if not objective_ms or self._latency_counts is None:
+            return None
+        now, counts = time.monotonic(), self._latency_counts()
+        if self._latency_window is None or now - self._latency_window[0] < LATENCY_WINDOW_S:
+            self._latency_window = self._latency_window or (now, counts)
+            return None
+        p95_s, requests = quantile_s(self._latency_window[1], counts, 0.95)
+        self._latency_window = (now, counts)
+        if requests < LATENCY_MIN_REQUESTS or p95_s * 1000 <= objective_ms:
+            return None
+        self.paused_until = now + LATENCY_PAUSE_S
+        return f"serving p95 latency up to {p95_s * 1000:g} ms over {requests} requests, objective {objective_ms:g} ms"
 
     def _serving(self) -> bool:
         return any("production" in version.aliases for version in registry.list_versions(self._store))
@@ -244,13 +296,14 @@ def run(settings: config.Settings, passphrase: str | None) -> None:
 
 
 async def _serve(settings: config.Settings, passphrase: str | None, listener: socket.socket) -> None:
-    from appliance.serve import app as serve_app
-    from appliance.serve.metrics import Metrics
+    from appliance.serve import app as serve_app  # openvino loads here, not for `appliance --help`
+    from appliance.serve import tls
     from appliance.serve.runtime import Runtime
 
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
-    supervisor = Supervisor(settings, passphrase)
+    metrics = Metrics()
+    supervisor = Supervisor(settings, passphrase, metrics.latency_counts)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
 
     def status() -> dict[str, Any]:
@@ -272,19 +325,28 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
     loop.add_signal_handler(signal.SIGHUP, reload)
 
     with store.open(settings, passphrase) as api_store:
-        control = _Server(uvicorn.Config(api.create_app(api.SharedStore(api_store), status), log_level="warning",
-                                         log_config=None, access_log=False, lifespan="off"))
-        runtime = Runtime(settings, Metrics(), passphrase)
+        control_app = api.create_app(api.SharedStore(api_store), status)
+        options: dict[str, Any] = {"log_level": "warning", "log_config": None, "access_log": False, "lifespan": "off"}
+        control = _Server(uvicorn.Config(control_app, **options))
+        runtime = Runtime(settings, metrics, passphrase)
         inference = _Server(serve_app.server_config(settings, runtime))
+        listening = [control, inference]
         servers = [asyncio.create_task(control.serve(sockets=[listener])), asyncio.create_task(inference.serve())]
+        if settings.daemon.tcp_port:  # for a TUI on another machine: always TLS, the same tokens and roles
+            remote = _Server(uvicorn.Config(control_app, host=settings.daemon.tcp_host, port=settings.daemon.tcp_port,
+                                            **options, **tls.uvicorn_options(settings)))
+            listening.append(remote)
+            servers.append(asyncio.create_task(remote.serve()))
         stop_supervisor = threading.Event()
         worker = threading.Thread(target=supervisor.run, args=(stop_supervisor,), name="supervisor")
         try:
-            while not (control.started and inference.started):
+            while not all(server.started for server in listening):
                 if any(task.done() for task in servers):
                     raise DaemonError(
-                        f"the inference server could not listen on {settings.serve.host}:{settings.serve.port}",
-                        hint="another program uses that port: stop it, or set serve.port")
+                        f"could not listen on {settings.serve.host}:{settings.serve.port} (inference)"
+                        + (f" or {settings.daemon.tcp_host}:{settings.daemon.tcp_port} (control)"
+                           if settings.daemon.tcp_port else ""),
+                        hint="another program uses that port: stop it, or set serve.port / daemon.tcp_port")
                 await asyncio.sleep(0.05)
             worker.start()
             settings.pid_path.write_text(f"{os.getpid()}\n")
@@ -303,7 +365,8 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
             if worker.is_alive():
                 await asyncio.to_thread(worker.join)
             supervisor.close()
-            control.should_exit = inference.should_exit = True
+            for server in listening:
+                server.should_exit = True
             await asyncio.gather(*servers, return_exceptions=True)
     log.info("stopped")
 

@@ -1,6 +1,6 @@
 """One job, run in its own process: the steps of its kind, with progress and a clean stop.
 
-The daemon starts `python -m appliance.worker JOB_ID OWNER` for a job it has claimed
+The daemon starts `python -m appliance.worker JOB_ID OWNER [MAX_THREADS]` for a job it has claimed
 and writes the store's passphrase (or an empty line) to its stdin: secrets never go
 into argv or the environment. The process dies with the daemon (PR_SET_PDEATHSIG), so
 a `kill -9` of the daemon cannot leave a second copy of a job running beside the one
@@ -45,8 +45,8 @@ class Stopped(Exception):
 class Job:
     """What a step may do: read params and state, save state, report progress, check for a stop."""
 
-    def __init__(self, store: Store, job: jobs.Job, owner: str) -> None:
-        self.store, self.id, self.owner = store, job.id, owner
+    def __init__(self, store: Store, job: jobs.Job, owner: str, max_threads: int | None = None) -> None:
+        self.store, self.id, self.owner, self.max_threads = store, job.id, owner, max_threads
         self.kind, self.params, self.state = job.kind, job.params, dict(job.state)
         self.actor = job.submitted_by
         self.stop_requested = False
@@ -120,7 +120,10 @@ def train_step(job: Job, dataset: str) -> str:
         run_id = engine.create(job.store, dataset=dataset, base_dir=base, params=_train_params(job),
                                device=job.params.get("device"))
         job.save(run_id=run_id)
-    result = engine.resume(job.store, job.state["run_id"], progress=progress, should_stop=job.should_stop)
+    if job.max_threads:
+        log.info("a model is being served: training uses at most %d threads, at lower priority", job.max_threads)
+    result = engine.resume(job.store, job.state["run_id"], progress=progress, should_stop=job.should_stop,
+                           max_threads=job.max_threads)
     if result.status == "interrupted":
         raise Stopped
     job.report({"stage": "train", "metrics": result.metrics}, force=True)
@@ -178,20 +181,21 @@ def run(job: Job) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    job_id, owner = argv
+    job_id, owner, *rest = argv
+    max_threads = int(rest[0]) if rest else None  # given while a model is served: leave it cores
     passphrase = sys.stdin.readline().rstrip("\n") or None
     _die_with_parent()
     logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stderr)
     try:
         with store.open(config.load(), passphrase) as opened:
-            return _run_claimed(opened, job_id, owner)
+            return _run_claimed(opened, job_id, owner, max_threads)
     except ApplianceError as exc:  # the store itself could not be opened: the daemon records the exit
         log.error("%s", exc.message)
         return 1
 
 
-def _run_claimed(opened: Store, job_id: str, owner: str) -> int:
-    job = Job(opened, jobs.get(opened, job_id), owner)
+def _run_claimed(opened: Store, job_id: str, owner: str, max_threads: int | None) -> int:
+    job = Job(opened, jobs.get(opened, job_id), owner, max_threads)
     _on_sigterm(lambda: setattr(job, "stop_requested", True))
     try:
         result = run(job)

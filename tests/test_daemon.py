@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -86,14 +88,15 @@ class Daemon:
 
 
 @pytest.fixture
-def daemon(tiny_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def daemon(
+    tiny_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[Daemon]:
+    """A fresh daemon; a test may add settings with indirect parametrisation: {"APPLIANCE_...": value}."""
     short = Path(tempfile.mkdtemp(prefix="apl-", dir="/tmp"))  # a unix socket path must stay under 108 bytes
     env = {**os.environ, "APPLIANCE_STATE_DIR": str(tmp_path / "var"), "APPLIANCE_DAEMON_SOCKET": str(short / "s"),
-           "APPLIANCE_SERVE_PORT": str(port), "APPLIANCE_SERVE_POLL_S": "0.2", "APPLIANCE_TRAIN_BASE_MODEL":
-           str(tiny_base), "APPLIANCE_DAEMON_STOP_TIMEOUT_S": "60", "HF_HUB_OFFLINE": "1"}
+           "APPLIANCE_SERVE_PORT": str(_free_port()), "APPLIANCE_SERVE_POLL_S": "0.2", "APPLIANCE_TRAIN_BASE_MODEL":
+           str(tiny_base), "APPLIANCE_DAEMON_STOP_TIMEOUT_S": "60", "APPLIANCE_DAEMON_TCP_PORT": str(_free_port()),
+           "HF_HUB_OFFLINE": "1", **getattr(request, "param", {})}
     for name, value in env.items():
         if name.startswith("APPLIANCE_"):
             monkeypatch.setenv(name, value)  # the same settings for config.load() in the test
@@ -149,6 +152,12 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
     with store.open(daemon.settings) as opened:
         actors = {row["actor"] for row in audit.rows(opened) if row["action"] in ("job.submit", "model.deploy")}
     assert actors == {f"user:{users.LOCAL_ADMIN}"}
+
+    # With a model served, the next training leaves it cores and runs at lower priority.
+    retrain = _submit(daemon, "train", {"dataset": "tickets", "params": TINY})
+    assert daemon.ended(retrain)["status"] == "finished"
+    with daemon.api() as api:
+        assert any("training uses at most" in line for line in api.get(f"/v1/jobs/{retrain}/logs").json())
 
 
 def test_kill_9_mid_training_then_restart_resumes_from_the_checkpoint(daemon: Daemon) -> None:
@@ -258,13 +267,35 @@ def test_malformed_calls_get_a_4xx_and_change_nothing(
         assert api.get("/v1/jobs").json() == []
 
 
-def test_calls_without_a_valid_token_get_401(daemon: Daemon) -> None:
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.settings.socket_path))) as http:
-        assert http.get("http://appliance/v1/health").status_code == 200
-        answer = http.get("http://appliance/v1/jobs")
-        assert answer.status_code == 401 and answer.headers["WWW-Authenticate"] == "Bearer"
-        bad = http.get("http://appliance/v1/jobs", headers={"Authorization": "Bearer apu_nonsense"})
-        assert bad.status_code == 401
+def test_calls_without_a_valid_token_get_401_on_the_socket_and_over_tls(daemon: Daemon) -> None:
+    token = daemon.settings.cli_token_path.read_text().strip()
+    remote = f"https://127.0.0.1:{daemon.env['APPLIANCE_DAEMON_TCP_PORT']}"
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.settings.socket_path))) as local, \
+            httpx.Client(verify=False) as tcp:
+        for http, base in ((local, "http://appliance"), (tcp, remote)):
+            assert http.get(f"{base}/v1/health").status_code == 200
+            answer = http.get(f"{base}/v1/jobs")
+            assert answer.status_code == 401 and answer.headers["WWW-Authenticate"] == "Bearer"
+            bad = http.get(f"{base}/v1/jobs", headers={"Authorization": "Bearer apu_nonsense"})
+            assert bad.status_code == 401
+            assert http.get(f"{base}/v1/jobs", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    with pytest.raises(httpx.RemoteProtocolError):  # TLS only: plain HTTP on that port gets no answer
+        httpx.get(remote.replace("https", "http") + "/v1/health", timeout=5)
+
+
+def _outside_now() -> str:
+    later = datetime.now() + timedelta(hours=2)
+    return f"{later:%H}:00-{(later + timedelta(hours=1)):%H}:00"
+
+
+@pytest.mark.parametrize("daemon", [{"APPLIANCE_DAEMON_TRAINING_HOURS": _outside_now()}], indirect=True)
+def test_jobs_wait_for_the_training_hours(daemon: Daemon) -> None:
+    job_id = _submit(daemon, "train", {"dataset": "tickets"})
+    time.sleep(2)
+    assert daemon.job(job_id)["status"] == "queued"
+    with daemon.api() as api:
+        status = api.get("/v1/status").json()
+    assert status["running_job"] is None and "outside the training hours" in status["jobs_wait_for"]
 
 
 def test_the_control_socket_and_the_cli_token_are_private(daemon: Daemon) -> None:
@@ -297,6 +328,12 @@ def test_the_cli_talks_to_the_running_daemon(daemon: Daemon, tmp_path: Path) -> 
     assert daemon.cli("stop").stderr.startswith("error: no daemon is running")
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _alive(pid: int) -> bool:
     """Running, not gone and not a zombie waiting for a reaper."""
     try:
@@ -309,3 +346,82 @@ def _json(value: Any) -> str:
     import json
 
     return json.dumps(value)
+
+
+NOTIFY_PATH = Path(tempfile.gettempdir()) / f"apl-notify-{os.getpid()}"
+
+
+@pytest.fixture
+def notify_socket() -> Iterator[socket.socket]:
+    """What systemd listens on for Type=notify services: a datagram socket, named by $NOTIFY_SOCKET."""
+    NOTIFY_PATH.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(NOTIFY_PATH))
+    listener.settimeout(30)
+    yield listener
+    listener.close()
+    NOTIFY_PATH.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("daemon", [{"NOTIFY_SOCKET": str(NOTIFY_PATH), "WATCHDOG_USEC": "1000000"}], indirect=True)
+def test_the_daemon_speaks_systemds_notify_protocol(notify_socket: socket.socket, daemon: Daemon) -> None:
+    def messages_until(wanted: str) -> list[str]:
+        seen: list[str] = []
+        while not any(wanted in message for message in seen):
+            seen.append(notify_socket.recv(4096).decode())
+        return seen
+
+    assert any(message.startswith("READY=1") for message in messages_until("READY=1"))
+    assert messages_until("WATCHDOG=1")  # every half of WatchdogSec while the loop and the supervisor tick
+    assert daemon.process is not None
+    os.kill(daemon.process.pid, signal.SIGTERM)
+    assert any("STOPPING=1" in message for message in messages_until("STOPPING=1"))
+    assert daemon.process.wait(timeout=60) == 0
+    daemon.process = None
+
+
+def test_sighup_rereads_the_config_file(daemon: Daemon, tmp_path: Path) -> None:
+    from appliance import datasets
+
+    daemon.stop()
+    config_file = tmp_path / "appliance.toml"
+    config_file.write_text(f'[daemon]\ntraining_hours = "{_outside_now()}"\n')
+    daemon.env["APPLIANCE_CONFIG"] = str(config_file)
+    daemon.start()
+    with store.open(daemon.settings) as opened:
+        datasets.import_file(opened, tmp_path / "tickets.csv", name="tickets")
+    job_id = _submit(daemon, "train", {"dataset": "tickets", "params": TINY})
+    time.sleep(2)
+    assert daemon.job(job_id)["status"] == "queued"
+
+    config_file.write_text("[daemon]\n")  # no training hours: any time
+    assert daemon.process is not None
+    os.kill(daemon.process.pid, signal.SIGHUP)
+    assert daemon.ended(job_id)["status"] == "finished"
+    assert f"configuration reloaded from {config_file}" in (daemon.settings.state_dir / "daemon.log").read_text()
+
+
+def test_serving_slower_than_its_objective_holds_jobs_back(opened: store.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor's judgement on the daemon's own metrics, in-process: windows of fast, then slow, answers."""
+    from appliance import daemon as service
+    from appliance.serve.metrics import Metrics
+
+    monkeypatch.setattr(service, "LATENCY_WINDOW_S", 0.0)
+    metrics = Metrics()
+    limits = dataclasses.replace(opened.settings.daemon, latency_objective_ms=50)
+    supervisor = service.Supervisor(dataclasses.replace(opened.settings, daemon=limits), None, metrics.latency_counts)
+    try:
+        supervisor.tick()  # opens the first window
+        for seconds in [0.004] * 30:
+            metrics.latency.labels("tickets", "2").observe(seconds)
+        supervisor.tick()
+        assert supervisor.describe()["jobs_wait_for"] is None
+        for seconds in [0.004] * 10 + [0.3] * 20:
+            metrics.latency.labels("tickets", "2").observe(seconds)
+        supervisor.tick()
+        assert supervisor.describe()["jobs_wait_for"] == "serving latency was over its objective"
+        job = jobs.submit(opened, "train", {"dataset": "tickets"})
+        supervisor.tick()
+        assert jobs.get(opened, job.id).status == "queued" and supervisor.running is None
+    finally:
+        supervisor.close()

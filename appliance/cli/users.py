@@ -1,4 +1,4 @@
-"""`appliance users`: who may use the control API, and with which role."""
+"""`appliance users`: who may use the daemon's control API, and with which role."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ def users_group() -> None:
 
 @users_group.command("add")
 @click.argument("name")
-@click.option("--role", type=click.Choice(users.ROLES), required=True)
+@click.option("--role", required=True, metavar="{" + ",".join(sorted(users.ROLES)) + "}", help="What the user may do.")
 def users_add(name: str, role: str) -> None:
-    """Add a user; their token is printed this once only."""
+    """Add a user with ROLE; their token is printed this once only."""
     with opened_store() as opened:
-        user, token = users.add(opened, name, role)
+        user, token = users.add(opened, name, role)  # checks the role: one clear line, not a usage screen
     click.echo(
         f"user {user.id} ({user.name}, {user.role}). The token is shown only this once: hand it over now,"
-        " it cannot be read back. They use it as: export APPLIANCE_TOKEN=<token>",
+        f" it cannot be read back. Use it as: export APPLIANCE_TOKEN={users.PREFIX}...",
         err=True,
     )
     click.echo(token)
@@ -49,7 +49,7 @@ def users_list(as_json: bool) -> None:
 @users_group.command("revoke")
 @click.argument("user_id", metavar="ID")
 def users_revoke(user_id: str) -> None:
-    """Revoke a user's token; their calls fail from then on."""
+    """Revoke the user with this ID (or whole token); their calls fail from then on."""
     with opened_store() as opened:
         user = users.revoke(opened, user_id)
     click.echo(f"user {user.id} ({user.name}) revoked at {user.revoked_at}")

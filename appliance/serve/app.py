@@ -222,10 +222,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
 def server_config(settings: Settings, runtime: Runtime) -> uvicorn.Config:
     """How uvicorn serves the app: address, TLS (a self-signed pair when none is given), graceful stop."""
     serve = settings.serve
-    tls_files: dict[str, str] = {}
-    if serve.tls:
-        cert, key = (serve.tls_cert, serve.tls_key) if serve.tls_cert else tls.self_signed(settings.state_dir)
-        tls_files = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    tls_files = tls.uvicorn_options(settings) if serve.tls else {}
     return uvicorn.Config(create_app(settings, runtime), host=serve.host, port=serve.port, log_level="warning",
                           access_log=False, log_config=None, timeout_graceful_shutdown=10, **tls_files)
 

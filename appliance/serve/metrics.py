@@ -14,6 +14,18 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+def quantile_s(before: list[float], after: list[float], q: float) -> tuple[float, int]:
+    """The bucket bound under which a share q of the requests between two latency_counts() fell, and their number.
+
+    Requests slower than the last bound count as twice that bound: enough to say "too slow".
+    """
+    total = after[-1] - before[-1]
+    for bound, old, new in zip(LATENCY_BUCKETS, before, after, strict=False):
+        if new - old >= q * total:
+            return bound, int(total)
+    return 2 * LATENCY_BUCKETS[-1], int(total)
+
+
 class Metrics:
     """The server's counters, histograms and gauges, and their text exposition."""
 
@@ -55,6 +67,16 @@ class Metrics:
                 gauge.remove(model, str(version))
             except KeyError:
                 pass
+
+    def latency_counts(self) -> list[float]:
+        """Requests so far at or under each latency bound, all models together (cumulative); the last is all."""
+        counts = [0.0] * (len(LATENCY_BUCKETS) + 1)
+        for metric in self.latency.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_bucket"):
+                    bound = float(sample.labels["le"])
+                    counts[LATENCY_BUCKETS.index(bound) if bound in LATENCY_BUCKETS else -1] += sample.value
+        return counts
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

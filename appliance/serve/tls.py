@@ -1,4 +1,4 @@
-"""A self-signed certificate for the inference server, made once and kept in the state directory.
+"""TLS for the inference server and the control API: a self-signed certificate made once, or the site's.
 
 Sites with their own CA give `serve.tls_cert` and `serve.tls_key` instead. The private
 key file is created 0600 before a byte is written to it.
@@ -17,7 +17,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from appliance.config import Settings
+
 VALID_DAYS = 825  # the longest validity browsers and most clients accept
+
+
+def uvicorn_options(settings: Settings) -> dict[str, str]:
+    """uvicorn's TLS options: the site's certificate and key if configured, else the self-signed pair."""
+    serve = settings.serve
+    cert, key = (serve.tls_cert, serve.tls_key) if serve.tls_cert else self_signed(settings.state_dir)
+    return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:

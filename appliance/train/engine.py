@@ -14,7 +14,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,22 +114,29 @@ def resume(
     *,
     progress: ProgressFn | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    max_threads: int | None = None,
 ) -> RunResult:
-    """Continue a run from its last checkpoint (or its start, if it has none) with the plan it started with."""
+    """Continue a run from its last checkpoint (or its start, if it has none) with the plan it started with.
+
+    max_threads caps the plan's CPU threads for this session, so serving keeps cores on a shared box.
+    """
     run = runs.get(store, run_id)
     if run.status == "finished":
         raise JobError(f"run {run.id} has already finished", hint="start a new run with 'appliance train'")
     runs.set_status(store, run.id, "running", resumed=True)
-    return _continue(store, run, progress, should_stop)
+    return _continue(store, run, progress, should_stop, max_threads)
 
 
 def _continue(
-    store: Store, run: runs.Run, progress: ProgressFn | None, should_stop: Callable[[], bool]
+    store: Store, run: runs.Run, progress: ProgressFn | None, should_stop: Callable[[], bool],
+    max_threads: int | None = None,
 ) -> RunResult:
     params = TrainParams(**run.params)
     data = datasets.load(store, datasets.get(store, run.dataset_id))
     task = _task(run.task, data, Path(run.base_model), params)
     plan = hardware.TrainingPlan(**{**run.plan, "notes": tuple(run.plan["notes"])})
+    if max_threads is not None:
+        plan = replace(plan, threads=max(1, min(plan.threads, max_threads)))
     return _train(store, run.id, task, data, params, plan, checkpoint.latest(store, run.id), progress, should_stop)
 
 
