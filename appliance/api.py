@@ -4,8 +4,9 @@ Every call but /v1/health carries a user token (`Authorization: Bearer apu_...`)
 is checked against the role it needs: viewer reads, operator changes data, jobs and
 deployments, admin manages users. Changes are audited by the operations they call,
 with the user as actor; a refused call is audited too (who, what, why), so probing
-leaves a trace. Reads are not audited: a TUI polling every second would bury the
-log. Errors are JSON `{"error", "hint"}` with a 4xx status, never a traceback.
+leaves a trace. Reads are audited as `api.read` once per user and endpoint every ten
+minutes: who looked at what stays on record, and a TUI polling every second does not
+bury the log. Errors are JSON `{"error", "hint"}` with a 4xx status, never a traceback.
 
 Handlers are plain functions run in FastAPI's thread pool; they share the daemon's
 one Store, one at a time (SQLite connections are not for concurrent use).
@@ -16,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from importlib import metadata
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -29,11 +32,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from appliance import auth, datasets, events, jobs, registry, users
-from appliance.errors import ApplianceError, AuthError
+from appliance.errors import ApplianceError, AuthError, DatasetError
 from appliance.serve.app import describe_error, json_error
 from appliance.store import Store, audit
 
 EVENTS_POLL_S = 0.5
+READ_AUDIT_S = 600.0
 
 
 class SharedStore:
@@ -42,11 +46,22 @@ class SharedStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._lock = threading.Lock()
+        self._reads: dict[tuple[str, str], float] = {}  # (user id, endpoint) -> when last audited
 
     @contextmanager
     def use(self) -> Iterator[Store]:
         with self._lock:
             yield self.store
+
+    def note_read(self, store: Store, user: users.User, request: Request) -> None:
+        """Audit a read, unless this user's read of this endpoint was audited in the last READ_AUDIT_S."""
+        route = request.scope.get("route")
+        endpoint = getattr(route, "path", request.url.path)  # /v1/jobs/{job_id}, not every id apart
+        now = time.monotonic()
+        if now - self._reads.get((user.id, endpoint), -READ_AUDIT_S) < READ_AUDIT_S:
+            return
+        self._reads[(user.id, endpoint)] = now
+        audit.record(store, "api.read", f"GET {endpoint}", actor=_actor(user))
 
 
 class _Strict(BaseModel):
@@ -62,6 +77,16 @@ class JobRequest(_Strict):
 class ApiKeyRequest(_Strict):
     name: str
     models: list[str] = Field(default_factory=lambda: [auth.ALL_MODELS])
+
+
+class ImportRequest(_Strict):
+    path: str = Field(description="a file or folder on this machine that the daemon's user can read")
+    name: str
+    task: str = datasets.TEXT
+    text_column: str = "text"
+    label_column: str = "label"
+    validation_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 13
 
 
 class DeployRequest(_Strict):
@@ -85,6 +110,8 @@ def _caller(role: str) -> Callable[..., users.User]:
                 audit.record(store, "api.refused", f"{request.method} {request.url.path}", actor=who,
                              reason=exc.message)
                 raise
+            if request.method == "GET":
+                shared.note_read(store, user, request)
         return user
 
     return check
@@ -142,6 +169,19 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]]) -> Fas
     def list_datasets(_user: Viewer) -> list[dict[str, Any]]:
         with shared.use() as store:
             return [asdict(version) for version in datasets.list_versions(store)]
+
+    @app.post("/v1/datasets", status_code=201)
+    def import_dataset(body: ImportRequest, user: Operator) -> dict[str, Any]:
+        """Check and store a file the daemon can read; an unchanged file answers with the version it already is."""
+        with shared.use() as store:
+            known = {version.id for version in datasets.list_versions(store)}
+            try:
+                version = datasets.import_file(store, Path(body.path), **body.model_dump(exclude={"path"}),
+                                               actor=_actor(user))
+            except OSError as exc:  # the daemon runs as its own user, who may not read the caller's files
+                raise DatasetError(f"the daemon cannot read {body.path}: {exc.strerror}",
+                                   hint="make it readable by the appliance's user, or copy it where it can read") from exc
+        return {**asdict(version), "unchanged": version.id in known}
 
     @app.get("/v1/models")
     def list_models(_user: Viewer) -> list[dict[str, Any]]:

@@ -76,7 +76,8 @@ def check_params(kind: str, params: dict[str, Any]) -> None:
     if kind not in KINDS:
         raise JobError(f"unknown job kind {kind!r}", hint=f"the kinds are: {', '.join(KINDS)}")
     allowed = {"train": {"dataset", "base", "params", "device", "name"},
-               "optimize": {"version", "int8", "distill_layers", "max_accuracy_drop"},
+               "optimize": {"version", "int8", "distill_layers", "max_accuracy_drop", "calibration_size", "metric",
+                            "seed"},
                "pipeline": {"source", "dataset", "task", "base", "params", "device", "name", "int8", "distill_layers",
                             "max_accuracy_drop", "deploy", "canary_percent"}}[kind]
     unknown = sorted(set(params) - allowed)

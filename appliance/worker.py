@@ -143,8 +143,8 @@ def optimize_step(job: Job, ref: str) -> str:
     if "optimized" in job.state:
         return job.state["optimized"]
     job.stage("optimize")
-    options = pipeline.OptimizeOptions(**{key: job.params[key] for key in ("int8", "distill_layers", "max_accuracy_drop")
-                                         if key in job.params})
+    tunable = ("int8", "distill_layers", "max_accuracy_drop", "calibration_size", "metric", "seed")
+    options = pipeline.OptimizeOptions(**{key: job.params[key] for key in tunable if key in job.params})
 
     def progress(done: int, total: int, what: str) -> None:
         job.report({"stage": "optimize", "step": done, "total_steps": total, "what": what})

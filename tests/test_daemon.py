@@ -230,15 +230,18 @@ def test_a_viewer_cannot_deploy_and_the_refusal_is_audited(daemon: Daemon) -> No
     with store.open(daemon.settings) as opened:
         _, viewer = users.add(opened, "auditor", "viewer")
     with daemon.api(viewer) as api:
-        assert api.get("/v1/jobs").status_code == 200
+        assert api.get("/v1/jobs").status_code == 200 and api.get("/v1/jobs").status_code == 200
+        assert api.get("/v1/jobs/nope").status_code == 404
         refused = api.post("/v1/models/tickets/deploy", json={})
         submit = api.post("/v1/jobs", json={"kind": "train", "params": {"dataset": "x"}})
     assert refused.status_code == 403 and submit.status_code == 403
     assert "operator" in refused.json()["error"]
     with store.open(daemon.settings) as opened:
         refusals = [row for row in audit.rows(opened) if row["action"] == "api.refused"]
+        reads = [(row["actor"], row["object"]) for row in audit.rows(opened, action="api.read")]
     assert [(row["actor"], row["object"]) for row in refusals] == [
         ("user:auditor", "POST /v1/models/tickets/deploy"), ("user:auditor", "POST /v1/jobs")]
+    assert reads == [("user:auditor", "GET /v1/jobs"), ("user:auditor", "GET /v1/jobs/{job_id}")]  # once each
 
 
 @pytest.mark.parametrize(
@@ -304,25 +307,33 @@ def test_the_control_socket_and_the_cli_token_are_private(daemon: Daemon) -> Non
 
 
 def test_the_cli_talks_to_the_running_daemon(daemon: Daemon, tmp_path: Path) -> None:
-    from appliance import datasets
+    def cli(*args: str) -> str:
+        result = daemon.cli(*args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
 
-    with store.open(daemon.settings) as opened:
-        datasets.import_file(opened, tmp_path / "tickets.csv", name="tickets")
-    submitted = daemon.cli("jobs", "submit", "train", "-p", "dataset=tickets", "-p", f"params={_json(TINY)}",
-                           "--follow")
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.split()[1]
-    assert daemon.job(job_id)["status"] == "finished"
-    listed = daemon.cli("jobs", "list")
-    assert f"{job_id}" in listed.stdout and "finished" in listed.stdout
-    shown = daemon.cli("jobs", "show", job_id)
-    assert '"run_id"' in shown.stdout
-    assert daemon.cli("jobs", "logs", job_id).stdout.splitlines() == ["stage: train", "finished"]
+    assert "imported as tickets:1" in cli("data", "import", str(tmp_path / "tickets.csv"), "--name", "tickets")
+    trained = cli("train", "--data", "tickets", "--epochs", "3", "--lr", "3e-3", "--batch-size", "16",
+                  "--max-length", "32", "--seed", "3")
+    assert "registered as tickets:1" in trained
+    job_id = cli("jobs", "list").split()[0]  # newest first
+    assert daemon.job(job_id)["kind"] == "train" and daemon.job(job_id)["status"] == "finished"
+    assert '"run_id"' in cli("jobs", "show", job_id)
+    assert cli("jobs", "logs", job_id).splitlines() == ["stage: train", "finished"]
+    assert "tickets:2" in cli("optimize", "tickets:1", "--no-int8")
+    assert "tickets:2 is production" in cli("deploy", "tickets:2")
+
+    refused = daemon.cli("rollback", "tickets")
+    assert refused.returncode == 1 and "no earlier version" in refused.stderr and "Traceback" not in refused.stderr
     again = daemon.cli("jobs", "cancel", job_id)
-    assert again.returncode == 1 and "already finished" in again.stderr and "Traceback" not in again.stderr
+    assert again.returncode == 1 and "already finished" in again.stderr
+    with store.open(daemon.settings) as opened:
+        actors = {row["action"]: row["actor"] for row in audit.rows(opened)
+                  if row["action"] in ("dataset.import", "job.submit", "model.deploy", "model.rollback")}
+    assert actors == dict.fromkeys(("dataset.import", "job.submit", "model.deploy", "model.rollback"),
+                                   f"user:{users.LOCAL_ADMIN}")
 
-    stopped = daemon.cli("stop")
-    assert stopped.returncode == 0, stopped.stderr
+    assert "the daemon stopped" in cli("stop")
     assert daemon.process is not None and daemon.process.wait(timeout=30) == 0
     daemon.process = None
     assert daemon.cli("stop").stderr.startswith("error: no daemon is running")
@@ -342,10 +353,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
 
 
 NOTIFY_PATH = Path(tempfile.gettempdir()) / f"apl-notify-{os.getpid()}"

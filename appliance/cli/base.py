@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from appliance import config, store
+from appliance import client, config, store
 from appliance.errors import KeyMissing
 
 
@@ -53,6 +53,17 @@ def opened_store() -> Iterator[store.Store]:
         opened = store.open(settings, click.prompt("Passphrase", hide_input=True))
     with opened:
         yield opened
+
+
+@contextmanager
+def daemon_client() -> Iterator[client.Client | None]:
+    """The running daemon's control API, or None when no daemon answers: then commands use the store."""
+    settings = load_settings()
+    if not client.daemon_running(settings):
+        yield None
+        return
+    with client.Client(settings) as api:
+        yield api
 
 
 def print_json(value: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from appliance import datasets
-from appliance.cli.base import cli, opened_store, print_json, progress_bar
+from appliance.cli.base import cli, daemon_client, opened_store, print_json, progress_bar
 
 
 @cli.group("data")
@@ -35,22 +35,21 @@ def data_import(
     path: Path, name: str, task: str, text_column: str, label_column: str, validation_fraction: float, seed: int
 ) -> None:
     """Check PATH (a CSV or JSONL file, or a folder of class subfolders of images) and store it encrypted."""
+    options = {"name": name, "task": task, "text_column": text_column, "label_column": label_column,
+               "validation_fraction": validation_fraction, "seed": seed}
+    with daemon_client() as api:
+        if api is not None:  # the daemon reads the file, so the import is audited under the caller's user
+            answer = api.post("/v1/datasets", {"path": str(path.resolve()), **options})
+            ref, unchanged = f"{answer['name']}:{answer['version']}", answer["unchanged"]
     with opened_store() as opened:
-        known = {version.id for version in datasets.list_versions(opened)}
-        with progress_bar(f"reading {path.name}") as progress:
-            version = datasets.import_file(
-                opened,
-                path,
-                name=name,
-                task=task,
-                text_column=text_column,
-                label_column=label_column,
-                validation_fraction=validation_fraction,
-                seed=seed,
-                progress=progress,
-            )
+        if api is None:
+            known = {version.id for version in datasets.list_versions(opened)}
+            with progress_bar(f"reading {path.name}") as progress:
+                version = datasets.import_file(opened, path, progress=progress, **options)
+            ref, unchanged = version.ref, version.id in known
+        version = datasets.get(opened, ref)
         counts = datasets.load(opened, version).counts
-    click.echo(f"{'unchanged, already stored as' if version.id in known else 'imported as'} {version.ref}")
+    click.echo(f"{'unchanged, already stored as' if unchanged else 'imported as'} {version.ref}")
     _describe(version, counts)
 
 

@@ -17,6 +17,7 @@ import click
 
 from appliance import client, events, jobs
 from appliance.cli.base import cli, load_settings, opened_store, print_json, progress_bar
+from appliance.errors import JobError
 
 
 class _Jobs:
@@ -139,6 +140,17 @@ def jobs_submit(kind: str, pairs: tuple[str, ...], priority: int, follow: bool) 
         click.echo(f"job {job['id']} queued ({kind}, priority {priority})")
         if follow and source.api:
             follow_job(source.api, job["id"])
+
+
+def run_job(api: client.Client, kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Submit a job to the daemon, show its progress, and return its result; JobError unless it finished."""
+    job = api.post("/v1/jobs", {"kind": kind, "params": params})
+    click.echo(f"job {job['id']} queued with the daemon ('appliance jobs show {job['id']}')", err=True)
+    job = follow_job(api, job["id"])
+    if job["status"] != "finished":
+        raise JobError(f"job {job['id']} {job['status']}" + (f": {job['error']}" if job["error"] else ""),
+                       hint=f"'appliance jobs logs {job['id']}' shows what it did")
+    return job["result"]
 
 
 def follow_job(api: client.Client, job_id: str) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
-from appliance.cli.base import cli, opened_store, progress_bar
+from appliance import registry
+from appliance.cli.base import cli, daemon_client, opened_store, progress_bar
+from appliance.cli.jobs import run_job
 from appliance.cli.models import show_version
 from appliance.pipeline import OptimizeOptions
 
@@ -28,7 +32,12 @@ def optimize(
 
     options = OptimizeOptions(int8=not no_int8, distill_layers=distill_layers, max_accuracy_drop=max_accuracy_drop,
                               calibration_size=calibration_size, metric=metric)
-    with opened_store() as opened, progress_bar("optimising") as bar:
-        version = pipeline.optimize_version(opened, ref, options, progress=bar)
-        lineage = version.lineage(opened)
-    show_version(version, lineage)
+    with daemon_client() as api:
+        if api is not None:  # the daemon runs it as a job, audited under the caller's user
+            ref = run_job(api, "optimize", {"version": ref, **dataclasses.asdict(options)})["version"]
+    with opened_store() as opened:
+        if api is None:
+            with progress_bar("optimising") as bar:
+                ref = pipeline.optimize_version(opened, ref, options, progress=bar).ref
+        version = registry.get(opened, ref)
+        show_version(version, version.lineage(opened))

@@ -8,7 +8,7 @@ import os
 import click
 
 from appliance import registry
-from appliance.cli.base import cli, load_settings, opened_store, print_json
+from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json
 
 
 @cli.command("serve")
@@ -38,26 +38,42 @@ def serve(host: str | None, port: int | None) -> None:
               help="Send this share of traffic (percent) to the version; production keeps the rest.")
 def deploy(ref: str, percent: float | None) -> None:
     """Make a version serve (the newest if none is named): all traffic, or a canary share."""
-    with opened_store() as opened:
-        version = registry.deploy(opened, ref, percent)
+    with daemon_client() as api:
+        if api is not None:  # audited under the caller's user
+            model, _, number = ref.partition(":")
+            body = {"canary_percent": percent} | ({"version": int(number)} if number.isdigit() else {})
+            answer = api.post(f"/v1/models/{model}/deploy", body)
+            model, deployed = answer["model"], f"{answer['model']}:{answer['version']}"
+        else:
+            with opened_store() as opened:
+                version = registry.deploy(opened, ref, percent)
+            model, deployed = version.model, version.ref
     if percent is None:
-        click.echo(f"{version.ref} is production; a running server switches to it once it is loaded and warm")
+        click.echo(f"{deployed} is production; a running server switches to it once it is loaded and warm")
     else:
-        click.echo(f"{version.ref} is the canary for {percent:g}% of {version.model}'s traffic")
-        click.echo(f"  promote it with 'appliance deploy {version.ref}', stop it with 'appliance rollback {version.model}'")
+        click.echo(f"{deployed} is the canary for {percent:g}% of {model}'s traffic")
+        click.echo(f"  promote it with 'appliance deploy {deployed}', stop it with 'appliance rollback {model}'")
 
 
 @cli.command("rollback")
 @click.argument("model")
 def rollback(model: str) -> None:
     """Stop a running canary; with none, production goes back to the version it had before."""
-    with opened_store() as opened:
-        if registry.canary_percent(opened, model) > 0:
-            registry.stop_canary(opened, model)
-            click.echo(f"the canary of {model} is stopped: production takes all traffic again")
-            return
-        version = registry.rollback(opened, model)
-    click.echo(f"{model} production is back to version {version}")
+    with daemon_client() as api:
+        if api is not None:
+            answer = api.post(f"/v1/models/{model}/rollback")
+            canary_stopped, version = "canary" in answer, answer.get("production")
+        else:
+            with opened_store() as opened:
+                canary_stopped = registry.canary_percent(opened, model) > 0
+                if canary_stopped:
+                    registry.stop_canary(opened, model)
+                else:
+                    version = registry.rollback(opened, model)
+    if canary_stopped:
+        click.echo(f"the canary of {model} is stopped: production takes all traffic again")
+    else:
+        click.echo(f"{model} production is back to version {version}")
 
 
 @cli.command("predict")

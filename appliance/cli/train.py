@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING
 import click
 
 from appliance import datasets, pipeline, registry
-from appliance.cli.base import cli, load_settings, opened_store, print_json, progress_bar
+from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar
+from appliance.cli.jobs import run_job
 from appliance.train import runs
 from appliance.train.params import TrainParams
 
@@ -76,16 +78,26 @@ def train(
     """Fine-tune a base model on a dataset version, checkpointing as it goes."""
     if (dataset is None) == (resume_run is None):
         raise click.UsageError("give either --data NAME for a new run or --resume RUN")
+    params = TrainParams(
+        epochs=epochs, learning_rate=lr, batch_size=batch_size, max_length=max_length, lora=lora, schedule=schedule,
+        patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
+    )
+    if resume_run is None:
+        with daemon_client() as api:
+            if api is not None:  # the daemon trains it as a job: it survives this shell, and crashes
+                job = {"dataset": dataset, "params": dataclasses.asdict(params), "device": device, "name": model_name,
+                       "base": str(base.resolve()) if base else None}
+                result = run_job(api, "train", {key: value for key, value in job.items() if value is not None})
+                click.echo(f"run {result['run_id']} finished; registered as {result['version']}")
+                click.echo(f"  optimise it with 'appliance optimize {result['version']}'")
+                return
     stop = _StopFlag()
     stop.install()
     with opened_store() as opened:
         source = datasets.get(opened, runs.get(opened, resume_run).dataset_id if resume_run else dataset)
         name = registry.check_name(model_name or source.name)  # before hours of training, not after
         with progress_bar("training") as bar:
-            result = _run(opened, bar, resume_run, dataset, base, device, stop, TrainParams(
-                epochs=epochs, learning_rate=lr, batch_size=batch_size, max_length=max_length, lora=lora,
-                schedule=schedule, patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
-            ))
+            result = _run(opened, bar, resume_run, dataset, base, device, stop, params)
         if result.status == "finished":
             registered = pipeline.register_run(opened, result.run_id, name)
     if result.status == "interrupted":
