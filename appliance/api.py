@@ -156,9 +156,7 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]]) -> Fas
     @app.get("/v1/jobs/{job_id}/logs")
     def job_logs(job_id: str, _user: Viewer) -> list[str]:
         with shared.use() as store:
-            jobs.get(store, job_id)
-            return [event.data["line"] for event in events.after(store, 0, job_id, limit=100_000)
-                    if event.kind == "log"]
+            return jobs.log_lines(store, job_id)
 
     @app.post("/v1/jobs/{job_id}/cancel")
     def cancel(job_id: str, user: Operator) -> dict[str, Any]:

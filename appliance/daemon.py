@@ -106,8 +106,10 @@ class Supervisor:
                 self._watch(self.running, slow)
             if self.running is None and not self.draining and self._may_start():
                 self._start_next()
-        except ApplianceError as exc:  # a busy database or a bad job must not stop the supervisor
+        except ApplianceError as exc:  # a bad job must not stop the supervisor
             log.error("supervisor: %s", exc.message)
+        except Exception:  # nor a bug or a busy database: say so, and try again at the next tick
+            log.exception("supervisor: unexpected error")
 
     def describe(self) -> dict[str, Any]:
         if self.running is None:

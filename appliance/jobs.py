@@ -161,6 +161,12 @@ def progress(store: Store, job_id: str, data: dict[str, Any]) -> None:
     events.emit(store, "job", job_id, "progress", data)
 
 
+def log_lines(store: Store, job_id: str) -> list[str]:
+    """What the job's processes wrote, oldest first."""
+    get(store, job_id)
+    return [event.data["line"] for event in events.after(store, 0, job_id, limit=1_000_000) if event.kind == "log"]
+
+
 def log(store: Store, job_id: str, line: str) -> None:
     events.emit(store, "job", job_id, "log", {"line": line})
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,24 +109,8 @@ def local_admin_token(store: Store, path: Path) -> str:
         return token
     _, token = add(store, LOCAL_ADMIN, "admin", actor="daemon")
     try:
-        _write_private(path, token + "\n")
+        keys.write_private(path, token + "\n")
     except OSError as exc:
         raise DaemonError(f"cannot write the local admin token to {path}: {exc.strerror}",
                           hint="check that the daemon's user may write there and the disk has room") from exc
     return token
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Replace path atomically with a file no other user could ever read, not even for a moment."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(descriptor, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    keys.fsync_dir(path.parent)

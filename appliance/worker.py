@@ -92,7 +92,7 @@ def import_step(job: Job) -> str:
     source = job.params.get("source")
     if source:
         version = datasets.import_file(
-            job.store, Path(source), name=job.params["dataset"], task=job.params.get("task", "text-classification"),
+            job.store, Path(source), name=job.params["dataset"], task=job.params.get("task", datasets.TEXT),
             actor=job.actor,
         )
     else:

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from appliance import client, events, jobs
+from appliance import client, jobs
 from appliance.cli.base import cli, load_settings, opened_store, print_json, progress_bar
 from appliance.errors import JobError
 
@@ -35,10 +35,7 @@ class _Jobs:
         return self.api.get(f"/v1/jobs/{job_id}") if self.api else asdict(jobs.get(self.store, job_id))
 
     def logs(self, job_id: str) -> list[str]:
-        if self.api:
-            return self.api.get(f"/v1/jobs/{job_id}/logs")
-        jobs.get(self.store, job_id)
-        return [event.data["line"] for event in events.after(self.store, 0, job_id, 100_000) if event.kind == "log"]
+        return self.api.get(f"/v1/jobs/{job_id}/logs") if self.api else jobs.log_lines(self.store, job_id)
 
     def submit(self, kind: str, params: dict[str, Any], priority: int) -> dict[str, Any]:
         if self.api:

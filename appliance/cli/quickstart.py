@@ -26,7 +26,7 @@ from appliance.cli.base import cli, load_settings
 from appliance.cli.jobs import follow_job
 from appliance.config import Settings
 from appliance.errors import ApplianceError, DaemonError, JobError
-from appliance.store import lifecycle
+from appliance.store import keys, lifecycle
 
 SAMPLE_NAME = "sample-tickets"
 EXAMPLE = "I was charged twice for my subscription this month"
@@ -110,9 +110,7 @@ def _api_key(api: client.Client, settings: Settings) -> str:
     except FileNotFoundError:
         pass
     token = api.post("/v1/api-keys", {"name": "quickstart"})["token"]
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(token + "\n")
+    keys.write_private(path, token + "\n")
     return token
 
 

@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -235,6 +236,22 @@ def _wrapped_keys(db: sqlite_utils.Database) -> Iterator[tuple[bytes, bytes, byt
 
 def pending_key_file(path: Path) -> Path:
     return path.with_name(path.name + ".new")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace path atomically with a file no other user could ever read, not even for a moment (tokens)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:
