@@ -41,7 +41,7 @@ from typing import Any
 
 import uvicorn
 
-from appliance import api, config, jobs, registry, sdnotify, store, users
+from appliance import api, config, events, jobs, registry, sdnotify, store, users
 from appliance.errors import ApplianceError, DaemonError
 from appliance.serve.metrics import Metrics, quantile_s
 from appliance.worker import EXIT_STOPPED
@@ -286,6 +286,7 @@ def run(settings: config.Settings, passphrase: str | None) -> None:
         users.local_admin_token(opened, settings.cli_token_path)
         for job_id in jobs.recover(opened):
             log.warning("job %s was running when the previous daemon stopped; it is queued again", job_id)
+        events.prune_progress(opened)
     listener = _bind(settings.socket_path)
     try:
         asyncio.run(_serve(settings, passphrase, listener))

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from appliance.store import Store
 from appliance.store.db import transaction
+
+PROGRESS_KEPT = timedelta(days=7)  # a job reports progress every second: weeks of it would only fill the disk
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,13 @@ def emit(store: Store, topic: str, subject: str, kind: str, data: dict[str, Any]
             "INSERT INTO events (ts, topic, subject, kind, data) VALUES (?, ?, ?, ?, ?)",
             (datetime.now(UTC).isoformat(timespec="milliseconds"), topic, subject, kind, json.dumps(data, default=str)),
         )
+
+
+def prune_progress(store: Store, older_than: timedelta = PROGRESS_KEPT) -> int:
+    """Drop progress reports older than this (a job's stages, logs and outcome stay); how many went."""
+    cutoff = (datetime.now(UTC) - older_than).isoformat(timespec="milliseconds")
+    with transaction(store.db):
+        return store.db.execute("DELETE FROM events WHERE kind = 'progress' AND ts < ?", (cutoff,)).rowcount
 
 
 def after(store: Store, seq: int, subject: str | None = None, limit: int = 500) -> list[Event]:

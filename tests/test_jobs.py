@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from appliance import events, jobs
@@ -95,3 +97,14 @@ def test_events_follow_a_job_in_order(opened: Store) -> None:
     seen = events.after(opened, 0, job.id)
     assert [event.kind for event in seen] == ["queued", "started", "stage", "progress", "finished"]
     assert events.after(opened, seen[2].seq, job.id)[0].data == {"step": 3}
+
+
+def test_old_progress_reports_are_pruned_and_the_rest_of_a_job_kept(opened: Store) -> None:
+    job = _train(opened)
+    owner = jobs.claim(opened, job.id)
+    assert owner is not None
+    jobs.progress(opened, job.id, {"step": 1})
+    jobs.log(opened, job.id, "stage: train")
+    assert events.prune_progress(opened) == 0  # fresh reports stay
+    assert events.prune_progress(opened, older_than=timedelta(0)) == 1
+    assert [event.kind for event in events.after(opened, 0, job.id)] == ["queued", "started", "log"]
