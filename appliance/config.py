@@ -165,19 +165,22 @@ def _check_daemon(settings: Settings, path: Path | None) -> None:
     if len(os.fsencode(settings.socket_path)) > 100:  # sockaddr_un holds 108 bytes
         raise ConfigError(f"the control socket path {settings.socket_path} is too long for a unix socket",
                           hint=f"set 'daemon.socket' in {where} to a shorter path, e.g. /run/appliance/api.sock")
-    for name in ("stop_timeout_s", "heartbeat_timeout_s"):
-        if not 1 <= getattr(settings.daemon, name) <= 86400:
-            raise ConfigError(f"'daemon.{name}' in {where} must be from 1 to 86400 seconds")
-    if not 0 <= settings.daemon.latency_objective_ms <= 60000:
-        raise ConfigError(f"'daemon.latency_objective_ms' in {where} must be from 0 (off) to 60000")
-    if not 0 <= settings.daemon.tcp_port <= 65535:
-        raise ConfigError(f"'daemon.tcp_port' in {where} must be from 0 (off) to 65535")
+    _check_limits("daemon", settings.daemon, where, {
+        "stop_timeout_s": (1, 86400), "heartbeat_timeout_s": (1, 86400), "latency_objective_ms": (0, 60000),
+        "tcp_port": (0, 65535)})
     if settings.daemon.training_hours:
         try:
             _window(settings.daemon.training_hours)
         except ValueError:
             raise ConfigError(f"'daemon.training_hours' in {where} is {settings.daemon.training_hours!r}",
                               hint="write it as HH:MM-HH:MM, e.g. \"22:00-06:00\", or leave it empty") from None
+
+
+def _check_limits(section: str, values: object, where: str, limits: dict[str, tuple[float, float]]) -> None:
+    for name, (low, high) in limits.items():
+        value = getattr(values, name)
+        if not low <= value <= high:
+            raise ConfigError(f"'{section}.{name}' in {where} is {value}; it must be from {low} to {high}")
 
 
 def _window(spec: str) -> tuple[dt.time, dt.time]:
@@ -191,13 +194,10 @@ def _window(spec: str) -> tuple[dt.time, dt.time]:
 def _check_serve(serve: ServeSettings, path: Path | None) -> None:
     """Values of the right type that still make no sense, named with where to fix them."""
     where = f"{path} or the environment" if path else "the environment"
-    limits = {"port": (1, 65535), "max_batch_size": (1, 4096), "max_delay_ms": (0, 1000), "max_queue": (1, 10**6),
-              "max_body_bytes": (1024, 2**30), "max_instances": (1, 10**5), "poll_s": (0.05, 3600),
-              "drift_window": (10, 10**7), "drift_threshold": (0, 10)}
-    for name, (low, high) in limits.items():
-        value = getattr(serve, name)
-        if not low <= value <= high:
-            raise ConfigError(f"'serve.{name}' in {where} is {value}; it must be from {low} to {high}")
+    _check_limits("serve", serve, where, {
+        "port": (1, 65535), "max_batch_size": (1, 4096), "max_delay_ms": (0, 1000), "max_queue": (1, 10**6),
+        "max_body_bytes": (1024, 2**30), "max_instances": (1, 10**5), "poll_s": (0.05, 3600),
+        "drift_window": (10, 10**7), "drift_threshold": (0, 10)})
     if (serve.tls_cert is None) != (serve.tls_key is None):
         raise ConfigError(f"'serve.tls_cert' and 'serve.tls_key' in {where} go together",
                           hint="give both, or neither for a self-signed certificate")

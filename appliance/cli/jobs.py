@@ -16,14 +16,15 @@ from typing import Any
 import click
 
 from appliance import client, jobs
-from appliance.cli.base import cli, load_settings, opened_store, print_json, progress_bar
+from appliance.cli.base import cli, daemon_client, opened_store, print_json, progress_bar
 from appliance.errors import JobError
+from appliance.store import Store
 
 
 class _Jobs:
     """The same questions, asked of the daemon or of the store."""
 
-    def __init__(self, api: client.Client | None, store: Any) -> None:
+    def __init__(self, api: client.Client | None, store: Store | None) -> None:
         self.api, self.store = api, store
 
     def list(self, status: str | None) -> list[dict[str, Any]]:
@@ -48,13 +49,12 @@ class _Jobs:
 
 @contextmanager
 def _jobs() -> Iterator[_Jobs]:
-    settings = load_settings()
-    if client.daemon_running(settings):
-        with client.Client(settings) as api:
+    with daemon_client() as api:
+        if api is not None:
             yield _Jobs(api, None)
-    else:
-        with opened_store() as opened:
-            yield _Jobs(None, opened)
+            return
+    with opened_store() as opened:
+        yield _Jobs(None, opened)
 
 
 @cli.group("jobs")
@@ -143,7 +143,13 @@ def run_job(api: client.Client, kind: str, params: dict[str, Any]) -> dict[str, 
     """Submit a job to the daemon, show its progress, and return its result; JobError unless it finished."""
     job = api.post("/v1/jobs", {"kind": kind, "params": params})
     click.echo(f"job {job['id']} queued with the daemon ('appliance jobs show {job['id']}')", err=True)
-    job = follow_job(api, job["id"])
+    return result_of(api, job)
+
+
+def result_of(api: client.Client, job: dict[str, Any]) -> dict[str, Any]:
+    """A job's result, following its progress while it is queued or running; JobError unless it finished."""
+    if job["status"] in jobs.ACTIVE:
+        job = follow_job(api, job["id"])
     if job["status"] != "finished":
         raise JobError(f"job {job['id']} {job['status']}" + (f": {job['error']}" if job["error"] else ""),
                        hint=f"'appliance jobs logs {job['id']}' shows what it did")

@@ -23,9 +23,9 @@ import httpx
 
 from appliance import client
 from appliance.cli.base import cli, load_settings
-from appliance.cli.jobs import follow_job
+from appliance.cli.jobs import result_of
 from appliance.config import Settings
-from appliance.errors import ApplianceError, DaemonError, JobError
+from appliance.errors import ApplianceError, DaemonError
 from appliance.store import keys, lifecycle
 
 SAMPLE_NAME = "sample-tickets"
@@ -45,12 +45,7 @@ def quickstart() -> None:
     _ensure_daemon(settings)
     with client.Client(settings) as api:
         job = _pipeline_job(api)
-        if job["status"] in ("queued", "running"):
-            job = follow_job(api, job["id"])
-        if job["status"] != "finished":
-            raise JobError(f"the quickstart job {job['id']} {job['status']}: {job.get('error') or ''}".strip(),
-                           hint=f"'appliance jobs logs {job['id']}' shows what happened")
-        result = job["result"]
+        result = result_of(api, job)
         served = next(v for v in api.get("/v1/models") if f"{v['model']}:{v['version']}" == result["version"])
         metrics = served["variants"][served["chosen"]]["metrics"]
         click.echo(f"job {job['id']}: trained run {result['run_id']}, deployed {result['version']}, serving its"

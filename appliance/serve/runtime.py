@@ -237,8 +237,12 @@ class Runtime:
 
     def _audit(self, action: str, obj: str, details: dict[str, Any]) -> None:
         audit.record(self._store, action, obj, actor="service:serve", **details)
-        if action == "serve.drift_alert":
-            events.emit(self._store, "drift", obj.partition(":")[0], "alert", {"version": obj, **details})
+
+    def _alert_drift(self, loaded: Loaded, details: dict[str, Any]) -> None:
+        """On the record, and to whoever watches the events."""
+        version = f"{loaded.model}:{loaded.version}"
+        self._audit("serve.drift_alert", version, details)
+        events.emit(self._store, "drift", loaded.model, "alert", {"version": version, **details})
 
     # -- monitoring (on OpenVINO's threads) ----------------------------------------------------
 
@@ -256,4 +260,4 @@ class Runtime:
         worst = max(scores, key=scores.get)
         if scores[worst] > self.settings.serve.drift_threshold:
             details = {"feature": worst, "psi": round(scores[worst], 4), "threshold": self.settings.serve.drift_threshold}
-            self._worker.submit(self._audit, "serve.drift_alert", f"{loaded.model}:{loaded.version}", details)
+            self._worker.submit(self._alert_drift, loaded, details)
