@@ -106,5 +106,5 @@ def test_old_progress_reports_are_pruned_and_the_rest_of_a_job_kept(opened: Stor
     jobs.progress(opened, job.id, {"step": 1})
     jobs.log(opened, job.id, "stage: train")
     assert events.prune_progress(opened) == 0  # fresh reports stay
-    assert events.prune_progress(opened, older_than=timedelta(0)) == 1
+    assert events.prune_progress(opened, older_than=timedelta(seconds=-1)) == 1  # a cutoff just after it
     assert [event.kind for event in events.after(opened, 0, job.id)] == ["queued", "started", "log"]
