@@ -9,13 +9,17 @@ minutes: who looked at what stays on record, and a TUI polling every second does
 bury the log. Errors are JSON `{"error", "hint"}` with a 4xx status, never a traceback.
 
 Handlers are plain functions run in FastAPI's thread pool; they share the daemon's
-one Store, one at a time (SQLite connections are not for concurrent use).
+one Store, one at a time (SQLite connections are not for concurrent use). The serving
+endpoints are async instead: they read the inference server's runtime, which lives on
+the daemon's event loop, and never touch the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -27,17 +31,21 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from appliance import auth, datasets, events, jobs, registry, users
-from appliance.errors import ApplianceError, AuthError, DatasetError
-from appliance.serve.app import describe_error, json_error
+from appliance import auth, config, datasets, events, jobs, registry, system, users
+from appliance.errors import ApplianceError, AuthError, BadRequest, DaemonError, DatasetError
+from appliance.serve.app import describe_error, json_error, label_scores
+from appliance.serve.metrics import Metrics, TrafficWindow
+from appliance.serve.runtime import Runtime
 from appliance.store import Store, audit
+from appliance.train import runs
 
 EVENTS_POLL_S = 0.5
 READ_AUDIT_S = 600.0
+HARDWARE_TIMEOUT_S = 120.0
 
 
 class SharedStore:
@@ -47,6 +55,7 @@ class SharedStore:
         self.store = store
         self._lock = threading.Lock()
         self._reads: dict[tuple[str, str], float] = {}  # (user id, endpoint) -> when last audited
+        self.closing = threading.Event()  # set as the daemon stops: open event streams end rather than hold it up
 
     @contextmanager
     def use(self) -> Iterator[Store]:
@@ -89,6 +98,10 @@ class ImportRequest(_Strict):
     seed: int = 13
 
 
+class PredictRequest(_Strict):
+    texts: list[str] = Field(min_length=1, description="texts to classify with the model as it serves now")
+
+
 class DeployRequest(_Strict):
     version: int | None = Field(None, ge=1, description="default: the newest version")
     canary_percent: float | None = Field(None, gt=0, le=100)
@@ -122,9 +135,13 @@ Operator = Annotated[users.User, Depends(_caller("operator"))]
 Admin = Annotated[users.User, Depends(_caller("admin"))]
 
 
-def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]]) -> FastAPI:
-    """The ASGI app; `status` gives the daemon's own view (pid, servers, the running job)."""
+def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtime: Runtime | None = None) -> FastAPI:
+    """The ASGI app; `status` gives the daemon's own view (pid, servers, the running job), `runtime` what serves."""
     app = FastAPI(title="appliance control", version=metadata.version("appliance"), docs_url=None, redoc_url=None)
+    settings = shared.store.settings
+    traffic = TrafficWindow(runtime.metrics if runtime else Metrics())
+    hardware_report: dict[str, Any] = {}
+    system.load(settings.state_dir)  # primes the CPU share, which is measured between calls
 
     app.state.shared = shared
 
@@ -134,9 +151,21 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]]) -> Fas
 
     @app.get("/v1/status")
     def daemon_status(_user: Viewer) -> dict[str, Any]:
+        """The daemon, its jobs, how busy the box is, whether serving is ready, the last audit check."""
         with shared.use() as store:
             counts = dict(store.db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
-        return {**status(), "version": metadata.version("appliance"), "jobs": counts}
+            checked = audit.last_check(store)
+            last_event = events.last_seq(store)
+        return {**status(), "version": metadata.version("appliance"), "jobs": counts, "last_event": last_event,
+                "load": asdict(system.load(settings.state_dir)), "serving_ready": bool(runtime and runtime.ready),
+                "audit_check": checked}
+
+    @app.get("/v1/hardware")
+    def hardware(_user: Viewer) -> dict[str, Any]:
+        """What `appliance hw --json` says: the hardware, the default base model, and the training plan."""
+        if not hardware_report:
+            hardware_report.update(_detect_hardware(settings))
+        return hardware_report
 
     @app.get("/v1/jobs")
     def list_jobs(_user: Viewer, status: str | None = None) -> list[dict[str, Any]]:
@@ -166,7 +195,7 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]]) -> Fas
     @app.get("/v1/datasets")
     def list_datasets(_user: Viewer) -> list[dict[str, Any]]:
         with shared.use() as store:
-            return [asdict(version) for version in datasets.list_versions(store)]
+            return [version.summary() for version in datasets.list_versions(store)]
 
     @app.post("/v1/datasets", status_code=201)
     def import_dataset(body: ImportRequest, user: Operator) -> dict[str, Any]:
@@ -179,7 +208,19 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]]) -> Fas
             except OSError as exc:  # the daemon runs as its own user, who may not read the caller's files
                 raise DatasetError(f"the daemon cannot read {body.path}: {exc.strerror}",
                                    hint="make it readable by the appliance's user, or copy it where it can read") from exc
-        return {**asdict(version), "unchanged": version.id in known}
+        return {**version.summary(), "unchanged": version.id in known}
+
+    @app.get("/v1/runs")
+    def list_runs(_user: Viewer) -> list[dict[str, Any]]:
+        with shared.use() as store:
+            return [asdict(run) for run in runs.list_runs(store)]
+
+    @app.get("/v1/runs/{run_id}")
+    def get_run(run_id: str, _user: Viewer) -> dict[str, Any]:
+        """A training run and its epochs so far: loss and validation metrics, for charts."""
+        with shared.use() as store:
+            run = runs.get(store, run_id)
+            return {**asdict(run), "epochs": [asdict(epoch) for epoch in runs.epochs(store, run.id)]}
 
     @app.get("/v1/models")
     def list_models(_user: Viewer) -> list[dict[str, Any]]:
@@ -199,6 +240,57 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]]) -> Fas
                 registry.stop_canary(store, model, actor=_actor(user))
                 return {"model": model, "canary": "stopped"}
             return {"model": model, "production": registry.rollback(store, model, actor=_actor(user))}
+
+    @app.get("/v1/serving")
+    async def serving(_user: Viewer) -> dict[str, Any]:
+        """What serves, with requests/s, error rate and latency over the last minute, and drift per version."""
+        served_now = _serving(runtime).describe()
+        seconds, stats = traffic.summary()
+        models = []
+        for served in served_now:
+            name = served["model"]
+            for version in served["versions"]:
+                version.update(stats.get((name, str(version["version"])), _NO_TRAFFIC))
+            models.append({**served, **stats.get((name, "all"), _NO_TRAFFIC), "endpoints": {
+                "predict": f"{settings.inference_url}/v1/models/{name}:predict",
+                "infer": f"{settings.inference_url}/v2/models/{name}/infer"}})
+        return {"inference_url": settings.inference_url, "ready": _serving(runtime).ready, "window_s": seconds,
+                "models": models}
+
+    @app.post("/v1/models/{model}/predict")
+    async def try_prediction(model: str, body: PredictRequest, _user: Viewer) -> dict[str, Any]:
+        """Classify texts with the model as it serves (counted like any request); for trying it out."""
+        loaded, probabilities = await _serving(runtime).predict(model, body.texts)
+        return {"model": model, "version": loaded.version, "variant": loaded.variant,
+                "predictions": label_scores(loaded.labels, probabilities)}
+
+    @app.get("/v1/audit")
+    def audit_records(
+        _user: Viewer, since: str | None = None, actor: str | None = None, action: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    ) -> list[dict[str, Any]]:
+        """Records, oldest first (the newest `limit`); since is a date or an age (30m, 12h, 7d), action a glob."""
+        try:
+            moment = audit.parse_since(since) if since else None
+        except ValueError as exc:
+            raise BadRequest(str(exc), hint="give since as 2026-11-01, 2026-11-01T08:00, 30m, 12h or 7d") from exc
+        with shared.use() as store:
+            found = audit.rows(store, since=moment, actor=actor or None, action=action or None, limit=limit)
+        return [{**row, "details": json.loads(row["details"])} for row in found]
+
+    @app.post("/v1/audit/verify")
+    def verify_audit(user: Viewer) -> dict[str, Any]:
+        """Walk the whole chain and its anchored head now; the check itself goes on the record."""
+        with shared.use() as store:
+            return asdict(audit.check(store, actor=_actor(user)))
+
+    @app.get("/v1/audit/export", response_class=PlainTextResponse)
+    def export_audit(user: Admin) -> PlainTextResponse:
+        """Every record as JSON lines, for archiving elsewhere; the export is recorded."""
+        with shared.use() as store:
+            lines = list(audit.export_jsonl(store))
+            audit.record(store, "audit.export", "api", actor=_actor(user), format="jsonl", records=len(lines))
+        return PlainTextResponse("".join(line + "\n" for line in lines), media_type="application/x-ndjson")
 
     @app.post("/v1/api-keys", status_code=201)
     def create_api_key(body: ApiKeyRequest, user: Admin) -> dict[str, Any]:
@@ -224,7 +316,7 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]]) -> Fas
 
         async def stream() -> AsyncIterator[str]:
             seq = after
-            while True:
+            while not shared.closing.is_set():
                 found = await asyncio.to_thread(read, seq)
                 for event in found:
                     seq = event.seq
@@ -255,3 +347,28 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]]) -> Fas
 
 def _actor(user: users.User) -> str:
     return f"user:{user.name}"
+
+
+_NO_TRAFFIC = {"requests": 0, "requests_per_s": None, "error_rate": None, "p50_ms": None, "p99_ms": None}
+
+
+def _serving(runtime: Runtime | None) -> Runtime:
+    if runtime is None:
+        raise DaemonError("this control API runs without an inference server", hint="'appliance daemon' runs both")
+    return runtime
+
+
+def _detect_hardware(settings: config.Settings) -> dict[str, Any]:
+    """`appliance hw --json` in a child process: detection loads torch and CUDA, kept out of the daemon's memory."""
+    command = [sys.executable, "-m", "appliance", "hw", "--json"]
+    if settings.config_file is not None:
+        command[3:3] = ["--config", str(settings.config_file)]
+    try:
+        answer = subprocess.run(command, capture_output=True, text=True, timeout=HARDWARE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise DaemonError(f"hardware detection did not finish within {HARDWARE_TIMEOUT_S:.0f} s",
+                          hint="run 'appliance hw' to see where it hangs") from exc
+    if answer.returncode != 0:
+        last = (answer.stderr.strip().splitlines() or ["no output"])[-2:]
+        raise DaemonError(f"hardware detection failed: {' '.join(last)}", hint="run 'appliance hw' for the details")
+    return json.loads(answer.stdout)

@@ -2,22 +2,24 @@
 
 The token is $APPLIANCE_TOKEN, else the local admin token the daemon leaves (mode 0600)
 for its own user in the state directory. An error answer becomes the ApplianceError it
-describes, so commands report it like any other.
+describes, so commands report it like any other. Client serves the CLI; AsyncClient,
+the same calls awaited, serves the TUI's event loop.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Self
 
 import httpx
 
 from appliance import config
-from appliance.errors import ApplianceError, DaemonError, Forbidden, JobNotFound, Unauthenticated
+from appliance.errors import ApplianceError, DaemonUnreachable, Forbidden, JobNotFound, Unauthenticated
 
 TIMEOUT_S = 30.0
+EVENTS_SILENCE_S = 10.0  # the daemon sends a keep-alive every half second: this much silence means it is gone
 _BY_STATUS: dict[int, type[ApplianceError]] = {401: Unauthenticated, 403: Forbidden, 404: JobNotFound}
 
 
@@ -50,9 +52,8 @@ class Client:
 
     def events(self, after: int = 0, subject: str | None = None) -> Iterator[dict[str, Any]]:
         """Server-sent events as dicts (seq, topic, subject, kind, data), until the caller stops reading."""
-        params = {"after": after} | ({"subject": subject} if subject else {})
         try:
-            with self._http.stream("GET", "/v1/events", params=params, timeout=None) as response:
+            with self._http.stream("GET", "/v1/events", params=_event_params(after, subject), timeout=None) as response:
                 _raise_for(response, response.read() if response.status_code >= 400 else b"")
                 for line in response.iter_lines():
                     if line.startswith("data: "):
@@ -66,13 +67,62 @@ class Client:
         except httpx.TransportError as exc:
             raise _unreachable(exc) from exc
         _raise_for(response, response.content)
-        return response.json()
+        return response.json() if _is_json(response) else response.text
+
+
+class AsyncClient:
+    def __init__(self, settings: config.Settings) -> None:
+        self._http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(settings.socket_path)),
+                                       **_options(_token(settings)))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self._http.aclose()
+
+    async def get(self, path: str, **params: Any) -> Any:
+        return await self._request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return await self._request("POST", path, json=body or {})
+
+    async def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Server-sent events as dicts, until the caller stops reading or the daemon goes away (DaemonError)."""
+        try:
+            async with self._http.stream("GET", "/v1/events", params=_event_params(after, subject),
+                                         timeout=httpx.Timeout(TIMEOUT_S, read=EVENTS_SILENCE_S)) as response:
+                _raise_for(response, await response.aread() if response.status_code >= 400 else b"")
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        yield json.loads(line.removeprefix("data: "))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        _raise_for(response, response.content)
+        return response.json() if _is_json(response) else response.text
 
 
 def _http(settings: config.Settings, token: str | None) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(settings.socket_path)), **_options(token))
+
+
+def _options(token: str | None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(settings.socket_path)), base_url="http://appliance",
-                        headers=headers, timeout=TIMEOUT_S)
+    return {"base_url": "http://appliance", "headers": headers, "timeout": TIMEOUT_S}
+
+
+def _event_params(after: int, subject: str | None) -> dict[str, Any]:
+    return {"after": after} | ({"subject": subject} if subject else {})
+
+
+def _is_json(response: httpx.Response) -> bool:
+    return response.headers.get("content-type", "").startswith("application/json")
 
 
 def _token(settings: config.Settings) -> str | None:
@@ -97,5 +147,5 @@ def _raise_for(response: httpx.Response, content: bytes) -> None:
     raise _BY_STATUS.get(response.status_code, ApplianceError)(message, hint=hint)
 
 
-def _unreachable(exc: Exception) -> DaemonError:
-    return DaemonError(f"the daemon does not answer: {exc}", hint="start it with 'appliance daemon' or check its log")
+def _unreachable(exc: Exception) -> DaemonUnreachable:
+    return DaemonUnreachable(f"the daemon does not answer: {exc}", hint="start it with 'appliance daemon' or check its log")

@@ -307,10 +307,11 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
     stopping = asyncio.Event()
     metrics = Metrics()
     supervisor = Supervisor(settings, passphrase, metrics.latency_counts)
-    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    started_at, started = datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic()
 
     def status() -> dict[str, Any]:
-        return {"pid": os.getpid(), "started_at": started_at, "socket": str(settings.socket_path),
+        return {"pid": os.getpid(), "started_at": started_at, "uptime_s": round(time.monotonic() - started),
+                "socket": str(settings.socket_path),
                 "inference": settings.inference_url, **supervisor.describe()}
 
     def reload() -> None:
@@ -328,10 +329,11 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
     loop.add_signal_handler(signal.SIGHUP, reload)
 
     with store.open(settings, passphrase) as api_store:
-        control_app = api.create_app(api.SharedStore(api_store), status)
+        runtime = Runtime(settings, metrics, passphrase)
+        shared = api.SharedStore(api_store)
+        control_app = api.create_app(shared, status, runtime)
         options: dict[str, Any] = {"log_level": "warning", "log_config": None, "access_log": False, "lifespan": "off"}
         control = _Server(uvicorn.Config(control_app, **options))
-        runtime = Runtime(settings, metrics, passphrase)
         inference = _Server(serve_app.server_config(settings, runtime))
         listening = [control, inference]
         servers = [asyncio.create_task(control.serve(sockets=[listener])), asyncio.create_task(inference.serve())]
@@ -368,6 +370,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
             if worker.is_alive():
                 await asyncio.to_thread(worker.join)
             supervisor.close()
+            shared.closing.set()
             for server in listening:
                 server.should_exit = True
             await asyncio.gather(*servers, return_exceptions=True)

@@ -69,6 +69,11 @@ class DatasetVersion:
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
 
+    def summary(self) -> dict[str, Any]:
+        """The version as JSON, with the split's sizes rather than its index lists (which grow with the data)."""
+        split = {**self.split, "train": len(self.split["train"]), "validation": len(self.split["validation"])}
+        return {**dataclasses.asdict(self), "ref": self.ref, "split": split}
+
 
 @dataclass(frozen=True)
 class LoadedDataset:

@@ -20,6 +20,7 @@
      │    ├── Unauthenticated     no key, or a malformed, unknown, revoked or wrong one (401)
      │    └── Forbidden           a valid key that may not call this model (403)
      ├── DaemonError              the daemon cannot start, or none runs to ask
+     │    └── DaemonUnreachable   nothing answers on the control socket
  └── ServeError               the inference server cannot answer this request
           ├── ModelNotFound       no model of that name is being served (404)
           ├── BadRequest          the request body is malformed or out of bounds (400, 413)
@@ -125,6 +126,10 @@ class DaemonError(ApplianceError):
     """The daemon cannot start (its socket or port is taken), or no daemon answers."""
 
     status = 503
+
+
+class DaemonUnreachable(DaemonError):
+    """Nothing answers on the daemon's control socket: it is not running, or not yet, or no longer."""
 
 
 class ServeError(ApplianceError):

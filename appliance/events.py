@@ -43,6 +43,11 @@ def prune_progress(store: Store, older_than: timedelta = PROGRESS_KEPT) -> int:
         return store.db.execute("DELETE FROM events WHERE kind = 'progress' AND ts < ?", (cutoff,)).rowcount
 
 
+def last_seq(store: Store) -> int:
+    """The newest event's seq (0 if none): where a client that wants only what comes next starts."""
+    return store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+
+
 def after(store: Store, seq: int, subject: str | None = None, limit: int = 500) -> list[Event]:
     """Events newer than seq (all, or one job's or model's), oldest first."""
     where, params = ("AND subject = ?", (subject,)) if subject else ("", ())

@@ -6,6 +6,7 @@ import csv
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 
 from appliance import config, datasets, store
 from appliance.store import Store, lifecycle
+from tests.daemon import Daemon, environment
 
 
 @pytest.fixture(autouse=True)
@@ -143,3 +145,22 @@ def trained(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Traine
             optimizer.step()
             optimizer.zero_grad()
     return Trained(task.bundle(model.eval()), data, task.input_ids)
+
+
+@pytest.fixture
+def daemon(
+    tiny_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[Daemon]:
+    """A fresh daemon; a test may add settings with indirect parametrisation: {"APPLIANCE_...": value}."""
+    env = environment(tmp_path / "var", tiny_base, **getattr(request, "param", {}))
+    for name, value in env.items():
+        if name.startswith("APPLIANCE_"):
+            monkeypatch.setenv(name, value)  # the same settings for config.load() in the test
+    settings = config.load()
+    lifecycle.init(settings).close()
+    write_tickets(tmp_path / "tickets.csv")
+    running = Daemon(env, settings)
+    running.start()
+    yield running
+    if running.process is not None:
+        running.stop(signal.SIGKILL)

@@ -6,12 +6,9 @@ import dataclasses
 import os
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,102 +16,15 @@ from typing import Any
 import httpx
 import pytest
 
-from appliance import config, events, jobs, store, users
-from appliance.store import audit, lifecycle
+from appliance import events, jobs, store, users
+from appliance.store import audit
 from appliance.train import runs
-from tests.conftest import write_tickets
+from tests.daemon import TINY, Daemon, submit
 
 pytestmark = pytest.mark.slow
 
-TINY = {"epochs": 3, "learning_rate": 3e-3, "batch_size": 16, "max_length": 32, "seed": 3}
 # Long enough to interrupt: many short epochs, a checkpoint every other step, no early stop.
 LONG = {**TINY, "epochs": 60, "patience": 60, "checkpoint_every": 2}
-
-
-@dataclass
-class Daemon:
-    env: dict[str, str]
-    settings: config.Settings
-    process: subprocess.Popen[str] | None = None
-
-    def start(self) -> None:
-        log = open(self.settings.state_dir / "daemon.log", "a")  # noqa: SIM115  closed with the process
-        self.process = subprocess.Popen([sys.executable, "-m", "appliance", "daemon"], env=self.env, text=True,
-                                        stdout=log, stderr=log, start_new_session=True)
-        self.wait(self._answers, 60, "the daemon did not start")
-
-    def stop(self, signum: int = signal.SIGTERM, timeout: float = 60) -> int:
-        assert self.process is not None
-        os.kill(self.process.pid, signum)
-        code = self.process.wait(timeout=timeout)
-        self.process = None
-        return code
-
-    def api(self, token: str | None = None) -> httpx.Client:
-        token = token or self.settings.cli_token_path.read_text().strip()
-        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.settings.socket_path)),
-                            base_url="http://appliance", headers={"Authorization": f"Bearer {token}"}, timeout=30)
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "appliance", *args], env=self.env, capture_output=True, check=False,
-                              text=True, timeout=300)
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        with self.api() as api:
-            return api.get(f"/v1/jobs/{job_id}").json()
-
-    def wait(self, predicate: Callable[[], Any], seconds: float, message: str) -> Any:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                log = (self.settings.state_dir / "daemon.log").read_text()
-                raise AssertionError(f"the daemon exited {self.process.returncode}:\n{log[-3000:]}")
-            found = predicate()
-            if found:
-                return found
-            time.sleep(0.2)
-        raise AssertionError(message + "\n" + (self.settings.state_dir / "daemon.log").read_text()[-3000:])
-
-    def ended(self, job_id: str, seconds: float = 240) -> dict[str, Any]:
-        return self.wait(lambda: (job := self.job(job_id))["status"] in ("finished", "failed", "cancelled") and job,
-                         seconds, f"job {job_id} did not end")
-
-    def _answers(self) -> bool:
-        try:
-            with httpx.Client(transport=httpx.HTTPTransport(uds=str(self.settings.socket_path))) as http:
-                return http.get("http://appliance/v1/health", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-
-@pytest.fixture
-def daemon(
-    tiny_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-) -> Iterator[Daemon]:
-    """A fresh daemon; a test may add settings with indirect parametrisation: {"APPLIANCE_...": value}."""
-    short = Path(tempfile.mkdtemp(prefix="apl-", dir="/tmp"))  # a unix socket path must stay under 108 bytes
-    env = {**os.environ, "APPLIANCE_STATE_DIR": str(tmp_path / "var"), "APPLIANCE_DAEMON_SOCKET": str(short / "s"),
-           "APPLIANCE_SERVE_PORT": str(_free_port()), "APPLIANCE_SERVE_POLL_S": "0.2", "APPLIANCE_TRAIN_BASE_MODEL":
-           str(tiny_base), "APPLIANCE_DAEMON_STOP_TIMEOUT_S": "60", "APPLIANCE_DAEMON_TCP_PORT": str(_free_port()),
-           "HF_HUB_OFFLINE": "1", **getattr(request, "param", {})}
-    for name, value in env.items():
-        if name.startswith("APPLIANCE_"):
-            monkeypatch.setenv(name, value)  # the same settings for config.load() in the test
-    settings = config.load()
-    lifecycle.init(settings).close()
-    write_tickets(tmp_path / "tickets.csv")
-    running = Daemon(env, settings)
-    running.start()
-    yield running
-    if running.process is not None:
-        running.stop(signal.SIGKILL)
-
-
-def _submit(daemon: Daemon, kind: str, params: dict[str, Any], priority: int = 0) -> str:
-    with daemon.api() as api:
-        answer = api.post("/v1/jobs", json={"kind": kind, "params": params, "priority": priority})
-    assert answer.status_code == 201, answer.text
-    return answer.json()["id"]
 
 
 def _events(daemon: Daemon, job_id: str) -> list[events.Event]:
@@ -128,7 +38,7 @@ def _steps_done(daemon: Daemon, job_id: str) -> int:
 
 
 def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon, tmp_path: Path) -> None:
-    job_id = _submit(daemon, "pipeline", {"source": str(tmp_path / "tickets.csv"), "dataset": "tickets",
+    job_id = submit(daemon, "pipeline", {"source": str(tmp_path / "tickets.csv"), "dataset": "tickets",
                                           "params": TINY, "int8": False})
     job = daemon.ended(job_id)
     assert job["status"] == "finished", job["error"]
@@ -154,7 +64,7 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
     assert actors == {f"user:{users.LOCAL_ADMIN}"}
 
     # With a model served, the next training leaves it cores and runs at lower priority.
-    retrain = _submit(daemon, "train", {"dataset": "tickets", "params": TINY})
+    retrain = submit(daemon, "train", {"dataset": "tickets", "params": TINY})
     assert daemon.ended(retrain)["status"] == "finished"
     with daemon.api() as api:
         assert any("training uses at most" in line for line in api.get(f"/v1/jobs/{retrain}/logs").json())
@@ -165,7 +75,7 @@ def test_kill_9_mid_training_then_restart_resumes_from_the_checkpoint(daemon: Da
 
     with store.open(daemon.settings) as opened:
         datasets.import_file(opened, daemon.settings.state_dir.parent / "tickets.csv", name="tickets")
-    job_id = _submit(daemon, "train", {"dataset": "tickets", "params": LONG})
+    job_id = submit(daemon, "train", {"dataset": "tickets", "params": LONG})
     daemon.wait(lambda: _steps_done(daemon, job_id) >= 12, 120, "training did not get going")
     child = daemon.job(job_id)["pid"]
 
@@ -196,7 +106,7 @@ def test_sigterm_drains_the_running_job_back_into_the_queue(daemon: Daemon) -> N
 
     with store.open(daemon.settings) as opened:
         datasets.import_file(opened, daemon.settings.state_dir.parent / "tickets.csv", name="tickets")
-    job_id = _submit(daemon, "train", {"dataset": "tickets", "params": LONG})
+    job_id = submit(daemon, "train", {"dataset": "tickets", "params": LONG})
     daemon.wait(lambda: _steps_done(daemon, job_id) >= 4, 120, "training did not get going")
 
     assert daemon.stop(signal.SIGTERM) == 0
@@ -207,14 +117,23 @@ def test_sigterm_drains_the_running_job_back_into_the_queue(daemon: Daemon) -> N
     assert not daemon.settings.socket_path.exists() and not daemon.settings.pid_path.exists()
 
 
+def test_an_open_event_stream_ends_when_the_daemon_stops(daemon: Daemon) -> None:
+    """A watching TUI or `jobs watch` must not hold up a stop (systemd would kill the daemon mid-drain)."""
+    with daemon.api() as api, api.stream("GET", "/v1/events", timeout=30) as stream:
+        lines = stream.iter_lines()
+        assert next(lines) == ": idle"  # the stream is open and waiting
+        assert daemon.stop(signal.SIGTERM, timeout=20) == 0
+        assert set(lines) <= {"", ": idle"}  # the stream ended cleanly, not cut off mid-answer
+
+
 def test_a_higher_priority_job_preempts_and_a_cancel_stops(daemon: Daemon) -> None:
     from appliance import datasets
 
     with store.open(daemon.settings) as opened:
         datasets.import_file(opened, daemon.settings.state_dir.parent / "tickets.csv", name="tickets")
-    low = _submit(daemon, "train", {"dataset": "tickets", "params": LONG})
+    low = submit(daemon, "train", {"dataset": "tickets", "params": LONG})
     daemon.wait(lambda: _steps_done(daemon, low) >= 4, 120, "training did not get going")
-    high = _submit(daemon, "train", {"dataset": "tickets", "params": TINY}, priority=10)
+    high = submit(daemon, "train", {"dataset": "tickets", "params": TINY}, priority=10)
 
     assert daemon.ended(high)["status"] == "finished"
     requeued = [e for e in _events(daemon, low) if e.kind == "requeued"]
@@ -293,7 +212,7 @@ def _outside_now() -> str:
 
 @pytest.mark.parametrize("daemon", [{"APPLIANCE_DAEMON_TRAINING_HOURS": _outside_now()}], indirect=True)
 def test_jobs_wait_for_the_training_hours(daemon: Daemon) -> None:
-    job_id = _submit(daemon, "train", {"dataset": "tickets"})
+    job_id = submit(daemon, "train", {"dataset": "tickets"})
     time.sleep(2)
     assert daemon.job(job_id)["status"] == "queued"
     with daemon.api() as api:
@@ -337,12 +256,6 @@ def test_the_cli_talks_to_the_running_daemon(daemon: Daemon, tmp_path: Path) -> 
     assert daemon.process is not None and daemon.process.wait(timeout=30) == 0
     daemon.process = None
     assert daemon.cli("stop").stderr.startswith("error: no daemon is running")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:
@@ -397,7 +310,7 @@ def test_sighup_rereads_the_config_file(daemon: Daemon, tmp_path: Path) -> None:
     daemon.start()
     with store.open(daemon.settings) as opened:
         datasets.import_file(opened, tmp_path / "tickets.csv", name="tickets")
-    job_id = _submit(daemon, "train", {"dataset": "tickets", "params": TINY})
+    job_id = submit(daemon, "train", {"dataset": "tickets", "params": TINY})
     time.sleep(2)
     assert daemon.job(job_id)["status"] == "queued"
 

@@ -27,6 +27,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     store,
     tokens,
     train,
+    tui,
     users,
 )
 from appliance.cli.base import cli

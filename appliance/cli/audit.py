@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 import click
@@ -41,15 +40,10 @@ def audit_list(since: str | None, actor: str | None, action: str | None, limit: 
 def _parse_since(text: str | None) -> datetime | None:
     if text is None:
         return None
-    relative = re.fullmatch(r"(\d+)([mhd])", text.strip())
-    if relative:
-        amount, unit = int(relative[1]), relative[2]
-        return datetime.now(UTC) - timedelta(**{{"m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is neither a date (2026-11-01) nor an age (30m, 12h, 7d)", param_hint="--since")
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return audit.parse_since(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from exc
 
 
 @audit_group.command("verify")
@@ -62,8 +56,7 @@ def _parse_since(text: str | None) -> datetime | None:
 def audit_verify(checkpoint: Path | None, as_json: bool) -> None:
     """Check every record, the chain and its anchored head; exit 1 on any tampering."""
     with opened_store() as opened:
-        result = audit.verify(opened, checkpoint)
-        audit.record(opened, "audit.verify", opened.store_id, ok=result.ok, first_bad=result.first_bad)
+        result = audit.check(opened, checkpoint)
     if as_json:
         print_json(result.__dict__)
     else:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -60,7 +58,7 @@ def data_list(as_json: bool) -> None:
     with opened_store() as opened:
         versions = datasets.list_versions(opened)
     if as_json:
-        print_json([_as_json(version) for version in versions])
+        print_json([version.summary() for version in versions])
         return
     if not versions:
         click.echo("no datasets yet: 'appliance data import PATH --name NAME' adds one")
@@ -80,7 +78,7 @@ def data_show(ref: str, as_json: bool) -> None:
         version = datasets.get(opened, ref)
         counts = datasets.load(opened, version).counts
     if as_json:
-        print_json({**_as_json(version), "counts": counts})
+        print_json({**version.summary(), "counts": counts})
     else:
         _describe(version, counts)
 
@@ -102,9 +100,3 @@ def _describe(version: datasets.DatasetVersion, counts: dict[str, int]) -> None:
         click.echo(f"  {label:<{width}}  {count:>6}")
     for warning in version.warnings:
         click.echo(f"warning: {warning}")
-
-
-def _as_json(version: datasets.DatasetVersion) -> dict[str, Any]:
-    """The version as JSON, with the split's sizes rather than its index lists."""
-    split = {**version.split, "train": len(version.split["train"]), "validation": len(version.split["validation"])}
-    return {**dataclasses.asdict(version), "ref": version.ref, "split": split}

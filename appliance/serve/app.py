@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Annotated, Any, Literal
@@ -28,7 +27,7 @@ from appliance.config import Settings
 from appliance.errors import ApplianceError, BadRequest
 from appliance.serve import metrics as serve_metrics
 from appliance.serve import tls
-from appliance.serve.runtime import Loaded, Runtime
+from appliance.serve.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +107,6 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
                   docs_url=None, redoc_url=None)  # the docs pages load scripts from a CDN; the box is offline
     app.add_middleware(_BodyLimit, limit=settings.serve.max_body_bytes)
     metrics = runtime.metrics
-    limit = settings.serve.max_instances
 
     app.state.runtime = runtime
     @app.get("/v2/health/live")
@@ -148,7 +146,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         if body.inputs[0].shape not in ([len(texts)], [len(texts), 1]):
             raise BadRequest(f"input 'text' has shape {body.inputs[0].shape} but holds {len(texts)} texts",
                              hint=f"give shape [{len(texts)}]")
-        loaded, probabilities = await _predict(name, texts)
+        loaded, probabilities = await runtime.predict(name, texts)
         wanted = {output.name for output in body.outputs} if body.outputs else {"label", "probabilities"}
         outputs = []
         if "label" in wanted:
@@ -162,34 +160,18 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
 
     @app.post("/v1/models/{name}:predict")
     async def predict(name: str, _key: ModelKey, body: PredictRequest) -> dict[str, Any]:
-        loaded, probabilities = await _predict(name, body.instances)
-        predictions = [
-            {"label": loaded.labels[int(row.argmax())],
-             "scores": {label: round(float(p), 6) for label, p in zip(loaded.labels, row)}}
-            for row in probabilities
-        ]
-        return {"model": name, "model_version": str(loaded.version), "predictions": predictions}
+        loaded, probabilities = await runtime.predict(name, body.instances)
+        return {"model": name, "model_version": str(loaded.version),
+                "predictions": label_scores(loaded.labels, probabilities)}
 
     @app.get("/metrics")
     async def metrics_endpoint(_key: AnyModelKey) -> Response:
-        for model, route in runtime.routes.items():
-            for loaded in route.versions():
-                share = route.canary_percent / 100 if loaded is route.candidate else 1 - route.canary_percent / 100
-                metrics.traffic.labels(model, str(loaded.version)).set(share)
-                metrics.queue_depth.labels(model, str(loaded.version)).set(loaded.batcher.depth)
+        for served in runtime.describe():
+            for version in served["versions"]:
+                labels = (served["model"], str(version["version"]))
+                metrics.traffic.labels(*labels).set(version["traffic_share"])
+                metrics.queue_depth.labels(*labels).set(version["queue_depth"])
         return Response(metrics.exposition(), media_type=serve_metrics.CONTENT_TYPE)
-
-    async def _predict(name: str, texts: list[str]) -> tuple[Loaded, Any]:
-        if not texts:
-            raise BadRequest("the request holds no texts", hint="send at least one text")
-        if len(texts) > limit:
-            raise BadRequest(f"the request holds {len(texts)} texts; at most {limit} are allowed",
-                             hint="split it into several requests")
-        loaded = runtime.route(name).pick()
-        started = time.perf_counter()
-        probabilities = await loaded.predict(texts)  # an error is counted by the handler that answers it
-        metrics.request(name, loaded.version, 200, time.perf_counter() - started)
-        return loaded, probabilities
 
     def refused(request: Request, status: int) -> None:
         metrics.request(request.path_params.get("name", ""), None, status)
@@ -232,6 +214,12 @@ def _report_start_failure(task: asyncio.Task[None]) -> None:
         error = task.exception()
         message = error.message if isinstance(error, ApplianceError) else repr(error)
         log.error("the server could not open the store, so it stays unready: %s", message)
+
+
+def label_scores(labels: list[str], probabilities: Any) -> list[dict[str, Any]]:
+    """Per text: the most likely label and every label's probability."""
+    return [{"label": labels[int(row.argmax())], "scores": {label: round(float(p), 6) for label, p in zip(labels, row)}}
+            for row in probabilities]
 
 
 def describe_error(error: dict[str, Any]) -> str:

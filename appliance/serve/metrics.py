@@ -6,6 +6,11 @@ process, as in tests, do not share counters.
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -19,11 +24,49 @@ def quantile_s(before: list[float], after: list[float], q: float) -> tuple[float
 
     Requests slower than the last bound count as twice that bound: enough to say "too slow".
     """
+    index, total = _bucket_of(before, after, q)
+    return (LATENCY_BUCKETS[index] if index < len(LATENCY_BUCKETS) else 2 * LATENCY_BUCKETS[-1]), total
+
+
+def estimate_quantile_s(before: list[float], after: list[float], q: float) -> float | None:
+    """The latency a share q of the requests between two counts stayed under, interpolated inside its bucket
+    as Prometheus' histogram_quantile() does; None when there were no requests."""
+    index, total = _bucket_of(before, after, q)
+    if total == 0:
+        return None
+    if index == len(LATENCY_BUCKETS):  # slower than the last bound: that bound is all we know
+        return LATENCY_BUCKETS[-1]
+    lower = LATENCY_BUCKETS[index - 1] if index else 0.0
+    below = after[index - 1] - before[index - 1] if index else 0.0
+    inside = after[index] - before[index] - below
+    share = (q * total - below) / inside if inside else 1.0
+    return lower + (LATENCY_BUCKETS[index] - lower) * share
+
+
+def _bucket_of(before: list[float], after: list[float], q: float) -> tuple[int, int]:
+    """The first bucket whose cumulative count reaches a share q of the requests between two counts, and their number."""
     total = after[-1] - before[-1]
-    for bound, old, new in zip(LATENCY_BUCKETS, before, after, strict=False):
+    for index, (old, new) in enumerate(zip(before[:-1], after[:-1], strict=True)):
         if new - old >= q * total:
-            return bound, int(total)
-    return 2 * LATENCY_BUCKETS[-1], int(total)
+            return index, int(total)
+    return len(LATENCY_BUCKETS), int(total)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What one model version has answered so far: requests by status, latencies as cumulative bucket counts."""
+
+    by_status: dict[str, float]
+    latency: list[float]  # one count per bound of LATENCY_BUCKETS, then all requests
+
+    @classmethod
+    def zero(cls) -> Counts:
+        return cls({}, [0.0] * (len(LATENCY_BUCKETS) + 1))
+
+    def __add__(self, other: Counts) -> Counts:
+        statuses = self.by_status.keys() | other.by_status.keys()
+        return Counts({s: self.by_status.get(s, 0.0) + other.by_status.get(s, 0.0) for s in statuses},
+                      [a + b for a, b in zip(self.latency, other.latency, strict=True)])
 
 
 class Metrics:
@@ -68,15 +111,74 @@ class Metrics:
             except KeyError:
                 pass
 
-    def latency_counts(self) -> list[float]:
-        """Requests so far at or under each latency bound, all models together (cumulative); the last is all."""
-        counts = [0.0] * (len(LATENCY_BUCKETS) + 1)
+    def counts(self) -> dict[tuple[str, str], Counts]:
+        """Requests and latencies so far, by (model, version); version "" holds requests refused before routing."""
+        found: dict[tuple[str, str], Counts] = {}
+
+        def entry(labels: dict[str, str]) -> Counts:
+            return found.setdefault((labels["model"], labels["version"]), Counts.zero())
+
+        for metric in self.requests.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    entry(sample.labels).by_status[sample.labels["status"]] = sample.value
         for metric in self.latency.collect():
             for sample in metric.samples:
                 if sample.name.endswith("_bucket"):
                     bound = float(sample.labels["le"])
-                    counts[LATENCY_BUCKETS.index(bound) if bound in LATENCY_BUCKETS else -1] += sample.value
-        return counts
+                    index = LATENCY_BUCKETS.index(bound) if bound in LATENCY_BUCKETS else -1
+                    entry(sample.labels).latency[index] = sample.value
+        return found
+
+    def latency_counts(self) -> list[float]:
+        """Requests so far at or under each latency bound, all models together (cumulative); the last is all."""
+        return sum(self.counts().values(), Counts.zero()).latency
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class TrafficWindow:
+    """Request rates, error rates and latency quantiles over about the last `span_s` seconds.
+
+    A snapshot of the counters is kept each time someone asks, and the answer compares
+    now with the oldest snapshot still inside the span: no timer, and a dashboard
+    polling every few seconds sees a trailing minute.
+    """
+
+    def __init__(self, metrics: Metrics, span_s: float = 60.0) -> None:
+        self.metrics, self.span_s = metrics, span_s
+        self._snapshots: deque[tuple[float, dict[tuple[str, str], Counts]]] = deque()
+
+    def summary(self) -> tuple[float, dict[tuple[str, str], dict[str, Any]]]:
+        """(seconds covered, stats by (model, version), and by (model, "all") for all its requests, refused ones too);
+        0 seconds and rates of None on the first call."""
+        now, current = time.monotonic(), _with_totals(self.metrics.counts())
+        while len(self._snapshots) > 1 and now - self._snapshots[1][0] >= self.span_s:
+            self._snapshots.popleft()  # keep the newest snapshot that still covers the whole span
+        since, before = self._snapshots[0] if self._snapshots else (now, current)
+        self._snapshots.append((now, current))
+        seconds = now - since
+        return seconds, {key: _stats(before.get(key, Counts.zero()), counts, seconds) for key, counts in current.items()}
+
+
+def _with_totals(counts: dict[tuple[str, str], Counts]) -> dict[tuple[str, str], Counts]:
+    totals: dict[tuple[str, str], Counts] = {}
+    for (model, _version), found in counts.items():
+        totals[(model, "all")] = totals.get((model, "all"), Counts.zero()) + found
+    return counts | totals
+
+
+def _stats(before: Counts, after: Counts, seconds: float) -> dict[str, Any]:
+    answered = {status: after.by_status.get(status, 0.0) - before.by_status.get(status, 0.0)
+                for status in after.by_status}
+    requests = sum(answered.values())
+    errors = sum(count for status, count in answered.items() if not status.startswith("2"))
+    p50, p99 = (estimate_quantile_s(before.latency, after.latency, q) for q in (0.5, 0.99))
+    return {
+        "requests": int(sum(after.by_status.values())),
+        "requests_per_s": requests / seconds if seconds > 0 else None,
+        "error_rate": errors / requests if requests else None,
+        "p50_ms": p50 * 1000 if p50 is not None else None,
+        "p99_ms": p99 * 1000 if p99 is not None else None,
+    }

@@ -16,6 +16,7 @@ import concurrent.futures
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -24,7 +25,7 @@ import numpy as np
 
 from appliance import auth, events, optimize, registry, store
 from appliance.config import Settings
-from appliance.errors import ApplianceError, ModelNotFound
+from appliance.errors import ApplianceError, BadRequest, ModelNotFound
 from appliance.serve import drift
 from appliance.serve.batching import Batch, Batcher
 from appliance.serve.metrics import Metrics
@@ -45,6 +46,7 @@ class Loaded:
     batcher: Batcher
     reference: drift.Histograms | None
     window: drift.Histograms = field(default_factory=drift.Histograms)
+    drift_scores: dict[str, float] = field(default_factory=dict)  # PSI per feature of the last full window
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -127,6 +129,36 @@ class Runtime:
         return route.production.version == wanted.production or (model, wanted.production) in self._failed
 
     # -- requests ----------------------------------------------------------------------------
+
+    async def predict(self, model: str, texts: list[str]) -> tuple[Loaded, np.ndarray]:
+        """Class probabilities for texts from the version the model's route picks, counted in the metrics."""
+        if not texts:
+            raise BadRequest("the request holds no texts", hint="send at least one text")
+        limit = self.settings.serve.max_instances
+        if len(texts) > limit:
+            raise BadRequest(f"the request holds {len(texts)} texts; at most {limit} are allowed",
+                             hint="split it into several requests")
+        loaded = self.route(model).pick()
+        started = time.perf_counter()
+        probabilities = await loaded.predict(texts)  # an error is counted by the handler that answers it
+        self.metrics.request(model, loaded.version, 200, time.perf_counter() - started)
+        return loaded, probabilities
+
+    def describe(self) -> list[dict[str, Any]]:
+        """What serves now, model by model: readiness, the canary share, and each loaded version."""
+        described = []
+        for model in sorted(set(self._wanted) | set(self.routes)):
+            route = self.routes.get(model)
+            versions = []
+            for loaded in route.versions() if route else []:
+                candidate = loaded is route.candidate
+                share = route.canary_percent / 100 if candidate else 1 - route.canary_percent / 100
+                versions.append({"version": loaded.version, "role": "candidate" if candidate else "production",
+                                 "variant": loaded.variant, "traffic_share": share,
+                                 "queue_depth": loaded.batcher.depth, "drift_psi": dict(loaded.drift_scores)})
+            described.append({"model": model, "ready": self.model_ready(model),
+                              "canary_percent": route.canary_percent if route else 0.0, "versions": versions})
+        return described
 
     def route(self, model: str) -> Route:
         route = self.routes.get(model)
@@ -256,6 +288,7 @@ class Runtime:
             if loaded.window.texts < self.settings.serve.drift_window:
                 return
             scores, loaded.window = loaded.window.scores(loaded.reference), drift.Histograms()
+        loaded.drift_scores = scores
         self.metrics.drift(loaded.model, loaded.version, scores)
         worst = max(scores, key=scores.get)
         if scores[worst] > self.settings.serve.drift_threshold:

@@ -16,11 +16,12 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,22 @@ def rows(
     return newest_first[::-1]
 
 
+def parse_since(text: str) -> datetime:
+    """A moment given as a date or time (2026-11-01, 2026-11-01T08:00, UTC unless it says) or an age (30m, 12h, 7d).
+
+    Raises ValueError with a message that says what is accepted.
+    """
+    relative = re.fullmatch(r"(\d+)([mhd])", text.strip())
+    if relative:
+        amount, unit = int(relative[1]), relative[2]
+        return datetime.now(UTC) - timedelta(**{{"m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a date (2026-11-01) nor an age (30m, 12h, 7d)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
 def export_jsonl(store: Store) -> Iterator[str]:
     """Every record as one JSON line, details parsed, for archiving elsewhere."""
     for row in store.db.execute(f"SELECT {', '.join(FIELDS)} FROM audit ORDER BY seq"):
@@ -210,6 +227,24 @@ def verify(store: Store, checkpoint_file: Path | None = None) -> Verification:
         if problem:
             return Verification(False, previous_seq, *problem)
     return Verification(True, previous_seq)
+
+
+def check(store: Store, checkpoint_file: Path | None = None, actor: str | None = None) -> Verification:
+    """verify(), with its outcome put on the record, so the log shows when it was last checked and by whom."""
+    result = verify(store, checkpoint_file)
+    record(store, "audit.verify", store.store_id, actor=actor, ok=result.ok, first_bad=result.first_bad)
+    return result
+
+
+def last_check(store: Store) -> dict[str, Any] | None:
+    """The most recent check(): when, by whom, and its outcome; None if the log was never checked."""
+    row = store.db.execute(
+        "SELECT ts, actor, details FROM audit WHERE action = 'audit.verify' ORDER BY seq DESC LIMIT 1"
+    ).fetchone()
+    if row is None:
+        return None
+    details = json.loads(row[2])
+    return {"at": row[0], "actor": row[1], "ok": details.get("ok"), "first_bad": details.get("first_bad")}
 
 
 def _bad(good: int, first_bad: int, problem: str) -> Verification:
