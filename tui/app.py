@@ -1,57 +1,166 @@
-"""The operator's terminal UI (appliance-tui).
+"""appliance-tui: the operator's terminal UI, on the daemon's control API.
 
-For now it shows the store: where it is, what it holds, and whether the audit log
-verifies. Screens for datasets, jobs, models and serving join it as those parts of
-the appliance arrive.
+Six screens, one per thing an operator does (keys 1-6): the overview, datasets, jobs,
+models, serving and the audit log; `?` explains them all. Every screen asks the local
+daemon over its control socket with the operator's token ($APPLIANCE_TOKEN, else the
+daemon's local admin token) and refreshes itself while shown. One stream of the
+daemon's events feeds live job progress and notices. When the daemon goes away the
+screens keep their last data, the status line says what is wrong, and everything
+picks up again once it answers. A daemon error is a message, never a traceback.
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
+import enum
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, Protocol
 
 from textual import work
-from textual.app import App, ComposeResult
-from textual.widgets import Footer, Header, Static
+from textual.app import App
+from textual.binding import Binding
+from textual.reactive import reactive
+from textual.worker import Worker, WorkerState
 
-from appliance import config, store
-from appliance.errors import ApplianceError
-from appliance.store import audit, lifecycle
+from appliance import client, config
+from appliance.errors import ApplianceError, DaemonUnreachable, Unauthenticated
+from tui.screens.audit import AuditScreen
+from tui.screens.base import ApplianceScreen
+from tui.screens.datasets import DatasetsScreen
+from tui.screens.help import HelpScreen
+from tui.screens.jobs import JobsScreen
+from tui.screens.models import ModelsScreen
+from tui.screens.overview import OverviewScreen
+from tui.screens.serving import ServingScreen
+
+RETRY_S = 2.0  # how soon the event stream asks again after the daemon went away
+
+
+class Daemon(Protocol):
+    """What the TUI asks of the daemon: appliance.client.AsyncClient, or a stand-in in tests."""
+
+    async def get(self, path: str, **params: Any) -> Any: ...
+
+    async def post(self, path: str, body: dict[str, Any] | None = None) -> Any: ...
+
+    def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
+
+
+class Connection(enum.Enum):
+    """How the TUI stands with the daemon (the status line shows the value)."""
+
+    CONNECTING = "connecting to the daemon"
+    """Nothing asked yet."""
+    CONNECTED = "connected"
+    """The last request was answered."""
+    UNREACHABLE = "DAEMON NOT REACHABLE, retrying"
+    """Nothing answers on the control socket: the daemon is stopped, starting or restarting."""
+    REFUSED = "TOKEN REFUSED"
+    """The daemon answers but does not accept the token."""
 
 
 class ApplianceApp(App[None]):
-    """Read-only overview of the local store."""
+    """The operator's console: every screen reads and changes the appliance through its daemon."""
 
     TITLE = "appliance"
-    BINDINGS = [("q", "quit", "Quit"), ("r", "refresh", "Refresh")]
+    CSS_PATH = "app.tcss"
+    NAVIGATION: ClassVar[tuple[type[ApplianceScreen], ...]] = (
+        OverviewScreen, DatasetsScreen, JobsScreen, ModelsScreen, ServingScreen, AuditScreen,
+    )
+    MODES: ClassVar[dict[str, Any]] = {screen.NAME: screen for screen in NAVIGATION}
+    DEFAULT_MODE = OverviewScreen.NAME
+    BINDINGS: ClassVar = [
+        *(Binding(str(key), f"switch_mode('{screen.NAME}')", screen.TITLE, show=False)
+          for key, screen in enumerate(NAVIGATION, start=1)),
+        Binding("question_mark,f1", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+    ]
 
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Static("loading…", id="store")
-        yield Static("", id="audit")
-        yield Footer()
+    connection: reactive[Connection] = reactive(Connection.CONNECTING)
+    problem: reactive[str] = reactive("")
+
+    def __init__(self, daemon: Daemon | None = None, settings: config.Settings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or config.load()
+        self.daemon: Daemon = daemon or client.AsyncClient(self.settings)
+        self.job_progress: dict[str, dict[str, Any]] = {}  # job id -> its latest progress report
+        self.event_listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def on_mount(self) -> None:
-        self.action_refresh()
+        self.follow_events()
 
-    @work(thread=True, exclusive=True)
-    def action_refresh(self) -> None:
+    # -- talking to the daemon ---------------------------------------------------------
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None = None, **params: Any) -> Any:
+        """Ask the daemon; whether it answered, and whether it took the token, shows on the status line."""
         try:
-            with store.open(config.load(), os.environ.get("APPLIANCE_PASSPHRASE")) as opened:
-                details = lifecycle.info(opened)
-                result = audit.verify(opened)
-        except ApplianceError as exc:
-            message = f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else "")
-            self.call_from_thread(self.query_one("#store", Static).update, message)
+            answer = await (self.daemon.get(path, **params) if method == "GET" else self.daemon.post(path, body))
+        except (DaemonUnreachable, Unauthenticated) as exc:
+            self._lost(exc)
+            raise
+        self.connection, self.problem = Connection.CONNECTED, ""
+        return answer
+
+    def report(self, exc: ApplianceError) -> None:
+        """A daemon error as a notice; a lost connection or a refused token is on the status line already."""
+        if isinstance(exc, (DaemonUnreachable, Unauthenticated)):
             return
-        lines = "\n".join(f"{name:16} {value}" for name, value in details.items())
-        verdict = (
-            f"Audit log OK: {result.records} records"
-            if result.ok
-            else f"AUDIT LOG TAMPERED: {result.problem}"
-        )
-        self.call_from_thread(self.query_one("#store", Static).update, lines)
-        self.call_from_thread(self.query_one("#audit", Static).update, verdict)
+        self.notify(exc.message + (f"\nhint: {exc.hint}" if exc.hint else ""), title="error", severity="error",
+                    timeout=10)
+
+    def _lost(self, exc: ApplianceError) -> None:
+        self.connection = Connection.REFUSED if isinstance(exc, Unauthenticated) else Connection.UNREACHABLE
+        self.problem = exc.hint or exc.message
+
+    @work(exclusive=True, group="events", exit_on_error=False)
+    async def follow_events(self) -> None:
+        """The daemon's events, for as long as the TUI runs: reconnect after a loss, resume where it stopped."""
+        seq: int | None = None
+        while True:
+            try:
+                if seq is None:
+                    seq = (await self.request("GET", "/v1/status"))["last_event"]
+                async for event in self.daemon.events(after=seq):
+                    seq = event["seq"]
+                    self._dispatch(event)
+            except (DaemonUnreachable, Unauthenticated) as exc:
+                self._lost(exc)
+            except ApplianceError as exc:
+                self.report(exc)
+            await asyncio.sleep(RETRY_S)
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        if event["topic"] == "job" and event["kind"] == "progress":
+            self.job_progress[event["subject"]] = event["data"]
+        elif event["topic"] == "job" and event["kind"] in ("finished", "failed", "cancelled"):
+            self.job_progress.pop(event["subject"], None)
+            error = event["data"].get("error")
+            self.notify(f"job {event['subject']} {event['kind']}" + (f": {error}" if error else ""),
+                        severity="error" if event["kind"] == "failed" else "information")
+        elif event["topic"] == "drift" and event["kind"] == "alert":
+            data = event["data"]
+            self.notify(f"drift on {data.get('version')}: {data.get('feature')} PSI {data.get('psi')}",
+                        title="drift alert", severity="warning", timeout=15)
+        for listener in self.event_listeners:
+            listener(event)
+
+    # -- actions and errors ------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.NAVIGATION))
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A bug in a background task: say so on screen, keep running (the log has the traceback)."""
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            error = event.worker.error
+            self.log.error(f"internal error in {event.worker.name}", error)  # to Textual's devtools, not the screen
+            self.notify(f"internal error: {type(error).__name__}: {error}\nhint: this is a bug; the TUI goes on",
+                        title="internal error", severity="error", timeout=15)
 
 
 def main() -> None:
-    ApplianceApp().run()
+    try:
+        ApplianceApp().run()
+    except ApplianceError as exc:  # the configuration could not be read: nothing on screen yet
+        raise SystemExit(f"error: {exc.message}" + (f"\n  hint: {exc.hint}" if exc.hint else "")) from None

@@ -1,0 +1,270 @@
+"""Every screen driven with Textual's Pilot against a real daemon on a temporary state directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon import TINY, Daemon, submit
+from tests.tui.conftest import SIZE, RecordedDaemon, settle, text
+from tui.app import ApplianceApp, Connection
+from tui.widgets import Table
+
+pytestmark = pytest.mark.slow
+
+
+def rows(app: ApplianceApp, selector: str) -> dict[str, list[str]]:
+    """A table's rows by key, as the operator reads them."""
+    table = app.screen.query_one(selector, Table)
+    return {key.value: [str(cell) for cell in table.get_row(key)] for key in table.rows}
+
+
+def notices(app: ApplianceApp) -> str:
+    return "\n".join(notification.message for notification in app._notifications)
+
+
+def api(daemon: Daemon, path: str) -> Any:
+    with daemon.api() as http:
+        return http.get(path).json()
+
+
+async def test_the_overview_shows_the_box_its_load_and_what_it_serves(served: Daemon) -> None:
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: "Plan for" in text(app, "#hardware"), message="no hardware panel")
+        assert "RAM" in text(app, "#hardware") and "OpenVINO  CPU" in text(app, "#hardware")
+        await settle(pilot, lambda: "serving READY" in text(app, "#service"), message="serving never ready")
+        assert "CPU  [" in text(app, "#service")
+        production = api(served, "/v1/serving")["models"][0]["versions"][0]["version"]
+        await settle(pilot, lambda: f"tickets: v{production} " in text(app, "#served"), message="no served model")
+        assert "1 finished" in text(app, "#work")
+        assert app.connection is Connection.CONNECTED
+
+
+async def test_an_import_lists_the_problems_by_line_and_a_clean_file_is_stored(served: Daemon,
+                                                                             tmp_path: Path) -> None:
+    source = tmp_path / "faq.csv"
+    source.write_text("text,label\nhow do I reset my password,account\n,billing\nwhere is my invoice,billing\n")
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2", "i")
+        dialog = app.screen
+        dialog.query_one("#path").value = str(source)
+        dialog.query_one("#name").value = "faq"
+        await pilot.click("#submit")
+        problem = await settle(pilot, lambda: "line 3" in (shown := text(app, "#problem")) and shown,
+                               message="the import problems were not shown")
+        assert "empty text" in problem
+        assert app.screen is dialog  # the dialog stays open with what was typed
+
+        source.write_text("text,label\n" + "".join(f"question {i},{'account' if i % 2 else 'billing'}\n"
+                                                   for i in range(20)))
+        await pilot.click("#submit")
+        await settle(pilot, lambda: "faq:1" in rows(app, "#datasets"), message="the clean import is not listed")
+        assert rows(app, "#datasets")["faq:1"][2] == "20"
+    assert any(version["ref"] == "faq:1" for version in api(served, "/v1/datasets"))
+
+
+async def test_the_wizard_starts_a_fine_tune_and_the_job_shows_progress_charts_and_log(served: Daemon) -> None:
+    before = {job["id"] for job in api(served, "/v1/jobs")}
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3", "n")
+        dialog = app.screen
+        await settle(pilot, lambda: isinstance(dialog.query_one("#dataset").value, str), message="no datasets offered")
+        dialog.query_one("#dataset").value = "tickets:1"
+        for name, value in (("epochs", "2"), ("learning_rate", "0.003"), ("batch_size", "16"), ("max_length", "32")):
+            dialog.query_one(f"#{name}").value = value
+        dialog.query_one("#priority").value = "high"
+        await pilot.click("#submit")
+        await settle(pilot, lambda: "priority must be a whole number" in text(app, "#problem"))
+
+        dialog.query_one("#priority").value = "5"
+        await pilot.click("#submit")
+        await settle(pilot, lambda: app.screen is not dialog, message="the wizard did not submit")
+        job_id = await settle(pilot, lambda: next(iter(set(rows(app, "#jobs")) - before), None))
+        assert app.screen.query_one("#jobs", Table).selected == job_id  # the newest, at the top
+        job = api(served, f"/v1/jobs/{job_id}")
+        assert job["kind"] == "pipeline" and job["priority"] == 5
+        assert job["params"]["params"] == {"epochs": 2, "learning_rate": 0.003, "batch_size": 16, "max_length": 32}
+
+        await settle(pilot, lambda: rows(app, "#jobs")[job_id][2] == "finished", seconds=300,
+                     message="the job did not finish on screen")
+        await settle(pilot, lambda: text(app, "#job-step") == "finished")
+        loss = app.screen.query_one("#loss-chart .chart-value")
+        assert float(str(loss.render())) > 0
+        assert str(app.screen.query_one("#accuracy-chart .chart-value").render()).endswith("%")
+        assert app.screen.query_one("#job-log").line_count > 0
+        assert f"job {job_id} finished" in notices(app)
+
+
+async def test_cancelling_a_job_asks_first(served: Daemon) -> None:
+    job_id = submit(served, "train", {"dataset": "tickets", "params": {**TINY, "epochs": 500}})
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        await settle(pilot, lambda: app.screen.query_one("#jobs", Table).selected == job_id)
+        await pilot.press("c")
+        assert "Cancel job" in str(app.screen.query_one(".question").render())
+        await pilot.press("n")
+        assert api(served, f"/v1/jobs/{job_id}")["status"] in ("queued", "running")
+        await pilot.press("c", "y")
+        await settle(pilot, lambda: rows(app, "#jobs")[job_id][2] == "cancelled", seconds=120,
+                     message="the job was not cancelled")
+
+
+def optimised_versions(daemon: Daemon) -> list[int]:
+    """The versions the server can load: those an optimisation registered (training registers torch alone)."""
+    return [version["version"] for version in api(daemon, "/v1/models") if len(version["variants"]) > 1]
+
+
+async def test_models_compare_variants_and_a_canary_is_started_and_rolled_back(served: Daemon) -> None:
+    if len(optimised_versions(served)) < 2:
+        served.ended(submit(served, "pipeline", {"dataset": "tickets", "params": TINY}))
+    production = api(served, "/v1/serving")["models"][0]["versions"][0]["version"]
+    older = f"tickets:{next(v for v in optimised_versions(served) if v != production)}"
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        table = await settle(pilot, lambda: (table := app.screen.query_one("#models", Table)).row_count >= 4 and table)
+        table.select(f"tickets:{production}")
+        variants = await settle(pilot, lambda: len(found := rows(app, "#variants")) > 1 and found)
+        assert {"torch", "fp32", "int8"} <= set(variants) and variants["int8"][1] == "openvino-ir"
+        assert all(row[3].endswith("%") for row in variants.values())  # accuracy side by side
+
+        await pilot.press("k", "enter")
+        await settle(pilot, lambda: "it already serves in production" in notices(app),
+                     message="canary of the production version was not refused")
+
+        table.select(older)
+        await pilot.press("k")
+        app.screen.query_one("#percent").value = "25"
+        await pilot.press("enter")
+        await settle(pilot, lambda: rows(app, "#models")[older][2] == "25%", message="no canary on screen")
+        assert api(served, "/v1/serving")["models"][0]["canary_percent"] == 25
+
+        await pilot.press("r")
+        assert "Stop the canary of tickets" in str(app.screen.query_one(".question").render())
+        await pilot.press("y")
+        await settle(pilot, lambda: rows(app, "#models")[older][2] == "-", message="the canary did not stop")
+        assert api(served, "/v1/serving")["models"][0]["canary_percent"] == 0
+
+
+async def test_serving_shows_the_endpoints_and_tries_a_prediction(served: Daemon) -> None:
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        await settle(pilot, lambda: "READY" in text(app, "#endpoints") and rows(app, "#served"))
+        assert "/v1/models/tickets:predict" in text(app, "#endpoints")
+        await pilot.press("t")
+        await pilot.press(*"my invoice was charged twice", "enter")
+        result = await settle(pilot, lambda: "[tickets:" in (shown := text(app, "#try-result")) and shown)
+        tickets = next(version for version in api(served, "/v1/datasets") if version["ref"] == "tickets:1")
+        assert result.split(" ", 1)[0] in tickets["labels"]
+        await settle(pilot, lambda: any(row[5] not in ("-", "0.00") for row in rows(app, "#served").values()),
+                     message="the prediction did not show in the request rate")
+
+
+async def test_audit_filters_verifies_and_exports_for_the_operator_alone(served: Daemon, tmp_path: Path) -> None:
+    exported = tmp_path / "audit.jsonl"
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("6")
+        await settle(pilot, lambda: rows(app, "#audit"))
+        await pilot.press("f", *"last week", "enter")
+        await settle(pilot, lambda: "last week" in notices(app), message="a bad filter was not explained")
+        app.screen.query_one("#since").value = ""
+        app.screen.query_one("#action").focus()
+        await pilot.press(*"model.*", "enter")
+        await settle(pilot, lambda: {row[3].split(".")[0] for row in rows(app, "#audit").values()} == {"model"},
+                     message="the action filter was not applied")
+
+        await pilot.press("v")
+        await settle(pilot, lambda: app.screen.query(".verdict-title"), message="no verdict")
+        assert str(app.screen.query_one(".verdict-title").render()) == "AUDIT LOG VERIFIED: OK"
+        await pilot.press("enter")
+
+        await pilot.press("e")
+        app.screen.query_one("#path").value = str(exported)
+        await pilot.press("enter")
+        await settle(pilot, lambda: exported.exists() and "exported to" in notices(app))
+        await pilot.press("e")
+        app.screen.query_one("#path").value = str(exported)
+        await pilot.press("enter")
+        await settle(pilot, lambda: "exists already" in text(app, "#problem"))
+    assert stat.S_IMODE(os.stat(exported).st_mode) == 0o600
+    records = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert any(record["action"] == "audit.verify" for record in records)
+
+
+async def test_a_tampered_log_is_shown_as_tampered(daemon: Daemon) -> None:
+    conn = sqlite3.connect(daemon.settings.db_path)  # what an attacker with the database file could do
+    conn.execute("DROP TRIGGER IF EXISTS audit_no_update")
+    conn.execute("UPDATE audit SET actor = 'user:mallory' WHERE seq = 1")
+    conn.commit()
+    conn.close()
+    app = ApplianceApp(settings=daemon.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("6", "v")
+        await settle(pilot, lambda: app.screen.query(".verdict-title"), message="no verdict")
+        assert str(app.screen.query_one(".verdict-title").render()) == "AUDIT LOG TAMPERED"
+        assert "first bad record: 1" in {str(label.render()) for label in app.screen.query("Label")}
+        await pilot.press("enter", "1")
+        await settle(pilot, lambda: "TAMPERED (first bad record 1)" in text(app, "#served"))
+
+
+async def test_losing_and_regaining_the_daemon_keeps_the_screens(daemon: Daemon) -> None:
+    app = ApplianceApp(settings=daemon.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("6")
+        await settle(pilot, lambda: rows(app, "#audit"))
+        daemon.stop()
+        await settle(pilot, lambda: app.connection is Connection.UNREACHABLE, message="the loss was not noticed")
+        assert "NOT REACHABLE" in text(app, "#status") and "start it with 'appliance daemon'" in text(app, "#status")
+        assert rows(app, "#audit")  # the last data stays on screen
+        daemon.start()
+        await settle(pilot, lambda: app.connection is Connection.CONNECTED, message="the TUI did not reconnect")
+        assert text(app, "#status") == "connected"
+
+
+async def test_a_refused_token_is_said_plainly(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPLIANCE_TOKEN", "not-a-token")
+    app = ApplianceApp(settings=daemon.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.connection is Connection.REFUSED)
+        assert text(app, "#status").startswith("TOKEN REFUSED")
+
+
+def _keys(answer: Any) -> Any:
+    """The keys of an answer (of its first item, for a list): what the screens read."""
+    item = answer[0] if isinstance(answer, list) and answer else answer
+    return sorted(item) if isinstance(item, dict) else type(item).__name__
+
+
+NESTED = {"GET /v1/serving": lambda answer: answer["models"][0]["versions"][0],
+          "GET /v1/status": lambda answer: answer["load"], "GET /v1/hardware": lambda answer: answer["plan"]}
+
+
+def test_the_recording_for_snapshots_has_the_keys_of_the_live_api(served: Daemon) -> None:
+    recorded = RecordedDaemon().answers
+    live_job = next(job for job in api(served, "/v1/jobs") if job["status"] == "finished")
+    with served.api() as http:
+        for key, answer in recorded.items():
+            if key == "events":
+                continue
+            method, path = key.split(" ", 1)
+            if path.startswith("/v1/jobs/"):
+                path = f"/v1/jobs/{live_job['id']}/logs"
+            elif path.startswith("/v1/runs/"):
+                path = f"/v1/runs/{live_job['result']['run_id']}"
+            response = http.request(method, path)
+            assert response.status_code < 300, (key, response.text)
+            assert _keys(response.json()) == _keys(answer), key
+            if key in NESTED:
+                assert _keys(NESTED[key](response.json())) == _keys(NESTED[key](answer)), key

@@ -1,0 +1,153 @@
+"""Audit: browse and filter the tamper-evident log, verify the chain, export it."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Button, DataTable, Digits, Input, Label, Static
+
+from appliance.errors import ApplianceError
+from tui.screens.base import ApplianceScreen
+from tui.screens.dialogs import Dialog, FormDialog, fields
+from tui.widgets import Table, ago
+
+SHOWN = 500  # the newest records that match; a filter narrows them down
+
+
+class AuditScreen(ApplianceScreen):
+    NAME = "audit"
+    TITLE = "Audit"
+    HELP = ("Every change the appliance made, who made it and whether it worked, newest last. Filter by age (30m, "
+            "12h, 7d or a date), actor (user:alice) and action (globs work: model.*), then Enter. v verifies the "
+            "whole hash chain and its signed head, and says plainly whether anything was changed; e exports the "
+            "log as JSON lines (admin only).")
+    REFRESH_S: ClassVar[float] = 5.0
+    BINDINGS: ClassVar = [Binding("v", "verify", "Verify chain"), Binding("e", "export", "Export"),
+                          Binding("f", "filter", "Filter"), Binding("escape", "leave_filters", show=False)]
+    AUTO_FOCUS = "#audit"
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="audit-filters"):
+            yield Input(placeholder="since: 7d", id="since")
+            yield Input(placeholder="actor: user:alice", id="actor")
+            yield Input(placeholder="action: model.*", id="action")
+        yield Table("seq", "time", "actor", "action", "outcome", "object", id="audit")
+        yield Static("", id="audit-detail", classes="detail", markup=False)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._records: dict[str, dict[str, Any]] = {}
+
+    async def load(self) -> None:
+        filters = {name: self.query_one(f"#{name}", Input).value.strip() or None for name in ("since", "actor",
+                                                                                               "action")}
+        found = await self.app.request("GET", "/v1/audit", limit=SHOWN, **filters)
+        self._records = {str(record["seq"]): record for record in found}
+        self.query_one(Table).fill(
+            (str(r["seq"]), (r["seq"], ago(r["ts"]), r["actor"], r["action"], r["outcome"], r["object"]))
+            for r in reversed(found))
+        if not found:
+            self.query_one("#audit-detail", Static).update("no records match these filters")
+
+    @on(Input.Submitted)
+    def _filtered(self) -> None:
+        self.query_one(Table).focus()
+        self.reload()
+
+    @on(DataTable.RowHighlighted)
+    def _show_detail(self) -> None:
+        record = self._records.get(self.query_one(Table).selected or "")
+        if record is not None:
+            self.query_one("#audit-detail", Static).update(
+                f"#{record['seq']} {record['ts']} {record['actor']} {record['action']} {record['object']}: "
+                f"{record['outcome']}\n{json.dumps(record['details'], sort_keys=True)}")
+
+    def action_filter(self) -> None:
+        self.query_one("#since", Input).focus()
+
+    def action_leave_filters(self) -> None:
+        self.query_one(Table).focus()
+
+    @work(exclusive=True, group="verify", exit_on_error=False)
+    async def action_verify(self) -> None:
+        self.notify("verifying every record of the chain…", title="audit")
+        try:
+            result = await self.app.request("POST", "/v1/audit/verify")
+        except ApplianceError as exc:
+            self.app.report(exc)
+            return
+        await self.app.push_screen(VerificationResult(result))
+        self.reload()
+
+    def action_export(self) -> None:
+        def exported(path: str | None) -> None:
+            if path is not None:
+                self.notify(f"audit log exported to {path}", title="audit")
+
+        self.app.push_screen(ExportDialog(), exported)
+
+
+class VerificationResult(Dialog[None]):
+    """The verdict on the chain, large enough to read from across the room, in words as well as colour."""
+
+    BINDINGS: ClassVar = [*Dialog.BINDINGS, Binding("enter", "cancel", "Close")]
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__()
+        self.result = result
+
+    def compose(self) -> ComposeResult:
+        ok = self.result["ok"]
+        with Vertical(classes="dialog verdict " + ("ok" if ok else "tampered")):
+            yield Label("AUDIT LOG VERIFIED: OK" if ok else "AUDIT LOG TAMPERED", classes="verdict-title")
+            yield Digits(str(self.result["records"]))
+            if ok:
+                yield Label("records, every hash, MAC and link intact; the signed head matches the last one")
+            else:
+                yield Label(f"records intact before the problem: {self.result['problem']}", classes="problem-text")
+                if self.result.get("first_bad") is not None:
+                    yield Label(f"first bad record: {self.result['first_bad']}")
+            yield Button("Close (Enter)", id="close")
+
+    @on(Button.Pressed, "#close")
+    def _close(self) -> None:
+        self.dismiss(None)
+
+
+class ExportDialog(FormDialog[str]):
+    """Where to write the export; an existing file is never overwritten, and the file is the operator's alone."""
+
+    def compose(self) -> ComposeResult:
+        default = f"audit-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
+        with Vertical(classes="dialog"):
+            yield Label("Export the audit log (JSON lines)", classes="title")
+            yield fields(("File", Input(default, id="path")))
+            yield from self.form_end("Export")
+
+    @work(exclusive=True, exit_on_error=False)
+    async def submit(self) -> None:
+        path = Path(self.query_one("#path", Input).value.strip()).expanduser()
+        if path.exists():
+            self.show_problem(f"{path} exists already; choose another name")
+            return
+        try:
+            text = await self.app.request("GET", "/v1/audit/export")
+        except ApplianceError as exc:
+            self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
+            return
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as out:
+                out.write(text)
+        except OSError as exc:
+            self.show_problem(f"cannot write {path}: {exc.strerror}")
+            return
+        self.dismiss(str(path.resolve()))

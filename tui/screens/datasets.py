@@ -1,0 +1,146 @@
+"""Datasets: the imported versions, and importing a file picked from the disk."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Button, Collapsible, DataTable, DirectoryTree, Input, Label, Select, Static
+
+from appliance import datasets
+from appliance.errors import ApplianceError
+from tui.screens.base import ApplianceScreen
+from tui.screens.dialogs import FormDialog, fields
+from tui.widgets import Table, ago
+
+
+class DatasetsScreen(ApplianceScreen):
+    NAME = "datasets"
+    TITLE = "Datasets"
+    HELP = ("Every imported dataset version. i imports a CSV or JSONL file (a header row; text and label columns) "
+            "or a folder of class subfolders of images; problems are listed with their line numbers and nothing is "
+            "stored until the file is clean.")
+    BINDINGS: ClassVar = [Binding("i", "import", "Import")]
+
+    def compose_body(self) -> ComposeResult:
+        yield Table("dataset", "task", "examples", "classes", "residency", "imported", id="datasets")
+        yield Static("", id="dataset-detail", classes="detail", markup=False)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._versions: dict[str, dict[str, Any]] = {}
+
+    async def load(self) -> None:
+        versions = await self.app.request("GET", "/v1/datasets")
+        self._versions = {version["ref"]: version for version in versions}
+        self.query_one(Table).fill((v["ref"], (v["ref"], v["task"].removesuffix("-classification"), v["examples"],
+                                        len(v["labels"]), v["residency"], ago(v["created_at"])))
+                           for v in sorted(versions, key=lambda v: v["created_at"], reverse=True))
+        if not versions:
+            self.query_one("#dataset-detail", Static).update("no datasets yet: press i to import a file")
+        self._show_detail()
+
+    @on(DataTable.RowHighlighted)
+    def _show_detail(self) -> None:
+        version = self._versions.get(self.query_one(Table).selected or "")
+        if version is not None:
+            self.query_one("#dataset-detail", Static).update(_detail(version))
+
+    def action_import(self) -> None:
+        def imported(answer: dict[str, Any] | None) -> None:
+            if answer is not None:
+                verb = "unchanged, already stored as" if answer["unchanged"] else "imported as"
+                self.notify(f"{verb} {answer['ref']}: {answer['examples']} examples", title="dataset")
+                self.reload()
+
+        self.app.push_screen(ImportDialog(), imported)
+
+
+def _detail(version: dict[str, Any]) -> str:
+    split = version["split"]
+    lines = [
+        f"{version['ref']}  id {version['id'][:16]}…  from {version['source']}",
+        f"labels ({len(version['labels'])}): {', '.join(version['labels'])}",
+        f"split: {split['train']} train / {split['validation']} validation (seed {split['seed']})",
+    ]
+    lines += [f"warning: {warning}" for warning in version["warnings"][:3]]
+    return "\n".join(lines)
+
+
+class _Files(DirectoryTree):
+    """Folders, and the files a dataset can be imported from; plain-text icons, for any terminal."""
+
+    ICON_NODE_EXPANDED = "- "
+    ICON_NODE = "+ "
+    ICON_FILE = "  "
+
+    def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
+        return [path for path in paths if not path.name.startswith(".")
+                and (path.is_dir() or path.suffix.lower() in datasets.TEXT_SUFFIXES)]
+
+
+class ImportDialog(FormDialog[dict[str, Any]]):
+    """Pick a file (or an image folder), name it, import it; the daemon checks every line and says where."""
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Label("Import a dataset", classes="title")
+            yield _Files(Path.cwd(), id="files")
+            yield fields(("File", Input(placeholder="a .csv or .jsonl file, or a folder of images", id="path")))
+            with Horizontal(classes="row"):
+                yield Label("Name", classes="field")
+                yield Input(placeholder="e.g. tickets", id="name")
+                yield Select([("text", datasets.TEXT), ("images", datasets.IMAGE)], value=datasets.TEXT,
+                             allow_blank=False, id="task")
+            with Collapsible(title="Advanced: columns, validation share", collapsed=True):
+                yield fields(("Text column", Input("text", id="text_column")),
+                             ("Label column", Input("label", id="label_column")))
+                yield fields(("Validation", Input("0.2", type="number", id="validation_fraction")))
+            yield from self.form_end("Import")
+
+    @on(DirectoryTree.FileSelected)
+    def _file_picked(self, event: DirectoryTree.FileSelected) -> None:
+        self._pick(event.path)
+
+    @on(DirectoryTree.DirectorySelected)
+    def _folder_picked(self, event: DirectoryTree.DirectorySelected) -> None:
+        if self.query_one("#task", Select).value == datasets.IMAGE:
+            self._pick(event.path)
+
+    def _pick(self, path: Path) -> None:
+        self.query_one("#path", Input).value = str(path.resolve())
+        name = self.query_one("#name", Input)
+        if not name.value:
+            name.value = path.stem
+        name.focus()
+
+    @work(exclusive=True, exit_on_error=False)
+    async def submit(self) -> None:
+        path, name = self.query_one("#path", Input).value.strip(), self.query_one("#name", Input).value.strip()
+        if not path or not name:
+            self.show_problem("pick a file (or type its path) and give the dataset a name")
+            return
+        try:
+            fraction = float(self.query_one("#validation_fraction", Input).value)
+        except ValueError:
+            self.show_problem("the validation share is a number between 0 and 1, such as 0.2")
+            return
+        body = {"path": str(Path(path).expanduser().resolve()), "name": name,
+                "task": self.query_one("#task", Select).value, "validation_fraction": fraction,
+                "text_column": self.query_one("#text_column", Input).value.strip() or "text",
+                "label_column": self.query_one("#label_column", Input).value.strip() or "label"}
+        self.show_problem("importing… the daemon checks every line")
+        self.query_one("#submit", Button).disabled = True
+        try:
+            answer = await self.app.request("POST", "/v1/datasets", body)
+        except ApplianceError as exc:
+            self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
+            return
+        finally:
+            self.query_one("#submit", Button).disabled = False
+        self.dismiss(answer)

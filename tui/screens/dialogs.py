@@ -1,0 +1,96 @@
+"""Dialogs over a screen: a yes/no confirmation, and the bases every dialog and form shares."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, TypeVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Button, Input, Label, Static
+from textual.worker import Worker
+
+if TYPE_CHECKING:
+    from tui.app import ApplianceApp
+
+T = TypeVar("T")
+
+
+class Dialog(ModalScreen[T]):
+    """A modal form: Escape closes it with no answer; errors are shown inside it, where the operator looks."""
+
+    BINDINGS: ClassVar = [Binding("escape", "cancel", "Cancel")]
+
+    app: ApplianceApp  # type: ignore[assignment]
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def show_problem(self, text: str) -> None:
+        """Say what went wrong in the dialog's problem box (the dialog stays open, so nothing typed is lost)."""
+        problem = self.query_one("#problem", Static)
+        problem.update(text)
+        problem.display = bool(text)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        self.app.on_worker_state_changed(event)
+
+
+def fields(*labelled: tuple[str, Widget]) -> Horizontal:
+    """One row of a form: each field after its label."""
+    return Horizontal(*(part for label, field in labelled for part in (Label(label, classes="field"), field)),
+                      classes="row")
+
+
+class FormDialog(Dialog[T]):
+    """Fields, a problem box, and two buttons: the action (or Enter in a field) and Cancel."""
+
+    def form_end(self, action: str, variant: str = "primary") -> ComposeResult:
+        """The end of every form: where problems show, then the buttons."""
+        with VerticalScroll(id="problem-box"):
+            yield Static("", id="problem", markup=False)
+        with Horizontal(classes="buttons"):
+            yield Button(action, id="submit", variant=variant)  # type: ignore[arg-type]
+            yield Button("Cancel (Esc)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.show_problem("")
+
+    @on(Button.Pressed, "#cancel")
+    def _cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#submit")
+    @on(Input.Submitted)
+    def _submitted(self) -> None:
+        self.submit()
+
+    def submit(self) -> None:
+        """Check the fields and act on them; a problem goes to show_problem and the form stays open."""
+        raise NotImplementedError
+
+
+class Confirm(Dialog[bool]):
+    """A question with a yes and a no: for what cannot simply be undone, or changes what users get."""
+
+    BINDINGS: ClassVar = [*Dialog.BINDINGS, Binding("y", "answer(True)", "Yes"), Binding("n", "answer(False)", "No")]
+
+    def __init__(self, question: str, yes: str = "Yes") -> None:
+        super().__init__()
+        self.question, self.yes = question, yes
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.question, classes="question")
+            with Horizontal(classes="buttons"):
+                yield Button(f"{self.yes} (y)", id="yes", variant="warning")
+                yield Button("No (n)", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

@@ -1,0 +1,276 @@
+"""Jobs: the queue, a running job's live progress, its loss and accuracy by epoch and its log; new fine-tunes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import (
+    Checkbox,
+    Collapsible,
+    DataTable,
+    Input,
+    Label,
+    Log,
+    ProgressBar,
+    Select,
+    Static,
+    Switch,
+)
+
+from appliance.errors import ApplianceError
+from appliance.train.params import TrainParams
+from tui.screens.base import ApplianceScreen
+from tui.screens.dialogs import Confirm, FormDialog, fields
+from tui.widgets import Chart, Table, ago, duration
+
+ENDED = ("finished", "failed", "cancelled")
+LOG_TAIL = 200
+
+
+class JobsScreen(ApplianceScreen):
+    NAME = "jobs"
+    TITLE = "Jobs"
+    HELP = ("The job queue, newest first. n starts a new fine-tune (dataset, base model, sensible defaults; "
+            "advanced options are folded away), optionally optimised and deployed when it ends. The highlighted "
+            "job shows its live progress, loss and validation accuracy by epoch, and its log; c cancels it (a "
+            "running job checkpoints first).")
+    REFRESH_S: ClassVar[float] = 1.0
+    BINDINGS: ClassVar = [Binding("n", "new", "New fine-tune"), Binding("c", "cancel_job", "Cancel job")]
+
+    def compose_body(self) -> ComposeResult:
+        yield Table("job", "kind", "status", "stage", "submitted", "by", id="jobs")
+        with Vertical(id="job-detail", classes="detail"):
+            yield Static("", id="job-summary", markup=False)
+            with Horizontal(id="job-progress"):
+                yield ProgressBar(total=1, show_eta=False, id="job-bar")
+                yield Label("", id="job-step")
+            with Horizontal(id="job-charts"):
+                yield Chart("loss", id="loss-chart")
+                yield Chart("val acc", id="accuracy-chart")
+            yield Log(id="job-log", max_lines=LOG_TAIL, auto_scroll=True)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self._shown_log: tuple[str, int] = ("", 0)  # (job id, lines written) in the log pane
+        self._to_select: str | None = None  # a job just submitted, to show as soon as it is listed
+        self.app.event_listeners.append(self._on_event)
+
+    async def load(self) -> None:
+        found = await self.app.request("GET", "/v1/jobs")
+        self._jobs = {job["id"]: job for job in found}
+        table = self.query_one(Table)
+        table.fill((job["id"], _row(job)) for job in found)
+        if self._to_select and table.select(self._to_select):
+            self._to_select = None
+        await self._show_selected()
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        """Progress straight from the event stream, so the bar moves without waiting for a reload."""
+        if event["topic"] == "job" and event["subject"] == self._selected_id() and self.is_current:
+            self._show_progress(self._jobs.get(event["subject"]))
+
+    @on(DataTable.RowHighlighted)
+    @work(exclusive=True, group="detail", exit_on_error=False)
+    async def _highlighted(self) -> None:
+        await self.reported(self._show_selected())
+
+    def _selected_id(self) -> str | None:
+        return self.query_one(Table).selected
+
+    async def _show_selected(self) -> None:
+        job = self._jobs.get(self._selected_id() or "")
+        summary = self.query_one("#job-summary", Static)
+        if job is None:
+            summary.update("no jobs yet: press n to fine-tune a model on a dataset")
+            return
+        summary.update(_summary(job))
+        self._show_progress(job)
+        run_id = job["state"].get("run_id") or (job["result"] or {}).get("run_id")
+        run = await self.app.request("GET", f"/v1/runs/{run_id}") if run_id else None
+        self._show_charts(job, run)
+        await self._show_log(job)
+
+    def _show_progress(self, job: dict[str, Any] | None) -> None:
+        bar, step = self.query_one("#job-bar", ProgressBar), self.query_one("#job-step", Label)
+        if job is None:
+            return
+        report = self.app.job_progress.get(job["id"]) if job["status"] == "running" else None
+        if job["status"] == "finished":
+            bar.update(total=1, progress=1)
+            step.update("finished")
+        elif report and report.get("total_steps"):
+            bar.update(total=report["total_steps"], progress=report["step"])
+            step.update(_describe(report))
+        else:
+            bar.update(total=None if job["status"] == "running" else 1, progress=0)
+            step.update(job["status"] + (f" ({job['stage']})" if job["stage"] else ""))
+
+    def _show_charts(self, job: dict[str, Any], run: dict[str, Any] | None) -> None:
+        epochs = run["epochs"] if run else []
+        losses = [epoch["train_loss"] for epoch in epochs]
+        report = self.app.job_progress.get(job["id"])
+        if report and report.get("stage") == "train" and job["status"] == "running" and report.get("loss") is not None:
+            losses.append(report["loss"])  # the epoch under way, so far
+        self.query_one("#loss-chart", Chart).show(losses, "{:.4f}")
+        self.query_one("#accuracy-chart", Chart).show([epoch["metrics"].get("accuracy", 0.0) for epoch in epochs],
+                                                      "{:.1%}")
+
+    async def _show_log(self, job: dict[str, Any]) -> None:
+        """The job's log, fetched whole on selection and then only while it runs; new lines are appended."""
+        shown_job, written = self._shown_log
+        if shown_job == job["id"] and job["status"] in ENDED and written:
+            return
+        lines = await self.app.request("GET", f"/v1/jobs/{job['id']}/logs")
+        log = self.query_one(Log)
+        if shown_job != job["id"]:
+            log.clear()
+            written = 0
+        log.write_lines(lines[written:] if written <= len(lines) else lines)
+        self._shown_log = (job["id"], len(lines))
+
+    def action_new(self) -> None:
+        def submitted(job: dict[str, Any] | None) -> None:
+            if job is not None:
+                self.notify(f"job {job['id']} queued ({job['kind']})", title="fine-tune")
+                self._to_select = job["id"]
+                self.reload()
+
+        self.app.push_screen(NewJobDialog(), submitted)
+
+    def action_cancel_job(self) -> None:
+        job = self._jobs.get(self._selected_id() or "")
+        if job is None or job["status"] in ENDED:
+            self.notify("select a queued or running job to cancel", severity="warning")
+            return
+        question = (f"Cancel job {job['id']} ({job['kind']}, {job['status']})?"
+                    + ("\nIt checkpoints first and ends as cancelled." if job["status"] == "running" else ""))
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._cancel(job["id"])
+
+        self.app.push_screen(Confirm(question, yes="Cancel the job"), answered)
+
+    @work(exit_on_error=False)
+    async def _cancel(self, job_id: str) -> None:
+        try:
+            job = await self.app.request("POST", f"/v1/jobs/{job_id}/cancel")
+        except ApplianceError as exc:
+            self.app.report(exc)
+            return
+        self.notify(f"job {job_id} " + ("cancelled" if job["status"] == "cancelled" else "is stopping"))
+        self.reload()
+
+
+def _row(job: dict[str, Any]) -> tuple[str, ...]:
+    return (job["id"], job["kind"], job["status"], job["stage"] or "-", ago(job["submitted_at"]),
+            job["submitted_by"].removeprefix("user:"))
+
+
+def _summary(job: dict[str, Any]) -> str:
+    made = ", ".join(f"{key} {value}" for key, value in job["state"].items()) or "nothing yet"
+    source = job["params"].get("dataset") or job["params"].get("version")
+    lines = [f"{job['id']}: {job['kind']} of {source}, {job['status']}, attempt {job['attempts']}, priority "
+             + str(job["priority"]), f"made: {made}"]
+    if job["error"]:
+        lines.append(f"error: {job['error']}")
+    return "\n".join(lines)
+
+
+def _describe(report: dict[str, Any]) -> str:
+    if report.get("stage") == "train":
+        eta = f", eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""
+        return f"train epoch {report['epoch']}/{report['epochs']}, loss {report['loss']:.4f}{eta}"
+    return f"{report.get('stage', '')}: {report.get('what', '')}"
+
+
+class NewJobDialog(FormDialog[dict[str, Any]]):
+    """The fine-tune wizard: a dataset and a name are all it needs; the rest has defaults that suit small data."""
+
+    def compose(self) -> ComposeResult:
+        defaults = TrainParams()
+        with Vertical(classes="dialog wide"):
+            yield Label("New fine-tune", classes="title")
+            yield fields(("Dataset", Select([], prompt="loading datasets…", id="dataset")))
+            yield fields(("Base model", Input(placeholder="the appliance's default base model (a local folder)",
+                                              id="base")))
+            yield fields(("Model name", Input(placeholder="default: the dataset's name", id="name")))
+            yield Checkbox("then optimise it for this box and deploy it", value=True, id="deploy")
+            with Collapsible(title="Advanced options", collapsed=True):
+                yield fields(("Epochs", Input(str(defaults.epochs), type="integer", id="epochs")),
+                             ("Learning rate", Input(str(defaults.learning_rate), type="number", id="learning_rate")))
+                yield fields(("Batch size", Input(str(defaults.batch_size), type="integer", id="batch_size")),
+                             ("Max length", Input(str(defaults.max_length), type="integer", id="max_length")))
+                yield fields(("Max minutes", Input(placeholder="no limit", type="number", id="max_minutes")),
+                             ("LoRA", Switch(value=defaults.lora, id="lora")))
+                yield fields(("Device", Select([("as planned", ""), ("cpu", "cpu"), ("cuda", "cuda")], value="",
+                                               allow_blank=False, id="device")),
+                             ("Priority", Input("0", type="integer", id="priority")))
+            yield from self.form_end("Start")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._fill_datasets()
+
+    @work(exit_on_error=False)
+    async def _fill_datasets(self) -> None:
+        try:
+            found = await self.app.request("GET", "/v1/datasets")
+        except ApplianceError as exc:
+            self.show_problem(exc.message)
+            return
+        select = self.query_one("#dataset", Select)
+        newest = sorted(found, key=lambda version: version["created_at"], reverse=True)
+        select.set_options((f"{v['ref']} ({v['examples']} examples)", v["ref"]) for v in newest)
+        if newest:
+            select.value = newest[0]["ref"]
+        else:
+            self.show_problem("no datasets yet: import one on the Datasets screen (2, then i)")
+
+    @work(exclusive=True, exit_on_error=False)
+    async def submit(self) -> None:
+        try:
+            request = self._request()
+        except ValueError as exc:
+            self.show_problem(str(exc))
+            return
+        try:
+            job = await self.app.request("POST", "/v1/jobs", request)
+        except ApplianceError as exc:
+            self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
+            return
+        self.dismiss(job)
+
+    def _request(self) -> dict[str, Any]:
+        """The job to submit, from the form; ValueError names the field that is wrong."""
+        dataset = self.query_one("#dataset", Select).value
+        if dataset is Select.NULL:
+            raise ValueError("choose a dataset (import one on the Datasets screen first)")
+        defaults = dataclasses.asdict(TrainParams())
+        training: dict[str, Any] = {"lora": self.query_one("#lora", Switch).value}
+        for name in ("epochs", "learning_rate", "batch_size", "max_length", "max_minutes"):
+            text = self.query_one(f"#{name}", Input).value.strip()
+            if text:
+                kind = float if name in ("learning_rate", "max_minutes") else int
+                try:
+                    training[name] = kind(text)
+                except ValueError:
+                    raise ValueError(f"{name.replace('_', ' ')} must be a number, not {text!r}") from None
+        params: dict[str, Any] = {"dataset": dataset,
+                                  "params": {k: v for k, v in training.items() if v != defaults.get(k)}}
+        for name in ("base", "name"):
+            if value := self.query_one(f"#{name}", Input).value.strip():
+                params[name] = value
+        if device := self.query_one("#device", Select).value:
+            params["device"] = device
+        priority = self.query_one("#priority", Input).value.strip() or "0"
+        if not priority.lstrip("-").isdigit():
+            raise ValueError(f"priority must be a whole number from -100 to 100, not {priority!r}")
+        kind = "pipeline" if self.query_one("#deploy", Checkbox).value else "train"
+        return {"kind": kind, "params": params, "priority": int(priority)}

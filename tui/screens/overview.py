@@ -1,0 +1,119 @@
+"""The overview: what this box is, what it would do with a job, and how it is doing now."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual.app import ComposeResult
+from textual.containers import Grid
+from textual.widgets import Static
+
+from appliance.hardware import format_bytes
+from tui.screens.base import ApplianceScreen
+from tui.widgets import ago, duration, meter, percent
+
+
+class OverviewScreen(ApplianceScreen):
+    NAME = "overview"
+    TITLE = "Overview"
+    HELP = ("The box at a glance: its hardware and the training plan it implies, the daemon and how busy the "
+            "machine is, the running job, the served models, and when the audit log was last verified.")
+    REFRESH_S: ClassVar[float] = 2.0
+
+    def compose_body(self) -> ComposeResult:
+        with Grid(id="overview"):
+            yield Static("asking the daemon…", id="hardware", classes="panel", markup=False)
+            yield Static("", id="service", classes="panel", markup=False)
+            yield Static("", id="work", classes="panel", markup=False)
+            yield Static("", id="served", classes="panel", markup=False)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        for panel, title in (("hardware", "Hardware and plan"), ("service", "Service"), ("work", "Jobs"),
+                             ("served", "Served models and audit")):
+            self.query_one(f"#{panel}").border_title = title
+
+    async def load(self) -> None:
+        status = await self.app.request("GET", "/v1/status")
+        self.query_one("#service", Static).update(_service(status))
+        self.query_one("#work", Static).update(_work(status, self.app.job_progress))
+        serving = await self.app.request("GET", "/v1/serving")
+        self.query_one("#served", Static).update(_served(serving) + "\n" + _audit(status.get("audit_check")))
+        hardware = await self.app.request("GET", "/v1/hardware")  # the daemon asks once, then remembers
+        self.query_one("#hardware", Static).update(_hardware(hardware))
+
+
+def _hardware(report: dict[str, Any]) -> str:
+    found, plan, model = report["hardware"], report["plan"], report["model"]
+    cpu = found["cpu"]
+    gpus = "; ".join(f"{g['name']} {format_bytes(g['total_bytes'])}" for g in found["gpus"]) or "none"
+    devices = ", ".join(device["name"] for device in found["openvino_devices"]) or "none"
+    batch = f"{plan['effective_batch']}" + (f" (= {plan['micro_batch']} x {plan['accumulation']})"
+                                            if plan["accumulation"] > 1 else "")
+    return "\n".join([
+        f"CPU   {cpu['model']}",
+        f"      {cpu['physical_cores']} cores, {cpu['logical_cores']} threads; {' '.join(cpu['flags']) or 'no AVX2'}",
+        f"RAM   {format_bytes(found['ram_total_bytes'])}",
+        f"GPU   {gpus}",
+        f"OpenVINO  {devices}",
+        f"Plan for {model['parameters'] / 1e6:.1f}M-parameter {model['path'].rstrip('/').rsplit('/', 1)[-1]}:",
+        f"      {plan['device']}, {plan['precision']}, {plan['threads']} threads, batch {batch}",
+        f"      memory ~{format_bytes(plan['estimated_peak_bytes'])} of {format_bytes(plan['budget_bytes'])}",
+    ])
+
+
+def _service(status: dict[str, Any]) -> str:
+    load = status["load"]
+    memory = load["memory_used_bytes"] / load["memory_total_bytes"]
+    disk_used = 1 - load["disk_free_bytes"] / load["disk_total_bytes"]
+    lines = [
+        f"daemon  pid {status['pid']}, up {duration(status['uptime_s'])}, v{status['version']}",
+        f"serving {'READY' if status['serving_ready'] else 'NOT READY'} {status['inference'].split('://')[-1]}",
+        f"CPU  {meter(load['cpu_percent'] / 100)} {load['cpu_percent']:.0f}%",
+        f"RAM  {meter(memory)} {percent(memory)} of {format_bytes(load['memory_total_bytes'])}",
+        f"disk {meter(disk_used)} {format_bytes(load['disk_free_bytes'])} free",
+    ]
+    for gpu in load["gpus"]:
+        lines.append(f"GPU{gpu['index']} {meter(gpu['utilization_percent'] / 100)} {gpu['utilization_percent']:.0f}%,"
+                     f" memory {percent(gpu['memory_used_bytes'] / gpu['memory_total_bytes'])}")
+    return "\n".join(lines)
+
+
+def _work(status: dict[str, Any], progress: dict[str, dict[str, Any]]) -> str:
+    counts = status["jobs"]
+    running = status.get("running_job")
+    lines = []
+    if running:
+        lines.append(f"running  {running['id']} ({running['kind']})"
+                     + (f", stopping: {running['stopping']}" if running.get("stopping") else ""))
+        report = progress.get(running["id"])
+        if report and report.get("total_steps"):
+            share = report["step"] / report["total_steps"]
+            lines.append(f"         {report.get('stage', '')} {meter(share)} {percent(share)}"
+                         + (f" eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""))
+    else:
+        lines.append("running  nothing" + (f" (jobs wait: {status['jobs_wait_for']})" if status.get("jobs_wait_for")
+                                             else ""))
+    lines.append("queued   " + str(counts.get("queued", 0)))
+    lines.append(", ".join(f"{counts.get(state, 0)} {state}" for state in ("finished", "failed", "cancelled")))
+    lines.append("3 shows the jobs; n there starts one")
+    return "\n".join(lines)
+
+
+def _served(serving: dict[str, Any]) -> str:
+    if not serving["models"]:
+        return "nothing deployed yet (press 4 for models)"
+    lines = []
+    for model in serving["models"][:4]:
+        versions = ", ".join(f"v{v['version']} {v['variant']} {v['role']}"
+                             + (f" {percent(v['traffic_share'])}" if model["canary_percent"] else "")
+                             for v in model["versions"])
+        lines.append(f"{model['model']}: {versions or 'loading'}" + ("" if model["ready"] else " (NOT READY)"))
+    return "\n".join(lines)
+
+
+def _audit(check: dict[str, Any] | None) -> str:
+    if check is None:
+        return "audit: never verified (press 6, then v)"
+    verdict = "OK" if check["ok"] else f"TAMPERED (first bad record {check['first_bad']})"
+    return f"audit: {verdict}, checked {ago(check['at'])} by {check['actor']}"

@@ -1,0 +1,104 @@
+"""Serving: what answers requests, how fast and how well, whether inputs drift; and a box to try a model."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Input, Label, Select, Static
+
+from appliance.errors import ApplianceError
+from tui.screens.base import ApplianceScreen
+from tui.widgets import Table, number, percent
+
+
+class ServingScreen(ApplianceScreen):
+    NAME = "serving"
+    TITLE = "Serving"
+    HELP = ("The inference server: its endpoints, and per model version its share of the traffic, requests per "
+            "second, latency (p50 and p99) and error rate over the last minute, and the drift of its inputs from the "
+            "training data (PSI; above 0.2 is worth a look). t puts the cursor in the box to try a prediction.")
+    BINDINGS: ClassVar = [Binding("t", "try_it", "Try a prediction"), Binding("escape", "leave_box", show=False)]
+    AUTO_FOCUS = "#served"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static("asking the daemon…", id="endpoints", markup=False)
+        yield Table("model", "v", "role", "variant", "share", "req/s", "p50ms", "p99ms", "errors", "drift PSI",
+                    id="served")
+        with Horizontal(id="try"):
+            yield Label("Try", classes="field")
+            yield Select([], prompt="model", id="try-model")
+            yield Input(placeholder="type a text, then Enter", id="try-text")
+        yield Static("", id="try-result", markup=False)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._offered: list[str] | None = None
+
+    async def load(self) -> None:
+        serving = await self.app.request("GET", "/v1/serving")
+        models = serving["models"]
+        lines = [f"inference server {serving['inference_url']}: {'READY' if serving['ready'] else 'NOT READY'}"
+                 + (f"; rates over the last {serving['window_s']:.0f} s" if serving["window_s"] else "")]
+        lines += [f"  {model['model']}: POST {model['endpoints']['predict']}" for model in models[:2]]
+        if not models:
+            lines.append("nothing deployed: deploy a version on the Models screen (4, then d)")
+        self.query_one("#endpoints", Static).update("\n".join(lines))
+        self.query_one(Table).fill(
+            (f"{model['model']}:{version['version']}", _row(model, version))
+            for model in models for version in model["versions"])
+        self._offer([model["model"] for model in models])
+
+    def _offer(self, names: list[str]) -> None:
+        """The models to try, kept as they are while the list does not change (so a choice is not lost)."""
+        select = self.query_one("#try-model", Select)
+        if names == self._offered:
+            return
+        self._offered = names
+        chosen = select.value
+        select.set_options((name, name) for name in names)
+        if chosen in names:
+            select.value = chosen
+        elif names:
+            select.value = names[0]
+
+    def action_try_it(self) -> None:
+        self.query_one("#try-text", Input).focus()
+
+    def action_leave_box(self) -> None:
+        self.query_one(Table).focus()
+
+    @on(Input.Submitted, "#try-text")
+    @work(exclusive=True, group="try", exit_on_error=False)
+    async def _try(self, event: Input.Submitted) -> None:
+        model, text = self.query_one("#try-model", Select).value, event.value.strip()
+        result = self.query_one("#try-result", Static)
+        if not isinstance(model, str) or not text:
+            result.update("choose a served model and type a text")
+            return
+        try:
+            answer = await self.app.request("POST", f"/v1/models/{model}/predict", {"texts": [text]})
+        except ApplianceError as exc:
+            result.update(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""))
+            return
+        result.update(_prediction(answer))
+
+
+def _row(model: dict[str, Any], version: dict[str, Any]) -> tuple[str, ...]:
+    drift = version["drift_psi"]
+    worst = max(drift, key=drift.get) if drift else None
+    return (model["model"], str(version["version"]), version["role"][:4], version["variant"],
+            percent(version["traffic_share"]), number(version["requests_per_s"], "{:.2f}"), number(version["p50_ms"]),
+            number(version["p99_ms"]), percent(version["error_rate"], 1),
+            f"{drift[worst]:.2f} {worst}" if worst else "-")
+
+
+def _prediction(answer: dict[str, Any]) -> str:
+    prediction = answer["predictions"][0]
+    ranked = sorted(prediction["scores"].items(), key=lambda item: item[1], reverse=True)
+    others = ", ".join(f"{label} {score:.2f}" for label, score in ranked[1:4])
+    return (f"{prediction['label']} ({ranked[0][1]:.2f})" + (f"; then {others}" if others else "")
+            + f"  [{answer['model']}:{answer['version']} {answer['variant']}]")

@@ -1,0 +1,134 @@
+"""Small widgets and formatters every screen shares.
+
+Everything here reads without colour: states are words, meters are `[####------]`,
+so the TUI works on a serial console or with NO_COLOR set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Label, Sparkline, Static
+
+
+class NavBar(Static):
+    """The screens and their keys, the current one marked: the map an operator needs first."""
+
+    def __init__(self, current: str) -> None:
+        super().__init__(id="nav")
+        self.current = current
+
+    def on_mount(self) -> None:
+        screens = self.app.NAVIGATION  # type: ignore[attr-defined]
+        cells = [f"[reverse] {key} {screen.TITLE} [/reverse]" if screen.NAME == self.current else f" {key} {screen.TITLE} "
+                 for key, screen in enumerate(screens, start=1)]
+        self.update("│".join(cells) + "│ ? Help")
+
+
+class StatusLine(Static):
+    """One line at the bottom: how the TUI stands with the daemon."""
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "connection", self._show)
+        self.watch(self.app, "problem", self._show)
+
+    def _show(self, _value: object = None) -> None:
+        connection, problem = self.app.connection, self.app.problem  # type: ignore[attr-defined]
+        self.update(f"{connection.value}" + (f": {problem}" if problem else ""))
+        self.set_class(connection.name != "CONNECTED", "trouble")
+
+
+class Chart(Horizontal):
+    """A titled sparkline with its last value written out (the line alone says nothing without colour)."""
+
+    def __init__(self, title: str, id: str) -> None:
+        super().__init__(id=id, classes="chart")
+        self.title = title
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.title, classes="chart-title")
+        yield Sparkline([])
+        yield Label("-", classes="chart-value")
+
+    def show(self, values: Sequence[float], fmt: str = "{:.3f}") -> None:
+        self.query_one(Sparkline).data = list(values)
+        self.query_one(".chart-value", Label).update(fmt.format(values[-1]) if values else "-")
+
+
+class Table(DataTable):
+    """A table refilled from fresh rows on every reload: the cursor stays on its row, and unchanged rows cost nothing."""
+
+    def __init__(self, *columns: str, id: str, cursor: bool = True) -> None:
+        super().__init__(id=id, cursor_type="row" if cursor else "none", zebra_stripes=cursor)
+        self._column_titles = columns
+        self._filled: list[tuple[str, tuple[str, ...]]] = []
+
+    def on_mount(self) -> None:
+        self.add_columns(*self._column_titles)
+
+    def fill(self, rows: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        """Show these rows, each (key, cells), in order."""
+        fresh = [(key, tuple(str(cell) for cell in cells)) for key, cells in rows]
+        if fresh == self._filled:
+            return
+        selected = self.selected
+        self.clear()
+        for key, cells in fresh:
+            self.add_row(*cells, key=key)
+        self._filled = fresh
+        if selected is not None:
+            self.select(selected)
+
+    def select(self, key: str) -> bool:
+        """Put the cursor on a row; False when the table has no such row (yet)."""
+        if key not in self.rows:
+            return False
+        self.move_cursor(row=self.get_row_index(key), animate=False)
+        return True
+
+    @property
+    def selected(self) -> str | None:
+        """The key of the row under the cursor; None in an empty table."""
+        if not self.row_count:
+            return None
+        return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+
+
+def meter(share: float | None, width: int = 10) -> str:
+    """A bar for a share from 0 to 1: [####------]."""
+    if share is None:
+        return "[" + "?" * width + "]"
+    filled = round(max(0.0, min(1.0, share)) * width)
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def percent(share: float | None, digits: int = 0) -> str:
+    return "-" if share is None else f"{share * 100:.{digits}f}%"
+
+
+def number(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def ago(stamp: str | None, now: datetime | None = None) -> str:
+    """An ISO time as a person reads it in a table: '12:03:45' today, else the date."""
+    if not stamp:
+        return "-"
+    moment = datetime.fromisoformat(stamp).astimezone()
+    today = (now or datetime.now(UTC)).astimezone().date()
+    return moment.strftime("%H:%M:%S") if moment.date() == today else moment.strftime("%Y-%m-%d %H:%M")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
