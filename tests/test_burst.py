@@ -200,6 +200,31 @@ def test_the_token_file_must_be_private(tmp_path: Path) -> None:
     assert "secret-token-value" not in str(refused.value) + str(refused.value.hint)
 
 
+def test_sealed_chunks_refuse_a_change_a_swap_and_a_cut() -> None:
+    key, data = burst.new_key(), os.urandom(10_000)
+    chunks = list(burst.seal(key, "dataset", data, chunk_bytes=4096))
+    assert len(chunks) == 3 and burst.unseal(key, "dataset", chunks) == data
+    changed = [chunks[0][:-1] + bytes([chunks[0][-1] ^ 1]), *chunks[1:]]
+    for bad, problem in ((changed, "chunk 0 of the dataset does not authenticate"),
+                         ([chunks[1], chunks[0], chunks[2]], "chunk 0 of the dataset does not authenticate"),
+                         (chunks[:2], "cut short"),
+                         (chunks + chunks[-1:], "data after its last chunk")):
+        with pytest.raises(BurstError, match=problem):
+            burst.unseal(key, "dataset", bad)
+    with pytest.raises(BurstError, match="does not authenticate"):  # another payload's chunks, or another key
+        burst.unseal(key, "base", chunks)
+    with pytest.raises(BurstError, match="does not authenticate"):
+        burst.unseal(burst.new_key(), "dataset", chunks)
+
+
+def test_burst_settings_and_job_flags_are_checked(monkeypatch: pytest.MonkeyPatch, opened: Store) -> None:
+    monkeypatch.setenv("APPLIANCE_BURST_ADDRESS", "ray.corp:8265")
+    with pytest.raises(Exception, match="'burst.address' in the environment is 'ray.corp:8265'"):
+        config.load()
+    with pytest.raises(Exception, match="'burst' must be true or false, not 'yes'"):
+        jobs.submit(opened, "train", {"dataset": "tickets", "burst": "yes"})
+
+
 # -- against the Ray head ---------------------------------------------------------------
 
 
@@ -345,10 +370,10 @@ def _run_job(opened: Store, params: dict[str, Any]) -> jobs.Job:
     return jobs.get(opened, job.id)
 
 
-def _job_events(daemon: Daemon, job_id: str) -> list[Any]:
+def _job_events(running: Daemon, job_id: str) -> list[Any]:
     from appliance import events, store
 
-    with store.open(daemon.settings) as opened:
+    with store.open(running.settings) as opened:
         return events.after(opened, 0, job_id, limit=100_000)
 
 
@@ -371,7 +396,7 @@ def _wait_for_dashboard(head: RayHead, process: subprocess.Popen[bytes], log: Pa
         try:
             head.client().get_version()
             return
-        except Exception:  # not up yet
+        except (ConnectionError, RuntimeError, OSError):  # not up yet (Ray raises these while it starts)
             time.sleep(1)
     raise AssertionError(f"the Ray dashboard did not answer:\n{log.read_text()[-3000:]}")
 
