@@ -286,6 +286,7 @@ def test_a_burst_trains_on_the_cluster_and_brings_the_model_home(
 def test_a_cluster_that_is_down_fails_the_job_and_fallback_trains_here(
     opened: Store, tmp_path: Path, tiny_base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(worker, "_on_sigterm", lambda _stop: None)  # the job runs in pytest's process: keep its signals
     token = tmp_path / "token"
     token.write_text("t0ken")
     token.chmod(0o600)
