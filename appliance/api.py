@@ -96,6 +96,11 @@ class ImportRequest(_Strict):
     label_column: str = "label"
     validation_fraction: float = Field(0.2, gt=0, lt=1)
     seed: int = 13
+    residency: str = Field(datasets.LOCAL_ONLY, description="local-only | burst-allowed (may go to the Ray cluster)")
+
+
+class ResidencyRequest(_Strict):
+    residency: str = Field(description="local-only | burst-allowed")
 
 
 class PredictRequest(_Strict):
@@ -221,6 +226,13 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
         with shared.use() as store:
             run = runs.get(store, run_id)
             return {**asdict(run), "epochs": [asdict(epoch) for epoch in runs.epochs(store, run.id)]}
+
+    @app.post("/v1/datasets/{ref}/residency")
+    def set_residency(ref: str, body: ResidencyRequest, user: Operator) -> list[dict[str, Any]]:
+        """Whether a dataset (every version of a name, or name:version) may leave this box for a burst."""
+        with shared.use() as store:
+            return [asdict(version) for version in datasets.set_residency(store, ref, body.residency,
+                                                                           actor=_actor(user))]
 
     @app.get("/v1/models")
     def list_models(_user: Viewer) -> list[dict[str, Any]]:

@@ -9,8 +9,12 @@ the same bytes, and so the same content hash.
 from __future__ import annotations
 
 import io
+import os
 import tarfile
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from appliance.errors import ArtifactError
 
@@ -33,3 +37,31 @@ def unpack(data: bytes) -> dict[str, bytes]:
             return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
     except tarfile.TarError as exc:
         raise ArtifactError(f"a stored model artifact is not a readable tar: {exc}") from exc
+
+
+@contextmanager
+def memory_folder(files: dict[str, bytes]) -> Iterator[Path]:
+    """A folder whose files live in RAM (memfds), for libraries that only load from a path.
+
+    The folder holds symlinks to /proc/self/fd/N and nothing else, so no content reaches a disk;
+    the paths work in this process only.
+    """
+    descriptors = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="appliance-mem-") as folder:
+            for name, content in files.items():
+                descriptor = os.memfd_create(name, os.MFD_CLOEXEC)
+                descriptors.append(descriptor)
+                _write_all(descriptor, content)
+                Path(folder, name).symlink_to(f"/proc/self/fd/{descriptor}")
+            yield Path(folder)
+    finally:
+        for descriptor in descriptors:
+            os.close(descriptor)
+
+
+def _write_all(descriptor: int, content: bytes) -> None:
+    """os.write may take less than it is given (large writes); loop until all of it is written."""
+    view = memoryview(content)
+    while view:
+        view = view[os.write(descriptor, view):]

@@ -29,6 +29,7 @@ NOT_SETTINGS = {
     "APPLIANCE_DEBUG",
     "APPLIANCE_VENV",
     "APPLIANCE_TORCH",
+    "APPLIANCE_BURST_JOB_KEY",  # the per-job key a burst job reads on the cluster
 }
 
 
@@ -72,6 +73,23 @@ class DaemonSettings:
 
 
 @dataclass(frozen=True)
+class BurstSettings:
+    """A central Ray cluster that training jobs may burst to, when a dataset's residency allows it."""
+
+    address: str = ""  # the cluster's dashboard / Jobs API, e.g. https://ray.example.internal:8265; empty: off
+    token_file: Path | None = None  # Ray's auth token (RAY_AUTH_MODE=token); default: the systemd credential
+    ca_file: Path | None = None  # the CA that signed the cluster's TLS certificate, when it is not a public one
+    fallback_local: bool = False  # a burst that fails (cluster down, job failed, bad result) trains here instead
+    suggest_after_minutes: float = 60.0  # a local run predicted to take longer says a burst is possible
+    poll_s: float = 2.0  # how often a burst job's status and logs are read
+    python: str = "python"  # the interpreter on the cluster that has the appliance's dependencies
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.address)
+
+
+@dataclass(frozen=True)
 class Settings:
     """The appliance's configuration; derived paths are properties so they cannot drift."""
 
@@ -81,6 +99,7 @@ class Settings:
     base_model: Path  # the model `appliance train` starts from unless told otherwise
     serve: ServeSettings = ServeSettings()
     daemon: DaemonSettings = DaemonSettings()
+    burst: BurstSettings = BurstSettings()
 
     @property
     def db_path(self) -> Path:
@@ -130,6 +149,10 @@ _SCHEMA: dict[str, type] = {
     "daemon.latency_objective_ms": float,
     "daemon.tcp_port": int,
     "daemon.tcp_host": str,
+    **{f"burst.{name}": kind for name, kind in {
+        "address": str, "token_file": Path, "ca_file": Path, "fallback_local": bool, "suggest_after_minutes": float,
+        "poll_s": float, "python": str,
+    }.items()},
 }
 
 
@@ -154,10 +177,23 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
                                if key.startswith("daemon.")})
     if daemon.socket is not None:
         daemon = replace(daemon, socket=_absolute(daemon.socket))
+    burst = BurstSettings(**{key.removeprefix("burst."): value for key, value in values.items()
+                             if key.startswith("burst.")})
+    burst = replace(burst, **{name: _absolute(getattr(burst, name)) for name in ("token_file", "ca_file")
+                              if getattr(burst, name) is not None})
     settings = Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model, serve=serve,
-                        daemon=daemon)
+                        daemon=daemon, burst=burst)
     _check_daemon(settings, path)
+    _check_burst(burst, path)
     return settings
+
+
+def _check_burst(burst: BurstSettings, path: Path | None) -> None:
+    where = f"{path} or the environment" if path else "the environment"
+    _check_limits("burst", burst, where, {"suggest_after_minutes": (0, 10**6), "poll_s": (0.1, 600)})
+    if burst.address and not burst.address.startswith(("http://", "https://")):
+        raise ConfigError(f"'burst.address' in {where} is {burst.address!r}",
+                          hint="give the cluster's dashboard URL, e.g. https://ray.example.internal:8265")
 
 
 def _check_daemon(settings: Settings, path: Path | None) -> None:

@@ -44,6 +44,8 @@ PROGRESS_STEP = 256 * 1024  # bytes read between two progress reports on a text 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ID_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")
 ACTION = "dataset.import"
+LOCAL_ONLY, BURST_ALLOWED = "local-only", "burst-allowed"
+RESIDENCIES = (LOCAL_ONLY, BURST_ALLOWED)  # whether a version may leave this box for a burst to a Ray cluster
 
 Progress = Callable[[int, int], None]
 
@@ -113,17 +115,20 @@ def import_file(
     seed: int = 13,
     min_per_class: int = 2,
     max_text_chars: int = 20000,
+    residency: str = LOCAL_ONLY,
     actor: str | None = None,
     progress: Progress | None = None,
 ) -> DatasetVersion:
     """Check a file or folder and store it as the next version of the named dataset.
 
-    Identical content under the same name returns the version that already holds it.
+    Identical content under the same name returns the version that already holds it, residency unchanged
+    (set_residency() changes it).
     """
     path = Path(path)
-    details: dict[str, Any] = {"source": str(path.resolve()), "task": task}
+    details: dict[str, Any] = {"source": str(path.resolve()), "task": task, "residency": residency}
     try:
         _check_request(path, name, task, validation_fraction)
+        _check_residency(residency)
         examples, warnings = _read(path, task, (text_column, label_column), max_text_chars, min_per_class, progress)
         content = _canonical(task, examples)
         existing = _existing(store, hashlib.sha256(content).hexdigest(), name)
@@ -150,6 +155,7 @@ def import_file(
             "labels": json.dumps(sorted(set(labels))),
             "split": json.dumps(_split(labels, validation_fraction, seed)),
             "warnings": json.dumps(warnings),
+            "residency": residency,
             "created_at": datetime.now(UTC).isoformat(),
         }
         store.db.execute(
@@ -157,6 +163,40 @@ def import_file(
         )
         recorded.update(id=blob_id, version=version, examples=len(labels), warnings=len(warnings))
     return _select(store, "id = ?", (blob_id,))[0]
+
+
+def adopt(store: Store, version: DatasetVersion, content: bytes) -> DatasetVersion:
+    """Keep a version made by another appliance (a burst job's), with its id, name, version and split."""
+    if hashlib.sha256(content).hexdigest() != version.id:
+        raise DatasetError(f"the content sent for dataset {version.ref} does not match its id {version.id[:12]}")
+    with audit.operation(store, "dataset.adopt", version.ref, id=version.id):
+        blobs.put(store, content)
+        row = {column: getattr(version, column) for column in COLUMNS}
+        row.update({column: json.dumps(row[column]) for column in JSON_COLUMNS})
+        store.db.execute(
+            f"INSERT INTO datasets ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
+        )
+    return get(store, version.ref)
+
+
+def set_residency(store: Store, ref: str, residency: str, actor: str | None = None) -> list[DatasetVersion]:
+    """Say whether a dataset may leave this box: every version of a name, or the one version of name:version."""
+    with audit.operation(store, "dataset.residency", ref, actor=actor, residency=residency) as details:
+        _check_residency(residency)
+        named = [] if ":" in ref else _select(store, "name = ?", (ref,))
+        versions = named or [get(store, ref)]  # get() also takes an id prefix, and names what is unknown
+        details["changed"] = {version.ref: version.residency for version in versions if version.residency != residency}
+        store.db.execute(
+            f"UPDATE datasets SET residency = ? WHERE id IN ({', '.join('?' * len(versions))})",
+            (residency, *(version.id for version in versions)),
+        )
+    return [get(store, version.ref) for version in versions]
+
+
+def _check_residency(residency: str) -> None:
+    if residency not in RESIDENCIES:
+        raise DatasetError(f"unknown residency {residency!r}",
+                           hint=f"use {LOCAL_ONLY} (never leaves this box) or {BURST_ALLOWED}")
 
 
 def _read(

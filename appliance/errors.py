@@ -21,7 +21,9 @@
      │    └── Forbidden           a valid key that may not call this model (403)
      ├── DaemonError              the daemon cannot start, or none runs to ask
      │    └── DaemonUnreachable   nothing answers on the control socket
- └── ServeError               the inference server cannot answer this request
+     ├── BurstError               a burst to the Ray cluster cannot start, failed there, or came back bad
+     │    └── ResidencyRefused    the dataset is local-only: it may not leave this box
+     └── ServeError               the inference server cannot answer this request
           ├── ModelNotFound       no model of that name is being served (404)
           ├── BadRequest          the request body is malformed or out of bounds (400, 413)
           └── Overloaded          too much is queued already; retry later (503)
@@ -130,6 +132,16 @@ class DaemonError(ApplianceError):
 
 class DaemonUnreachable(DaemonError):
     """Nothing answers on the daemon's control socket: it is not running, or not yet, or no longer."""
+
+
+class BurstError(ApplianceError):
+    """A training job could not be sent to the Ray cluster, failed there, or its result did not check out."""
+
+
+class ResidencyRefused(BurstError):
+    """The dataset's residency keeps it on this box, so it may not be sent to a cluster."""
+
+    status = 403
 
 
 class ServeError(ApplianceError):

@@ -27,6 +27,8 @@ from appliance.train.params import TrainParams
 
 KINDS = ("train", "optimize", "pipeline")
 ACTIVE = ("queued", "running")
+BURST = {"burst": "train on the configured Ray cluster, if the dataset's residency allows it",
+         "fallback": "train here if the burst fails (default: the burst.fallback_local setting)"}
 _COLUMNS = (
     "id, kind, params, priority, status, stage, state, result, error, attempts, owner, pid, heartbeat_at, "
     "cancel_requested, submitted_by, submitted_at, started_at, finished_at"
@@ -75,15 +77,18 @@ def check_params(kind: str, params: dict[str, Any]) -> None:
     """Refuse at submission what the job would only fail on later."""
     if kind not in KINDS:
         raise JobError(f"unknown job kind {kind!r}", hint=f"the kinds are: {', '.join(KINDS)}")
-    allowed = {"train": {"dataset", "base", "params", "device", "name"},
+    allowed = {"train": {"dataset", "base", "params", "device", "name", *BURST},
                "optimize": {"version", "int8", "distill_layers", "max_accuracy_drop", "calibration_size", "metric",
                             "seed"},
                "pipeline": {"source", "dataset", "task", "base", "params", "device", "name", "int8", "distill_layers",
-                            "max_accuracy_drop", "deploy", "canary_percent"}}[kind]
+                            "max_accuracy_drop", "deploy", "canary_percent", "residency", *BURST}}[kind]
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise JobError(f"unknown parameters for a {kind} job: {', '.join(unknown)}",
                        hint=f"a {kind} job takes: {', '.join(sorted(allowed))}")
+    for flag, meaning in BURST.items():
+        if flag in params and not isinstance(params[flag], bool):
+            raise JobError(f"'{flag}' must be true or false, not {params[flag]!r}", hint=f"{flag}: {meaning}")
     needed = "version" if kind == "optimize" else "dataset"
     if not isinstance(params.get(needed), str) or not params[needed]:
         raise JobError(f"a {kind} job needs '{needed}'",

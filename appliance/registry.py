@@ -61,9 +61,10 @@ class ModelVersion:
         return variant
 
     def lineage(self, store: Store) -> dict[str, Any]:
-        """Where this version came from: run, dataset version, base model, hyperparameters."""
+        """Where this version came from: run, dataset version, base model, hyperparameters, where it trained."""
         run = runs.get(store, self.run_id)
-        return {"run": run.id, "dataset": run.dataset_id, "base_model": run.base_model, "params": run.params}
+        return {"run": run.id, "dataset": run.dataset_id, "base_model": run.base_model, "params": run.params,
+                "trained_on": run.trained_on or "this appliance"}
 
 
 def register(

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from appliance import config, datasets, jobs, pipeline, registry, store
+from appliance import burst, config, datasets, jobs, pipeline, registry, store
 from appliance.errors import ApplianceError, JobError
 from appliance.store import Store
 from appliance.train.params import TrainParams
@@ -93,7 +93,7 @@ def import_step(job: Job) -> str:
     if source:
         version = datasets.import_file(
             job.store, Path(source), name=job.params["dataset"], task=job.params.get("task", datasets.TEXT),
-            actor=job.actor,
+            residency=job.params.get("residency", datasets.LOCAL_ONLY), actor=job.actor,
         )
     else:
         version = datasets.get(job.store, _required(job, "dataset"))
@@ -107,9 +107,19 @@ def train_step(job: Job, dataset: str) -> str:
 
     if "run_id" in job.state and runs.get(job.store, job.state["run_id"]).status == "finished":
         return job.state["run_id"]
+    if job.params.get("burst") and "run_id" not in job.state:
+        run_id = burst_step(job, dataset)
+        if run_id is not None:
+            job.save(run_id=run_id)
+            return run_id
     job.stage("train")
+    suggest = not job.params.get("burst")  # a job that burst and fell back knows the cluster already
 
     def progress(report: engine.Progress) -> None:
+        nonlocal suggest
+        if suggest and report.step > 1 and (note := burst.suggestion(job.store.settings.burst, report.eta_s)):
+            log.info("%s", note)
+            suggest = False
         job.report({"stage": "train", "phase": report.phase, "epoch": report.epoch, "epochs": report.epochs,
                     "step": report.step, "total_steps": report.total_steps, "loss": round(report.loss, 5),
                     "samples_per_s": round(report.samples_per_s, 2), "eta_s": report.eta_s})
@@ -128,6 +138,41 @@ def train_step(job: Job, dataset: str) -> str:
         raise Stopped
     job.report({"stage": "train", "metrics": result.metrics}, force=True)
     return result.run_id
+
+
+def burst_step(job: Job, dataset: str) -> str | None:
+    """Train on the Ray cluster: the finished local run's id, or None when it failed and may fall back to here."""
+    settings = job.store.settings
+    job.stage("burst")
+    request = burst.Request(dataset, Path(job.params.get("base") or settings.base_model), _train_params(job),
+                            job.params.get("device"), job.id, job.actor)
+    try:
+        return burst.attempt(job.store, settings, request, _BurstWatcher(job), job.state.get("burst"),
+                             job.params.get("fallback"))
+    except burst.Interrupted:
+        raise Stopped from None
+
+
+class _BurstWatcher:
+    """The burst's view of this job: state, progress (the heartbeat), log lines, stop and cancel."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def submitted(self, submission: dict[str, str]) -> None:
+        self.job.save(burst=submission)
+
+    def progress(self, data: dict[str, Any]) -> None:
+        self.job.report(data)
+
+    def log(self, line: str) -> None:
+        log.info("%s", line)
+
+    def should_stop(self) -> bool:
+        return self.job.should_stop()
+
+    def cancelled(self) -> bool:
+        return jobs.get(self.job.store, self.job.id).cancel_requested
 
 
 def register_step(job: Job, dataset: str, run_id: str) -> str:

@@ -34,7 +34,7 @@ pip() {
 }
 pip install --upgrade pip setuptools wheel
 pip install "$torch_pin"
-pip install --constraint "$constraints" -e ".[dev]"
+pip install --constraint "$constraints" -e ".[dev,burst]"
 pip uninstall -y torchvision >/dev/null 2>&1 || true
 
 "$venv/bin/python" - "$torch_pin" <<'PY'

@@ -29,12 +29,15 @@ def data_group() -> None:
     help="Share of each class held out for validation.",
 )
 @click.option("--seed", type=int, default=13, show_default=True, help="Seed of the train/validation split.")
+@click.option("--residency", type=click.Choice(datasets.RESIDENCIES), default=datasets.LOCAL_ONLY, show_default=True,
+              help="Whether it may be sent (encrypted) to the Ray cluster for a burst.")
 def data_import(
-    path: Path, name: str, task: str, text_column: str, label_column: str, validation_fraction: float, seed: int
+    path: Path, name: str, task: str, text_column: str, label_column: str, validation_fraction: float, seed: int,
+    residency: str,
 ) -> None:
     """Check PATH (a CSV or JSONL file, or a folder of class subfolders of images) and store it encrypted."""
     options = {"name": name, "task": task, "text_column": text_column, "label_column": label_column,
-               "validation_fraction": validation_fraction, "seed": seed}
+               "validation_fraction": validation_fraction, "seed": seed, "residency": residency}
     with daemon_client() as api:
         if api is not None:  # the daemon reads the file, so the import is audited under the caller's user
             answer = api.post("/v1/datasets", {"path": str(path.resolve()), **options})
@@ -51,6 +54,21 @@ def data_import(
     _describe(version, counts)
 
 
+@data_group.command("residency")
+@click.argument("ref")
+@click.argument("residency", type=click.Choice(datasets.RESIDENCIES))
+def data_residency(ref: str, residency: str) -> None:
+    """Say whether REF (a name: every version; or name:version) may leave this box for a burst; audited."""
+    with daemon_client() as api:
+        if api is not None:
+            changed = [version["name"] + f":{version['version']}" for version in
+                       api.post(f"/v1/datasets/{ref}/residency", {"residency": residency})]
+    if api is None:
+        with opened_store() as opened:
+            changed = [version.ref for version in datasets.set_residency(opened, ref, residency)]
+    click.echo(f"{', '.join(changed)}: {residency}")
+
+
 @data_group.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def data_list(as_json: bool) -> None:
@@ -65,7 +83,7 @@ def data_list(as_json: bool) -> None:
     for v in versions:
         click.echo(
             f"{v.ref:<24} {v.id[:12]}  {v.task:<20} {v.examples:>7} examples"
-            f"  {len(v.labels):>3} labels  {v.created_at[:19]}"
+            f"  {len(v.labels):>3} labels  {v.residency:<13} {v.created_at[:19]}"
         )
 
 

@@ -50,7 +50,8 @@ def show_version(version: registry.ModelVersion, lineage: dict) -> None:
     """A version for a person: aliases, the guard's decision, lineage, then its variants side by side."""
     click.echo(f"{version.ref}  ({', '.join(version.aliases) or 'no alias'})  {version.task}")
     click.echo(f"chosen: {version.chosen} - {version.reason}")
-    click.echo(f"lineage: run {lineage['run']}, dataset {lineage['dataset'][:12]}, base {lineage['base_model']}")
+    click.echo(f"lineage: run {lineage['run']}, dataset {lineage['dataset'][:12]}, base {lineage['base_model']},"
+               f" trained on {lineage['trained_on']}")
     click.echo("hyperparameters: " + ", ".join(f"{key}={value}" for key, value in lineage["params"].items()))
     click.echo(f"{'variant':<16}{'format':<13}{'MiB':>6}{'acc':>7}{'F1':>7}{'p50 ms':>8}{'b1/s':>7}{'b16/s':>7}{'x fp32':>7}")
     for variant in sorted(version.variants.values(), key=lambda v: (v.name != "torch", "student" in v.name, v.name)):

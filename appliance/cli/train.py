@@ -8,13 +8,14 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from appliance import datasets, pipeline, registry
 from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar
 from appliance.cli.jobs import run_job
+from appliance.errors import JobError
 from appliance.train import runs
 from appliance.train.params import TrainParams
 
@@ -58,6 +59,8 @@ class _StopFlag:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the best available.")
 @click.option("--resume", "resume_run", help="Continue an interrupted run from its last checkpoint.")
 @click.option("--name", "model_name", help="Register the model under this name (default: the dataset's name).")
+@click.option("--burst", is_flag=True, help="Train on the configured Ray cluster, if the dataset's residency allows.")
+@click.option("--fallback", is_flag=True, help="With --burst: train here if the burst fails.")
 def train(
     dataset: str | None,
     base: Path | None,
@@ -74,10 +77,14 @@ def train(
     device: str | None,
     resume_run: str | None,
     model_name: str | None,
+    burst: bool,
+    fallback: bool,
 ) -> None:
     """Fine-tune a base model on a dataset version, checkpointing as it goes."""
     if (dataset is None) == (resume_run is None):
         raise click.UsageError("give either --data NAME for a new run or --resume RUN")
+    if (burst or fallback) and resume_run:
+        raise click.UsageError("--burst starts a new run: it cannot go with --resume")
     params = TrainParams(
         epochs=epochs, learning_rate=lr, batch_size=batch_size, max_length=max_length, lora=lora, schedule=schedule,
         patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
@@ -86,7 +93,8 @@ def train(
         with daemon_client() as api:
             if api is not None:  # the daemon trains it as a job: it survives this shell, and crashes
                 job = {"dataset": dataset, "params": dataclasses.asdict(params), "device": device, "name": model_name,
-                       "base": str(base.resolve()) if base else None}
+                       "base": str(base.resolve()) if base else None, "burst": burst or None,
+                       "fallback": fallback or None}
                 result = run_job(api, "train", {key: value for key, value in job.items() if value is not None})
                 click.echo(f"run {result['run_id']} finished; registered as {result['version']}")
                 click.echo(f"  optimise it with 'appliance optimize {result['version']}'")
@@ -96,8 +104,12 @@ def train(
     with opened_store() as opened:
         source = datasets.get(opened, runs.get(opened, resume_run).dataset_id if resume_run else dataset)
         name = registry.check_name(model_name or source.name)  # before hours of training, not after
-        with progress_bar("training") as bar:
-            result = _run(opened, bar, resume_run, dataset, base, device, stop, params)
+        burst_run = _burst(opened, dataset, base, device, stop, params, fallback) if burst else None
+        if burst_run is not None:
+            result = burst_run
+        else:
+            with progress_bar("training") as bar:
+                result = _run(opened, bar, resume_run, dataset, base, device, stop, params)
         if result.status == "finished":
             registered = pipeline.register_run(opened, result.run_id, name)
     if result.status == "interrupted":
@@ -125,6 +137,53 @@ def _run(
     base_dir = base or load_settings().base_model
     return engine.start(opened, dataset=dataset, base_dir=base_dir, params=params, device=device, progress=show,
                         should_stop=stop)
+
+
+def _burst(
+    opened: Store, dataset: str, base: Path | None, device: str | None, stop: _StopFlag, params: TrainParams,
+    fallback: bool,
+) -> RunResult | None:
+    """Train on the Ray cluster in the foreground (Ctrl-C stops the remote job); None to fall back to here."""
+    from appliance import burst
+    from appliance.train.engine import RunResult
+
+    settings = load_settings()
+    request = burst.Request(dataset, base or settings.base_model, params, device, f"cli-{os.getpid()}")
+    with progress_bar("burst") as bar:
+        try:
+            run_id = burst.attempt(opened, settings, request, _BurstWatcher(bar, stop), fallback=fallback)
+        except burst.Interrupted:
+            raise JobError("the burst was stopped; the Ray job is cancelled", hint="nothing was stored") from None
+    if run_id is None:
+        return None
+    run, history = runs.get(opened, run_id), runs.epochs(opened, run_id)
+    click.echo(f"trained on {run.trained_on}")
+    return RunResult(run_id, run.status, run.metrics or {}, run.model_blob, history[-1].step if history else 0, False)
+
+
+class _BurstWatcher:
+    """A foreground burst: progress to the bar, remote log lines to stderr, Ctrl-C cancels."""
+
+    def __init__(self, bar: Callable[..., None], stop: _StopFlag) -> None:
+        self.bar, self.stop = bar, stop
+
+    def submitted(self, submission: dict[str, str]) -> None:
+        pass  # nothing resumes a foreground burst
+
+    def progress(self, data: dict[str, Any]) -> None:
+        if data.get("total_steps"):
+            self.bar(data["step"], data["total_steps"], f"ray: epoch {data['epoch']}/{data['epochs']} {data['phase']}")
+        elif "remote" in data:
+            self.bar(0, 1, f"ray job {data['remote'].lower()}")
+
+    def log(self, line: str) -> None:
+        click.echo(line, err=True)
+
+    def should_stop(self) -> bool:
+        return self.stop()
+
+    def cancelled(self) -> bool:
+        return True
 
 
 def _describe(report: Progress) -> str:
@@ -167,7 +226,8 @@ def runs_show(run_id: str, as_json: bool) -> None:
     if as_json:
         print_json({**run.__dict__, "epochs": [row.__dict__ for row in history]})
         return
-    click.echo(f"run {run.id}: {run.status}, dataset {run.dataset_id[:12]}, base {run.base_model}")
+    click.echo(f"run {run.id}: {run.status}, dataset {run.dataset_id[:12]}, base {run.base_model}"
+               + (f", trained on {run.trained_on}" if run.trained_on else ""))
     click.echo("params: " + ", ".join(f"{k}={v}" for k, v in run.params.items()))
     plan = run.plan
     click.echo(

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import sqlite_utils
@@ -45,9 +46,18 @@ class Store:
 
 def open(settings: Settings, passphrase: str | None = None) -> Store:  # noqa: A001  store.open reads well
     """Open the store, creating the state directory and database on first use."""
+    return _unlocked(settings, lambda database: keys.unlock(database, settings, passphrase))
+
+
+def scratch(settings: Settings) -> Store:
+    """A new store whose key is never written anywhere: gone with the process (a burst job on a cluster node)."""
+    return _unlocked(settings, keys.in_memory)
+
+
+def _unlocked(settings: Settings, unlock: Callable[[sqlite_utils.Database], tuple[keys.MasterKey, bytes]]) -> Store:
     database = connect(settings)
     try:
-        master, secret = keys.unlock(database, settings, passphrase)
+        master, secret = unlock(database)
         store_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
     except BaseException:
         database.conn.close()

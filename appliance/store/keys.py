@@ -182,6 +182,12 @@ def unlock(db: sqlite_utils.Database, settings: Settings, passphrase: str | None
         return MasterKey(candidate.material, master.source), secret
 
 
+def in_memory(db: sqlite_utils.Database) -> tuple[MasterKey, bytes]:
+    """A fresh master key that lives in this process only, and a new store's secret under it (a scratch store)."""
+    master = MasterKey(generate(), "this process's memory")
+    return master, _create_secret(db, master)
+
+
 def is_initialised(db: sqlite_utils.Database) -> bool:
     return db.execute("SELECT 1 FROM meta WHERE key = 'store_secret'").fetchone() is not None
 

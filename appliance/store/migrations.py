@@ -241,12 +241,26 @@ def _v5_daemon(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v6_burst(db: sqlite_utils.Database) -> None:
+    # Residency decides whether a dataset may leave the box (for a burst to a Ray cluster). The column is
+    # from v2; only these two values may be in it, and a change of it is a policy decision (audited).
+    for verb, when in (("INSERT", "INSERT"), ("UPDATE", "UPDATE OF residency")):
+        db.execute(
+            f"""CREATE TRIGGER datasets_residency_{verb.lower()} BEFORE {when} ON datasets
+                WHEN NEW.residency NOT IN ('local-only', 'burst-allowed')
+                BEGIN SELECT RAISE(ABORT, 'residency must be local-only or burst-allowed'); END"""
+        )
+    # Where a run trained: NULL on this appliance, else the remote job (ray://host:port/submission id).
+    db.execute("ALTER TABLE runs ADD COLUMN trained_on TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
     _v3_registry,
     _v4_serving,
     _v5_daemon,
+    _v6_burst,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -29,19 +29,22 @@ class Run:
     metrics: dict[str, Any] | None
     created_at: str
     finished_at: str | None
+    trained_on: str | None = None  # None: on this appliance; else the remote job, e.g. ray://host:8265/raysubmit_...
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def create(store: Store, *, dataset_id: str, base_model: str, task: str, params: dict, plan: dict) -> str:
+def create(store: Store, *, dataset_id: str, base_model: str, task: str, params: dict, plan: dict,
+           trained_on: str | None = None) -> str:
     run_id = uuid.uuid4().hex[:12]
-    with audit.operation(store, "train.start", run_id, dataset=dataset_id, base_model=base_model):
+    where = {"trained_on": trained_on} if trained_on else {}
+    with audit.operation(store, "train.start", run_id, dataset=dataset_id, base_model=base_model, **where):
         store.db.execute(
-            "INSERT INTO runs (id, dataset_id, base_model, task, params, plan, status, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
-            (run_id, dataset_id, base_model, task, json.dumps(params), json.dumps(plan), _now()),
+            "INSERT INTO runs (id, dataset_id, base_model, task, params, plan, status, created_at, trained_on)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+            (run_id, dataset_id, base_model, task, json.dumps(params), json.dumps(plan), _now(), trained_on),
         )
     return run_id
 
@@ -93,6 +96,12 @@ def get(store: Store, run_id: str) -> Run:
     return _run(dict(zip(_columns(store), row[0])))
 
 
+def trained_at(store: Store, where: str) -> str | None:
+    """The run that trained at this remote place (a burst job), if one was stored."""
+    row = store.db.execute("SELECT id FROM runs WHERE trained_on = ?", (where,)).fetchone()
+    return row[0] if row else None
+
+
 def list_runs(store: Store) -> list[Run]:
     return [_run(dict(zip(_columns(store), row))) for row in store.db.execute("SELECT * FROM runs ORDER BY created_at")]
 
@@ -123,4 +132,5 @@ def _run(row: dict[str, Any]) -> Run:
         metrics=json.loads(row["metrics"]) if row["metrics"] else None,
         created_at=row["created_at"],
         finished_at=row["finished_at"],
+        trained_on=row["trained_on"],
     )

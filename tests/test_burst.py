@@ -1,0 +1,410 @@
+"""Bursting training to a real single-node Ray head on loopback, with token authentication on.
+
+The head is started once for the session (`ray start --head --num-cpus 1`), with every
+port chosen free and its own temporary directory, so it neither meets nor stops another
+Ray on this machine; it is stopped by its own process id at the end, and any of its
+processes still alive then are named and killed. Without the burst extra (ray) these
+tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from appliance import archive, burst, config, datasets, jobs, pipeline, registry, worker
+from appliance.errors import BurstError, ResidencyRefused
+from appliance.store import Store, audit, blobs, lifecycle
+from appliance.train import runs
+from appliance.train.params import TrainParams
+from tests.conftest import run_cli, write_tickets
+from tests.test_daemon import Daemon, daemon  # noqa: F401  the daemon fixture, for the cancel test
+
+TINY = TrainParams(epochs=2, learning_rate=3e-3, batch_size=16, max_length=32, seed=3)
+
+
+def _ray_missing() -> str | None:
+    try:
+        import ray.job_submission  # noqa: F401
+    except ImportError as exc:
+        return f"the burst extra is not installed (pip install '.[burst]'): {exc}"
+    return None
+
+
+needs_ray = pytest.mark.skipif(_ray_missing() is not None, reason=_ray_missing() or "")
+
+
+@dataclass
+class RayHead:
+    address: str
+    token_file: Path
+
+    def client(self) -> Any:
+        from ray.job_submission import JobSubmissionClient
+
+        token = self.token_file.read_text().strip()
+        return JobSubmissionClient(self.address, headers={"Authorization": f"Bearer {token}"})
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[RayHead]:
+    """One Ray head for the session: loopback, one CPU, token auth, its own ports and temp dir."""
+    if _ray_missing():
+        pytest.skip(_ray_missing())
+    root = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # Ray's socket paths must stay short
+    token_file = root / "token"
+    token_file.write_text(secrets.token_hex(32))
+    token_file.chmod(0o600)
+    ports = _free_ports(9)
+    workers = 20000 + secrets.randbelow(400) * 100
+    dashboard = f"http://127.0.0.1:{ports[0]}"
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file),
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {name: value for name, value in env.items() if not name.startswith("APPLIANCE_")}
+    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus", "1",
+               "--disable-usage-stats", "--node-ip-address", "127.0.0.1", "--include-dashboard", "true",
+               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports[0]), "--port", str(ports[1]),
+               "--node-manager-port", str(ports[2]), "--object-manager-port", str(ports[3]),
+               "--dashboard-agent-listen-port", str(ports[4]), "--dashboard-agent-grpc-port", str(ports[5]),
+               "--runtime-env-agent-port", str(ports[6]), "--metrics-export-port", str(ports[7]),
+               "--ray-client-server-port", str(ports[8]), "--min-worker-port", str(workers),
+               "--max-worker-port", str(workers + 99), "--object-store-memory", str(100 * 2**20),
+               "--temp-dir", str(root / "r")]
+    log = (root / "head.log").open("w")
+    # Its own working directory: jobs start there, and a checkout there would shadow the shipped package.
+    head = subprocess.Popen(command, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    started = RayHead(dashboard, token_file)
+    try:
+        _wait_for_dashboard(started, head, root / "head.log")
+        yield started
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        left = _processes_under(root)
+        for process in left:  # ours by their temp dir, killed by pid: never another Ray on this machine
+            process.kill()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left, f"Ray processes outlived the head: {[p.info['cmdline'][:2] for p in left]}"
+
+
+@pytest.fixture
+def burst_settings(ray_head: RayHead, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
+    monkeypatch.setenv("APPLIANCE_BURST_ADDRESS", ray_head.address)
+    monkeypatch.setenv("APPLIANCE_BURST_TOKEN_FILE", str(ray_head.token_file))
+    monkeypatch.setenv("APPLIANCE_BURST_POLL_S", "0.5")
+    return config.load()
+
+
+@dataclass
+class Recorder:
+    """A watcher that keeps what the burst reported."""
+
+    stop: bool = False
+    cancel: bool = False
+    submission: dict[str, str] | None = None
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def submitted(self, submission: dict[str, str]) -> None:
+        self.submission = submission
+
+    def progress(self, data: dict[str, Any]) -> None:
+        self.reports.append(data)
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+
+    def should_stop(self) -> bool:
+        return self.stop
+
+    def cancelled(self) -> bool:
+        return self.cancel
+
+
+class KeepingLogs(burst.RayBackend):
+    """The real backend, keeping the last log text it read (the test tampers with a copy of it)."""
+
+    last_logs = ""
+
+    def logs(self, submission_id: str) -> str:
+        self.last_logs = super().logs(submission_id)
+        return self.last_logs
+
+
+def _tickets(opened: Store, tmp_path: Path, residency: str) -> datasets.DatasetVersion:
+    return datasets.import_file(opened, write_tickets(tmp_path / "tickets.csv", per_class=20), name="tickets",
+                                residency=residency)
+
+
+def _records(opened: Store, action: str) -> list[dict[str, Any]]:
+    return audit.rows(opened, action=action)
+
+
+# -- residency, without a cluster ------------------------------------------------------
+
+
+def test_residency_is_set_at_import_and_changed_by_an_audited_command(opened: Store, tmp_path: Path) -> None:
+    version = _tickets(opened, tmp_path, datasets.LOCAL_ONLY)
+    assert version.residency == "local-only"
+    changed = datasets.set_residency(opened, "tickets", "burst-allowed", actor="user:alice")
+    assert [v.residency for v in changed] == ["burst-allowed"]
+    record = _records(opened, "dataset.residency")[-1]
+    assert record["actor"] == "user:alice" and json.loads(record["details"])["changed"] == {"tickets:1": "local-only"}
+    with pytest.raises(Exception, match="unknown residency"):
+        datasets.set_residency(opened, "tickets", "anywhere")
+    assert _records(opened, "dataset.residency")[-1]["outcome"] == "failed"
+    with pytest.raises(Exception, match="residency must be"):  # the schema holds it too (migration 6)
+        opened.db.execute("UPDATE datasets SET residency = 'anywhere'")
+
+
+def test_a_local_only_dataset_is_refused_before_anything_leaves(opened: Store, tmp_path: Path, tiny_base: Path) -> None:
+    version = _tickets(opened, tmp_path, datasets.LOCAL_ONLY)
+    backend = burst.RayBackend(config.BurstSettings(address="http://127.0.0.1:9"), token="unused")
+    request = burst.Request("tickets", tiny_base, TINY, None, "job1", "user:alice")
+    with pytest.raises(ResidencyRefused, match="tickets:1 is local-only: it may not leave this box") as refused:
+        burst.train(opened, backend, request, Recorder())
+    assert "appliance data residency tickets burst-allowed" in (refused.value.hint or "")
+    record = _records(opened, "burst.refused")[-1]
+    assert record["outcome"] == "failed" and json.loads(record["details"])["dataset"] == version.id
+    assert not _records(opened, "burst.send")  # nothing left
+
+
+def test_the_token_file_must_be_private(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("secret-token-value")
+    token.chmod(0o644)
+    with pytest.raises(BurstError, match="readable by group or others") as refused:
+        burst.connect(config.BurstSettings(address="http://127.0.0.1:9", token_file=token), tmp_path)
+    assert "secret-token-value" not in str(refused.value) + str(refused.value.hint)
+
+
+def test_sealed_chunks_refuse_a_change_a_swap_and_a_cut() -> None:
+    key, data = burst.new_key(), os.urandom(10_000)
+    chunks = list(burst.seal(key, "dataset", data, chunk_bytes=4096))
+    assert len(chunks) == 3 and burst.unseal(key, "dataset", chunks) == data
+    changed = [chunks[0][:-1] + bytes([chunks[0][-1] ^ 1]), *chunks[1:]]
+    for bad, problem in ((changed, "chunk 0 of the dataset does not authenticate"),
+                         ([chunks[1], chunks[0], chunks[2]], "chunk 0 of the dataset does not authenticate"),
+                         (chunks[:2], "cut short"),
+                         (chunks + chunks[-1:], "data after its last chunk")):
+        with pytest.raises(BurstError, match=problem):
+            burst.unseal(key, "dataset", bad)
+    with pytest.raises(BurstError, match="does not authenticate"):  # another payload's chunks, or another key
+        burst.unseal(key, "base", chunks)
+    with pytest.raises(BurstError, match="does not authenticate"):
+        burst.unseal(burst.new_key(), "dataset", chunks)
+
+
+def test_burst_settings_and_job_flags_are_checked(monkeypatch: pytest.MonkeyPatch, opened: Store) -> None:
+    monkeypatch.setenv("APPLIANCE_BURST_ADDRESS", "ray.corp:8265")
+    with pytest.raises(Exception, match="'burst.address' in the environment is 'ray.corp:8265'"):
+        config.load()
+    with pytest.raises(Exception, match="'burst' must be true or false, not 'yes'"):
+        jobs.submit(opened, "train", {"dataset": "tickets", "burst": "yes"})
+
+
+# -- against the Ray head ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+@needs_ray
+def test_a_burst_trains_on_the_cluster_and_brings_the_model_home(
+    burst_settings: config.Settings, tiny_base: Path, tmp_path: Path, ray_head: RayHead
+) -> None:
+    with lifecycle.init(burst_settings) as opened:
+        version = _tickets(opened, tmp_path, datasets.BURST_ALLOWED)
+        backend = KeepingLogs(burst_settings.burst, burst.read_token(burst_settings.burst, burst_settings.state_dir))
+        request = burst.Request("tickets", tiny_base, TINY, None, "job2", "user:alice")
+        watcher = Recorder()
+        run_id = burst.train(opened, backend, request, watcher, poll_s=0.5)
+
+        run = runs.get(opened, run_id)
+        where = f"ray://{ray_head.address.removeprefix('http://')}/{watcher.submission['id']}"
+        assert run.status == "finished" and run.trained_on == where and run.dataset_id == version.id
+        assert len(runs.epochs(opened, run_id)) == TINY.epochs and run.metrics["accuracy"] > 0
+        registered = pipeline.register_run(opened, run_id, "tickets")
+        assert registered.lineage(opened)["trained_on"] == where
+        bundle = blobs.read(opened, run.model_blob)
+        assert "model.safetensors" in archive.unpack(bundle)
+
+        # The remote ran the shipped package, reported training progress, and the job is gone from the cluster.
+        assert any("runtime_resources" in line and "py_modules_files" in line for line in watcher.lines)
+        assert any(r.get("stage") == "train" and r.get("where") == "ray" for r in watcher.reports)
+        with pytest.raises(RuntimeError):
+            ray_head.client().get_job_info(watcher.submission["id"])
+
+        # What left, to where and when, is on record; the key is in no log line.
+        sent = json.loads(_records(opened, "burst.send")[-1]["details"])
+        packed_base = archive.pack(sorted((p.name, p.read_bytes()) for p in tiny_base.iterdir() if p.is_file()))
+        assert sent["dataset"] == version.id and sent["cluster"] == ray_head.address
+        assert sent["base_model"] == hashlib.sha256(packed_base).hexdigest()
+        assert sent["base_model_bytes"] == len(packed_base) and sent["sealed_bytes"] > sent["base_model_bytes"]
+        result = _records(opened, "burst.result")[-1]
+        assert result["outcome"] == "ok" and json.loads(result["details"])["trained_on"] == where
+        assert all(watcher.submission["key"] not in line for line in watcher.lines)
+
+        # The same result, corrupted on the way: refused, and nothing stored.
+        before = len(runs.list_runs(opened))
+        lines = backend.last_logs.split("\n")
+        frame = next(i for i, line in enumerate(lines) if line.startswith(burst.RESULT))
+        raw = bytearray(base64.b64decode(lines[frame].split(" ", 1)[1]))
+        raw[-5] ^= 1
+        lines[frame] = f"{burst.RESULT} {base64.b64encode(bytes(raw)).decode()}"
+        with pytest.raises(BurstError, match="is corrupted: chunk 0 of the result does not authenticate"):
+            burst.receive(opened, backend, watcher.submission, request, "\n".join(lines))
+        cut = "\n".join(line for i, line in enumerate(backend.last_logs.split("\n")) if i != frame)
+        with pytest.raises(BurstError, match="is corrupted"):
+            burst.receive(opened, backend, watcher.submission, request, cut)
+        assert len(runs.list_runs(opened)) == before
+        assert [r["outcome"] for r in _records(opened, "burst.result")][-2:] == ["failed", "failed"]
+
+
+@pytest.mark.slow
+@needs_ray
+def test_a_cluster_that_is_down_fails_the_job_and_fallback_trains_here(
+    opened: Store, tmp_path: Path, tiny_base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker, "_on_sigterm", lambda _stop: None)  # the job runs in pytest's process: keep its signals
+    token = tmp_path / "token"
+    token.write_text("t0ken")
+    token.chmod(0o600)
+    down = f"http://127.0.0.1:{_free_ports(1)[0]}"
+    opened.settings = dataclasses.replace(opened.settings, base_model=tiny_base,
+                                          burst=config.BurstSettings(address=down, token_file=token))
+    _tickets(opened, tmp_path, datasets.BURST_ALLOWED)
+    params = {"dataset": "tickets", "burst": True, "params": {"epochs": 1, "batch_size": 16, "max_length": 32}}
+
+    failed = _run_job(opened, params)
+    assert failed.status == "failed" and f"cannot reach the Ray cluster at {down}" in failed.error
+    assert runs.list_runs(opened) == [] and registry.list_versions(opened) == []  # local state intact
+    assert _records(opened, "burst.submit")[-1]["outcome"] == "failed"
+
+    fell_back = _run_job(opened, {**params, "fallback": True})
+    assert fell_back.status == "finished"
+    assert runs.get(opened, fell_back.result["run_id"]).trained_on is None
+    assert "cannot reach" in json.loads(_records(opened, "burst.fallback")[-1]["details"])["reason"]
+
+
+@pytest.mark.slow
+@needs_ray
+def test_a_remote_failure_fails_the_cli_run_with_the_reason(
+    burst_settings: config.Settings, tmp_path: Path, tiny_base: Path
+) -> None:
+    broken = tmp_path / "broken-base"
+    broken.mkdir()
+    (broken / "config.json").write_text((tiny_base / "config.json").read_text())  # no tokenizer, no weights
+    run_cli("keys", "init", check=True)
+    run_cli("data", "import", str(write_tickets(tmp_path / "t.csv", per_class=20)), "--name", "tickets",
+            "--residency", "burst-allowed", check=True)
+    result = run_cli("train", "--data", "tickets", "--burst", "--base", str(broken), "--epochs", "1")
+    assert result.returncode == 1, result.stderr
+    assert "error: the Ray job appliance-cli-" in result.stderr and " failed: " in result.stderr, result.stderr
+    assert "weights" in result.stderr.split(" failed: ", 1)[1]  # the remote's own reason: the base has none
+    assert "Traceback" not in result.stderr
+    assert run_cli("runs", "list").stdout.startswith("no training runs")
+
+
+@pytest.mark.slow
+@needs_ray
+def test_cancel_of_a_burst_job_stops_the_ray_job(burst_env: None, daemon: Daemon, ray_head: RayHead) -> None:  # noqa: F811
+    assert daemon.env["APPLIANCE_BURST_ADDRESS"] == ray_head.address
+    source = daemon.settings.state_dir.parent / "tickets.csv"
+    with daemon.api() as api:
+        imported = api.post("/v1/datasets", json={"path": str(source), "name": "tickets", "residency": "burst-allowed"})
+        assert imported.status_code == 201 and imported.json()["residency"] == "burst-allowed", imported.text
+        answer = api.post("/v1/jobs", json={"kind": "train", "params": {
+            "dataset": "tickets", "burst": True,
+            "params": {"epochs": 500, "patience": 500, "batch_size": 16, "max_length": 32}}})
+    job_id = answer.json()["id"]
+    daemon.wait(lambda: any(e.kind == "progress" and e.data.get("where") == "ray" for e in _job_events(daemon, job_id)),
+                240, "the remote job never reported training progress")
+    assert daemon.cli("jobs", "cancel", job_id).returncode == 0
+    assert daemon.ended(job_id, 120)["status"] == "cancelled"
+    submission = daemon.job(job_id)["state"]["burst"]["id"]
+    client = ray_head.client()
+    daemon.wait(lambda: client.get_job_status(submission).value == "STOPPED", 60, "the Ray job was not stopped")
+    from appliance import store
+
+    with store.open(daemon.settings) as opened:
+        assert _records(opened, "burst.cancel")[-1]["outcome"] == "ok"
+
+
+@pytest.fixture
+def burst_env(ray_head: RayHead, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Burst settings in the environment; asked for before `daemon`, so the daemon inherits them."""
+    monkeypatch.setenv("APPLIANCE_BURST_ADDRESS", ray_head.address)
+    monkeypatch.setenv("APPLIANCE_BURST_TOKEN_FILE", str(ray_head.token_file))
+    monkeypatch.setenv("APPLIANCE_BURST_POLL_S", "0.5")
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _run_job(opened: Store, params: dict[str, Any]) -> jobs.Job:
+    """A train job run in this process, as the daemon's worker would run it."""
+    job = jobs.submit(opened, "train", params)
+    owner = jobs.claim(opened, job.id)
+    assert owner is not None
+    assert worker._run_claimed(opened, job.id, owner, None) in (0, 1)
+    return jobs.get(opened, job.id)
+
+
+def _job_events(running: Daemon, job_id: str) -> list[Any]:
+    from appliance import events, store
+
+    with store.open(running.settings) as opened:
+        return events.after(opened, 0, job_id, limit=100_000)
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _wait_for_dashboard(head: RayHead, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"ray start exited {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            head.client().get_version()
+            return
+        except (ConnectionError, RuntimeError, OSError):  # not up yet (Ray raises these while it starts)
+            time.sleep(1)
+    raise AssertionError(f"the Ray dashboard did not answer:\n{log.read_text()[-3000:]}")
+
+
+def _processes_under(root: Path) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(str(root) in part for part in process.info["cmdline"] or []):
+            found.append(process)
+    return found
