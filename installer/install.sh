@@ -229,8 +229,10 @@ switch_to() {
     for dir in "$opt"/releases/*; do
         [[ releases/${dir##*/} == "$new" || releases/${dir##*/} == "$(readlink "$opt/previous" || true)" ]] || rm -rf "$dir"
     done
-    mkdir -p "$root/usr/local/bin"
-    ln -sfn /opt/appliance/current/bin/appliance "$root/usr/local/bin/appliance"
+    if ! { mkdir -p "$root/usr/local/bin" && ln -sfn /opt/appliance/current/bin/appliance "$root/usr/local/bin/appliance"; } \
+        2>/dev/null; then
+        say "could not link $root/usr/local/bin/appliance (a read-only /usr?): the CLI is /opt/appliance/current/bin/appliance"
+    fi
 }
 
 # The unit and its drop-ins, from the current release: its MemoryMax from the configuration,

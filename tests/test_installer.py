@@ -154,11 +154,13 @@ def test_the_bundle_pins_every_wheel_by_hash_with_the_cpu_torch_and_no_torchvisi
     assert {line.split("  ")[1] for line in sums.splitlines()} == files - {"SHA256SUMS", "SHA256SUMS.sig"}
 
 
-def test_the_installed_copy_runs_version_doctor_and_the_quickstart_offline(installed: Installed) -> None:
+def test_the_installed_copy_runs_offline_and_owns_what_it_should(installed: Installed) -> None:
     no_way_out = offline("python3", "-c", "import socket; socket.create_connection(('pypi.org', 443), timeout=5)")
     assert no_way_out.returncode != 0  # the namespace these commands run in really has no network
 
     assert installed.cli("version").stdout.startswith("appliance 0.1.0")
+    doctor = installed.cli("doctor")
+    assert doctor.returncode == 0 and "all 7 checks passed" in doctor.stdout
     layout = installed.root / "opt/appliance"
     assert installed.current().startswith("releases/0.1.0-") and not (layout / "previous").exists()
     assert stat.S_IMODE(installed.master_key.stat().st_mode) == 0o600 and installed.master_key.stat().st_uid == 0
@@ -167,20 +169,62 @@ def test_the_installed_copy_runs_version_doctor_and_the_quickstart_offline(insta
     assert installed.state.stat().st_uid == int(owner[2]) and stat.S_IMODE(installed.state.stat().st_mode) == 0o700
     assert (installed.state / "intel/openvino_telemetry").read_text() == "0"
 
-    env = installed.env()
-    try:
-        quickstart = offline(installed.root / "opt/appliance/current/bin/appliance", "quickstart", env=env)
-        assert quickstart.returncode == 0, quickstart.stdout[-3000:] + quickstart.stderr[-3000:]
-        assert "deployed sample-tickets:2" in quickstart.stdout and "live prediction for" in quickstart.stdout
-        daemon = int((installed.state / "daemon.pid").read_text())
-        doctor = _run("nsenter", f"--net=/proc/{daemon}/ns/net", installed.root / "opt/appliance/current/bin/appliance",
-                      "doctor", env=env)  # in the daemon's network namespace, where its port is
-        assert doctor.returncode == 0, doctor.stdout
-        assert "in use by the running appliance daemon" in doctor.stdout
-        assert "ok    audit log" in doctor.stdout and "integrity ok" in doctor.stdout
-    finally:
-        stopped = installed.cli("stop", env=env)
-    assert stopped.returncode == 0, stopped.stderr
+
+# Runs in the container below as a unit at boot; each step leaves its output in /out.
+PROBE = """#!/bin/sh
+trap 'systemctl poweroff --no-block' EXIT
+cd /tmp
+/bundle/install.sh --pubkey /keys/vendor.pub >/out/install 2>&1; echo $? >/out/install.rc
+systemctl show appliance -p ActiveState -p User -p StatusText >/out/started
+stat -c '%U %a %n' /var/lib/appliance /var/lib/appliance/appliance.db /run/appliance /run/appliance/appliance.sock \
+    /etc/credstore/appliance.master.key >/out/owners
+cli=/opt/appliance/current/bin/appliance  # /usr/local/bin is read-only here: the host's /usr
+$cli version >/out/version 2>&1
+$cli quickstart >/out/quickstart 2>&1; echo $? >/out/quickstart.rc
+$cli doctor >/out/doctor 2>&1; echo $? >/out/doctor.rc
+systemctl reload appliance; sleep 2
+systemctl stop appliance
+systemctl show appliance -p Result -p ActiveState -p NRestarts >/out/stopped
+journalctl -u appliance --no-pager >/out/journal
+"""
+
+
+def test_under_systemd_the_service_starts_hardened_and_the_quickstart_runs_through_it(installed: Installed,
+                                                                                     workspace: Path) -> None:
+    """install.sh and the unit under a real systemd: a throwaway container on this machine's /usr.
+
+    systemd-nspawn boots systemd on an empty tmpfs root (--volatile) with no network but loopback
+    (--private-network); a unit there runs install.sh from the bundle with the real paths, and then
+    the installed CLI's version, quickstart and doctor against the service it started.
+    """
+    _ensure("systemd-nspawn", "systemd-container")
+    rig = workspace / "nspawn"
+    units, out = rig / "units", rig / "out"
+    (units / "multi-user.target.wants").mkdir(parents=True)
+    out.mkdir()
+    (units / "probe.service").write_text("[Service]\nType=oneshot\nExecStart=/bin/sh /out/probe.sh\n")
+    (units / "multi-user.target.wants/probe.service").symlink_to("../probe.service")
+    (units / "systemd-firstboot.service").symlink_to("/dev/null")  # an empty /etc would make it ask questions
+    (out / "probe.sh").write_text(PROBE)
+    booted = _run("systemd-nspawn", "--directory=/", "--volatile=yes", "--boot", "--private-network",
+                  "--register=no", "--keep-unit", f"--machine=appliance-test-{os.getpid()}", f"--bind={out}:/out",
+                  f"--bind={units}:/etc/systemd/system", f"--bind-ro={installed.unpacked}:/bundle",
+                  f"--bind-ro={installed.key.with_suffix('.pub')}:/keys/vendor.pub", timeout=1500)
+    result = {path.name: path.read_text() for path in out.iterdir()}
+    assert result.get("install.rc") == "0\n", booted.stdout[-3000:] + result.get("install", "")[-3000:]
+    assert "ActiveState=active" in result["started"] and "User=appliance" in result["started"]
+    assert result["owners"].splitlines() == [
+        "appliance 700 /var/lib/appliance", "appliance 600 /var/lib/appliance/appliance.db",
+        "appliance 750 /run/appliance", "appliance 660 /run/appliance/appliance.sock",
+        "root 600 /etc/credstore/appliance.master.key"]
+    assert result["version"].startswith("appliance 0.1.0")
+    assert result["quickstart.rc"] == "0\n", result["quickstart"][-3000:] + result["journal"][-3000:]
+    assert "using the running daemon on /run/appliance/appliance.sock" in result["quickstart"]
+    assert "deployed sample-tickets:2" in result["quickstart"] and "live prediction for" in result["quickstart"]
+    assert result["doctor.rc"] == "0\n", result["doctor"]
+    assert "in use by the running appliance daemon" in result["doctor"] and "opens store" in result["doctor"]
+    assert "configuration reloaded" in result["journal"] and "appliance.daemon: stopped" in result["journal"]
+    assert set(result["stopped"].split()) == {"Result=success", "ActiveState=inactive", "NRestarts=0"}
 
 
 def _flip_one_byte(bundle: Path, copy: Path) -> str:
