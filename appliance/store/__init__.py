@@ -1,6 +1,7 @@
 """The one SQLite database that holds all state; it knows nothing of ML.
 
     store.open(settings) -> Store     connect, migrate, unlock with the master key
+    store.open_read_only(settings)    the same to look at it: no migration, nothing written
     blobs.put / blobs.get             encrypted content-addressed bytes
     audit.operation / audit.record    every state change, hash-chained and anchored
 """
