@@ -40,7 +40,12 @@ usage() { sed -n '2,10s/^# \{0,1\}//p' "$0"; }
 while (($#)); do
     case $1 in
         --root) root=$(realpath -m "${2:?--root needs a directory}"); shift ;;
-        --pubkey) pubkey=$(realpath "${2:?--pubkey needs a file}"); shift ;;
+        --pubkey)
+            [[ -f ${2:-} ]] || die "--pubkey needs the public key file, and '${2:-}' is none" \
+                "give the .pub file that 'build-bundle --make-key' wrote beside the signing key"
+            pubkey=$(realpath "$2")
+            shift
+            ;;
         --no-start) start=no ;;
         --rollback) action=rollback ;;
         --uninstall) action=uninstall ;;

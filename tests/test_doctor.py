@@ -19,6 +19,15 @@ def _by_name(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
     return {check.name: check for check in checks}
 
 
+def _tamper(settings: config.Settings, *statements: str) -> None:
+    """Change the store behind the appliance's back, as a damaged disk or an intruder would."""
+    conn = sqlite3.connect(settings.db_path)
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+
+
 @pytest.fixture
 def initialised(settings: config.Settings) -> config.Settings:
     """A closed store with a key file and a few audit records."""
@@ -61,11 +70,7 @@ def test_the_doctor_writes_nothing_beside_the_store(initialised: config.Settings
 
 
 def test_a_changed_audit_record_fails_the_audit_check(initialised: config.Settings) -> None:
-    conn = sqlite3.connect(initialised.db_path)
-    conn.execute("DROP TRIGGER audit_no_update")
-    conn.execute("UPDATE audit SET object = 'two' WHERE seq = 2")
-    conn.commit()
-    conn.close()
+    _tamper(initialised, "DROP TRIGGER audit_no_update", "UPDATE audit SET object = 'two' WHERE seq = 2")
     found = _by_name(doctor.run(initialised))
     assert found["audit log"].status is doctor.Status.FAIL and "record 2 was changed" in found["audit log"].detail
     assert "appliance audit verify" in (found["audit log"].hint or "")
@@ -81,10 +86,7 @@ def test_another_key_fails_as_not_matching(initialised: config.Settings) -> None
 
 
 def test_a_store_from_a_newer_release_fails_with_a_way_back(initialised: config.Settings) -> None:
-    conn = sqlite3.connect(initialised.db_path)
-    conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (99, 'later')")
-    conn.commit()
-    conn.close()
+    _tamper(initialised, "INSERT INTO schema_version (version, applied_at) VALUES (99, 'later')")
     found = _by_name(doctor.run(initialised))
     assert found["store"].status is doctor.Status.FAIL and "schema version 99" in found["store"].detail
     assert "install that release again" in (found["store"].hint or "")

@@ -131,6 +131,7 @@ def bundle(workspace: Path, signing_key: Path) -> Path:
 def installed(bundle: Path, signing_key: Path, workspace: Path) -> Iterator[Installed]:
     _ensure("ip", "iproute2")
     _ensure("systemd-sysusers", "systemd")  # install.sh needs its sysusers and tmpfiles, the tests systemd-analyze
+    _ensure("openssl", "openssl")  # install.sh checks the signature with it
     site = Installed(workspace / "site", _unpack(bundle, workspace / "usb"), signing_key)
     result = site.install(None, "--pubkey", str(signing_key.with_suffix(".pub")))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -257,6 +258,9 @@ def test_a_bad_or_missing_signature_is_refused(bundle: Path, scratch: Path) -> N
     root = scratch / "root"
     forged = offline(unpacked / "install.sh", "--root", root, "--pubkey", other.with_suffix(".pub"))
     assert forged.returncode == 1 and "signature does not verify" in forged.stderr
+
+    missing = offline(unpacked / "install.sh", "--root", root, "--pubkey", scratch / "nowhere.pub")
+    assert missing.returncode == 1 and "nowhere.pub' is none" in missing.stderr and "--make-key" in missing.stderr
 
     (unpacked / "SHA256SUMS.sig").unlink()
     unsigned = offline(unpacked / "install.sh", "--root", root, "--pubkey", other.with_suffix(".pub"))
