@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import os
+import re
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,6 +64,7 @@ class DaemonSettings:
     latency_objective_ms: float = 0.0  # serving p95 above this pauses the running job; 0: off
     tcp_port: int = 0  # the control API also on TCP with TLS; 0: the unix socket only
     tcp_host: str = "127.0.0.1"
+    memory_max: str = "80%"  # systemd's MemoryMax= for the service (install.sh applies it): 12G, 80%, infinity
 
     def allows_jobs_at(self, moment: dt.time) -> bool:
         """Whether jobs may run at this time of day (a window may wrap past midnight)."""
@@ -149,6 +151,7 @@ _SCHEMA: dict[str, type] = {
     "daemon.latency_objective_ms": float,
     "daemon.tcp_port": int,
     "daemon.tcp_host": str,
+    "daemon.memory_max": str,
     **{f"burst.{name}": kind for name, kind in {
         "address": str, "token_file": Path, "ca_file": Path, "fallback_local": bool, "suggest_after_minutes": float,
         "poll_s": float, "python": str,
@@ -204,6 +207,9 @@ def _check_daemon(settings: Settings, path: Path | None) -> None:
     _check_limits("daemon", settings.daemon, where, {
         "stop_timeout_s": (1, 86400), "heartbeat_timeout_s": (1, 86400), "latency_objective_ms": (0, 60000),
         "tcp_port": (0, 65535)})
+    if not re.fullmatch(r"\d+(\.\d+)?%|\d+[KMGT]?|infinity", settings.daemon.memory_max):
+        raise ConfigError(f"'daemon.memory_max' in {where} is {settings.daemon.memory_max!r}",
+                          hint="give a size such as \"12G\" (K, M, G, T), a share of RAM such as \"80%\", or \"infinity\"")
     if settings.daemon.training_hours:
         try:
             _window(settings.daemon.training_hours)

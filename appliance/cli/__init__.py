@@ -17,6 +17,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     audit,
     daemon,
     data,
+    doctor,
     hw,
     jobs,
     keys,

@@ -1,6 +1,7 @@
 """The one SQLite database that holds all state; it knows nothing of ML.
 
     store.open(settings) -> Store     connect, migrate, unlock with the master key
+    store.open_read_only(settings)    the same to look at it: no migration, nothing written
     blobs.put / blobs.get             encrypted content-addressed bytes
     audit.operation / audit.record    every state change, hash-chained and anchored
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 import sqlite_utils
 
 from appliance.config import Settings
+from appliance.errors import StoreError
 from appliance.store import db as store_db
 from appliance.store import keys, migrations
 
@@ -27,14 +29,17 @@ class Store:
     master: keys.MasterKey
     store_id: str
     secret: bytes = field(repr=False)
-    checkpointer: store_db.Checkpointer = field(repr=False, default=None)  # type: ignore[assignment]
+    read_only: bool = False
+    checkpointer: store_db.Checkpointer | None = field(repr=False, default=None)
 
     def __post_init__(self) -> None:
-        self.db.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
-        self.checkpointer = store_db.Checkpointer(self.settings.db_path)
+        if not self.read_only:
+            self.db.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
+            self.checkpointer = store_db.Checkpointer(self.settings.db_path)
 
     def close(self) -> None:
-        self.checkpointer.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         self.db.conn.close()  # the last connection to close folds the WAL into the database
 
     def __enter__(self) -> Store:
@@ -63,6 +68,24 @@ def _unlocked(settings: Settings, unlock: Callable[[sqlite_utils.Database], tupl
         database.conn.close()
         raise
     return Store(database, settings, master, store_id, secret)
+
+
+def open_read_only(settings: Settings, passphrase: str | None = None) -> Store:
+    """The unlocked store for inspection (appliance doctor): not migrated, nothing written to it or beside it."""
+    if not settings.db_path.exists():
+        raise StoreError(f"there is no store at {settings.db_path}", hint="the daemon creates it on its first start")
+    database = store_db.connect_read_only(settings.db_path)
+    try:
+        migrations.checked_version(database)
+        if "meta" not in database.table_names() or not keys.is_initialised(database):
+            raise StoreError(f"the store {settings.db_path} has no master key yet",
+                             hint="the daemon sets it up on its first start; 'appliance keys init' does it by hand")
+        master, secret = keys.unlock(database, settings, passphrase)
+        store_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
+    except BaseException:
+        database.conn.close()
+        raise
+    return Store(database, settings, master, store_id, secret, read_only=True)
 
 
 def connect(settings: Settings) -> sqlite_utils.Database:

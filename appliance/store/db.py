@@ -85,6 +85,25 @@ def connect(path: Path) -> sqlite_utils.Database:
     return sqlite_utils.Database(conn)
 
 
+def connect_read_only(path: Path) -> sqlite_utils.Database:
+    """Open the database to look at it, writing nothing, not even SQLite's -wal and -shm files.
+
+    While a writer runs, its -wal and -shm files exist and are shared. Without one, a read-only
+    connection would still create them, owned by whoever looks (root, say), and the service could
+    not open them afterwards; so then the file is read as immutable, which it is while nobody writes.
+    """
+    immutable = not any(path.with_name(path.name + suffix).exists() for suffix in ("-wal", "-shm"))
+    uri = path.absolute().as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
+                               check_same_thread=False)
+        conn.execute("PRAGMA schema_version").fetchone()  # fails here, not later, on a file that is no database
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot open the database {path}: {exc}",
+                         hint="check the path and its permissions; restore from a backup if the file is damaged") from exc
+    return sqlite_utils.Database(conn)
+
+
 @contextmanager
 def transaction(db: sqlite_utils.Database) -> Iterator[None]:
     """Run the block as one write transaction; nested calls become savepoints."""

@@ -273,13 +273,13 @@ def current_version(db: sqlite_utils.Database) -> int:
 
 def migrate(db: sqlite_utils.Database) -> int:
     """Bring the schema to LATEST; refuse a database newer than this code."""
-    if _checked_version(db) == LATEST:
+    if checked_version(db) == LATEST:
         return LATEST  # the common case takes no write lock
     with store_db.transaction(db):
         db.execute(
             "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
-        for number in range(_checked_version(db) + 1, LATEST + 1):
+        for number in range(checked_version(db) + 1, LATEST + 1):
             MIGRATIONS[number - 1](db)
             db.execute(
                 "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
@@ -288,7 +288,8 @@ def migrate(db: sqlite_utils.Database) -> int:
     return LATEST
 
 
-def _checked_version(db: sqlite_utils.Database) -> int:
+def checked_version(db: sqlite_utils.Database) -> int:
+    """The schema version, or SchemaTooNew when a newer appliance wrote it."""
     version = current_version(db)
     if version > LATEST:
         raise SchemaTooNew(
