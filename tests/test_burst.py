@@ -36,7 +36,7 @@ from appliance.store import Store, audit, blobs, lifecycle
 from appliance.train import runs
 from appliance.train.params import TrainParams
 from tests.conftest import run_cli, write_tickets
-from tests.test_daemon import Daemon, daemon  # noqa: F401  the daemon fixture, for the cancel test
+from tests.daemon import Daemon
 
 TINY = TrainParams(epochs=2, learning_rate=3e-3, batch_size=16, max_length=32, seed=3)
 
@@ -328,7 +328,7 @@ def test_a_remote_failure_fails_the_cli_run_with_the_reason(
 
 @pytest.mark.slow
 @needs_ray
-def test_cancel_of_a_burst_job_stops_the_ray_job(burst_env: None, daemon: Daemon, ray_head: RayHead) -> None:  # noqa: F811
+def test_cancel_of_a_burst_job_stops_the_ray_job(burst_env: None, daemon: Daemon, ray_head: RayHead) -> None:
     assert daemon.env["APPLIANCE_BURST_ADDRESS"] == ray_head.address
     source = daemon.settings.state_dir.parent / "tickets.csv"
     with daemon.api() as api:
