@@ -12,7 +12,7 @@ import math
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -157,6 +157,26 @@ _CONFIG_KEYS = {
 
 def model_shape(model_dir: Path) -> ModelShape:
     """Read a model's size from config.json and the weight files' headers, without loading any weights."""
+    config = _model_config(model_dir)
+    sizes: dict[str, int] = {}
+    for field, keys in _CONFIG_KEYS.items():
+        value = next((config[key] for key in keys if isinstance(config.get(key), int)), None)
+        if value is None:
+            raise PlanError(f"{model_dir / 'config.json'} has no integer {keys[0]}; is it a BERT-like encoder?")
+        sizes[field] = value
+    parameters = _parameter_count(model_dir, config)
+    return ModelShape(parameters=parameters, trainable_parameters=parameters, **sizes)
+
+
+def max_positions(model_dir: Path) -> int:
+    """The longest input, in tokens, that the model's position embeddings allow."""
+    config = _model_config(model_dir)
+    value = next((config[key] for key in ("max_position_embeddings", "n_positions") if isinstance(config.get(key), int)),
+                 None)
+    return value or 512
+
+
+def _model_config(model_dir: Path) -> dict[str, Any]:
     if not model_dir.is_dir():
         raise PlanError(f"base model directory {model_dir} does not exist")
     try:
@@ -170,14 +190,7 @@ def model_shape(model_dir: Path) -> ModelShape:
         raise PlanError(f"cannot read {model_dir / 'config.json'}: {exc}") from exc
     if not isinstance(config, dict):
         raise PlanError(f"{model_dir / 'config.json'} is not a JSON object")
-    sizes: dict[str, int] = {}
-    for field, keys in _CONFIG_KEYS.items():
-        value = next((config[key] for key in keys if isinstance(config.get(key), int)), None)
-        if value is None:
-            raise PlanError(f"{model_dir / 'config.json'} has no integer {keys[0]}; is it a BERT-like encoder?")
-        sizes[field] = value
-    parameters = _parameter_count(model_dir, config)
-    return ModelShape(parameters=parameters, trainable_parameters=parameters, **sizes)
+    return config
 
 
 def _parameter_count(model_dir: Path, config: dict[str, object]) -> int:

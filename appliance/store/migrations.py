@@ -254,6 +254,44 @@ def _v6_burst(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN trained_on TEXT")
 
 
+def _v7_tuning(db: sqlite_utils.Database) -> None:
+    # A hyperparameter search and its trials; each trial that trained is an ordinary run (curve in run_epochs),
+    # so the study is rebuilt from here after a restart and no search state lives outside the store.
+    db.execute(
+        """CREATE TABLE studies (
+            id TEXT PRIMARY KEY,             -- the job's id when the daemon runs it
+            dataset_id TEXT NOT NULL REFERENCES datasets(id),
+            base_model TEXT NOT NULL,
+            task TEXT NOT NULL,
+            metric TEXT NOT NULL,            -- maximised, on the validation split
+            sampler TEXT NOT NULL,           -- tpe | random
+            space TEXT NOT NULL,             -- JSON: the search space as searched
+            base_params TEXT NOT NULL,       -- JSON: what every trial starts from; trial 0 uses it as is
+            device TEXT,
+            budget_s REAL NOT NULL,
+            spent_s REAL NOT NULL DEFAULT 0, -- wall-clock time used, over every session
+            status TEXT NOT NULL,            -- running | interrupted | finished
+            best_run_id TEXT REFERENCES runs(id),
+            created_at TEXT NOT NULL,
+            finished_at TEXT
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE trials (
+            study_id TEXT NOT NULL REFERENCES studies(id),
+            number INTEGER NOT NULL,
+            run_id TEXT REFERENCES runs(id), -- NULL when the plan refused the trial
+            params TEXT NOT NULL,            -- JSON: the sampled values
+            distributions TEXT NOT NULL,     -- JSON: Optuna's distribution of each sampled value
+            state TEXT NOT NULL,             -- running | complete | pruned | refused
+            value REAL,                      -- the best validation metric it reached
+            system_attrs TEXT NOT NULL DEFAULT '{}',  -- JSON: the pruner's rung records
+            note TEXT,                       -- why it was refused or cut short
+            PRIMARY KEY (study_id, number)
+        )"""
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -261,6 +299,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v4_serving,
     _v5_daemon,
     _v6_burst,
+    _v7_tuning,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -68,6 +68,7 @@ class _Position:
 
 
 ProgressFn = Callable[[Progress], None]
+EpochFn = Callable[[runs.Epoch], bool]  # after each epoch's evaluation; True ends the run there (a pruned trial)
 
 
 def create(
@@ -102,10 +103,11 @@ def start(
     device: str | None = None,
     progress: ProgressFn | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    on_epoch: EpochFn | None = None,
 ) -> RunResult:
     """Plan and run a new fine-tuning job on a dataset version."""
     run_id = create(store, dataset=dataset, base_dir=base_dir, params=params, device=device)
-    return _continue(store, runs.get(store, run_id), progress, should_stop)
+    return _continue(store, runs.get(store, run_id), progress, should_stop, on_epoch=on_epoch)
 
 
 def resume(
@@ -115,6 +117,7 @@ def resume(
     progress: ProgressFn | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     max_threads: int | None = None,
+    on_epoch: EpochFn | None = None,
 ) -> RunResult:
     """Continue a run from its last checkpoint (or its start, if it has none) with the plan it started with.
 
@@ -124,12 +127,12 @@ def resume(
     if run.status == "finished":
         raise JobError(f"run {run.id} has already finished", hint="start a new run with 'appliance train'")
     runs.set_status(store, run.id, "running", resumed=True)
-    return _continue(store, run, progress, should_stop, max_threads)
+    return _continue(store, run, progress, should_stop, max_threads, on_epoch)
 
 
 def _continue(
     store: Store, run: runs.Run, progress: ProgressFn | None, should_stop: Callable[[], bool],
-    max_threads: int | None = None,
+    max_threads: int | None = None, on_epoch: EpochFn | None = None,
 ) -> RunResult:
     params = TrainParams(**run.params)
     data = datasets.load(store, datasets.get(store, run.dataset_id))
@@ -137,7 +140,8 @@ def _continue(
     plan = hardware.TrainingPlan(**{**run.plan, "notes": tuple(run.plan["notes"])})
     if max_threads is not None:
         plan = replace(plan, threads=max(1, min(plan.threads, max_threads)))
-    return _train(store, run.id, task, data, params, plan, checkpoint.latest(store, run.id), progress, should_stop)
+    return _train(store, run.id, task, data, params, plan, checkpoint.latest(store, run.id), progress, should_stop,
+                  on_epoch)
 
 
 def _task(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams) -> tasks.Task:
@@ -179,6 +183,7 @@ def _train(
     state: dict[str, Any] | None,
     progress: ProgressFn | None,
     should_stop: Callable[[], bool],
+    on_epoch: EpochFn | None = None,
 ) -> RunResult:
     torch.set_num_threads(plan.threads)
     device = torch.device(plan.device)
@@ -266,18 +271,15 @@ def _train(
                               position.loss_sum / max(position.seen, 1), 0.0, None))
         metrics = evaluate(model, task, data.validation, plan, device, autocast_dtype)
         position.elapsed_s = time.monotonic() - session_start
-        runs.record_epoch(
-            store,
-            run_id,
-            runs.Epoch(
-                epoch + 1,
-                position.step,
-                position.loss_sum / max(position.seen, 1),
-                metrics,
-                samples_this_session / max(time.monotonic() - clock, 1e-9),
-                position.elapsed_s,
-            ),
+        row = runs.Epoch(
+            epoch + 1,
+            position.step,
+            position.loss_sum / max(position.seen, 1),
+            metrics,
+            samples_this_session / max(time.monotonic() - clock, 1e-9),
+            position.elapsed_s,
         )
+        runs.record_epoch(store, run_id, row)
         previous_best = position.best_blob
         if position.best is None or metrics[params.metric] > position.best:
             position.best, position.best_metrics, position.bad_epochs = metrics[params.metric], metrics, 0
@@ -288,7 +290,8 @@ def _train(
         save_checkpoint()
         if previous_best and previous_best != position.best_blob:
             blobs.delete(store, previous_best)  # only now: the old checkpoint no longer needs it
-        if position.bad_epochs >= params.patience and epoch + 1 < params.epochs:
+        told_to_end = on_epoch is not None and on_epoch(row)
+        if (position.bad_epochs >= params.patience or told_to_end) and epoch + 1 < params.epochs:
             stopped_early = True
             break
         if out_of_time:

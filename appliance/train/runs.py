@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from appliance.errors import JobError
-from appliance.store import Store, audit
+from appliance.store import Store, audit, blobs
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,19 @@ def finish(store: Store, run_id: str, model_blob: str, metrics: dict) -> None:
             "UPDATE runs SET status = 'finished', model_blob = ?, metrics = ?, finished_at = ? WHERE id = ?",
             (model_blob, json.dumps(metrics), _now(), run_id),
         )
+
+
+def drop_model(store: Store, run_id: str) -> None:
+    """Forget a finished run's model, keeping the run and its curve: a search keeps only its best trial's."""
+    model = get(store, run_id).model_blob
+    if model is None:
+        return
+    with audit.operation(store, "train.model_dropped", run_id, model=model):
+        store.db.execute("UPDATE runs SET model_blob = NULL WHERE id = ?", (run_id,))
+        used = (f"SELECT 1 FROM {table} WHERE {column} = ?" for table, column in
+                (("runs", "model_blob"), ("model_artifacts", "blob_id"), ("datasets", "blob_id")))
+        if not any(store.db.execute(query, (model,)).fetchone() for query in used):
+            blobs.delete(store, model)
 
 
 def get(store: Store, run_id: str) -> Run:
