@@ -78,7 +78,7 @@ class _Strict(BaseModel):
 
 
 class JobRequest(_Strict):
-    kind: str = Field(description="train | optimize | pipeline")
+    kind: str = Field(description="train | optimize | pipeline | tune")
     params: dict[str, Any] = Field(default_factory=dict)
     priority: int = Field(0, ge=-100, le=100, description="higher runs first and may preempt lower")
 

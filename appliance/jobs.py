@@ -23,9 +23,10 @@ from appliance import events
 from appliance.errors import JobError, JobNotFound
 from appliance.store import Store, audit
 from appliance.store.db import transaction
+from appliance.train import space
 from appliance.train.params import TrainParams
 
-KINDS = ("train", "optimize", "pipeline")
+KINDS = ("train", "optimize", "pipeline", "tune")
 ACTIVE = ("queued", "running")
 BURST = {"burst": "train on the configured Ray cluster, if the dataset's residency allows it",
          "fallback": "train here if the burst fails (default: the burst.fallback_local setting)"}
@@ -81,7 +82,9 @@ def check_params(kind: str, params: dict[str, Any]) -> None:
                "optimize": {"version", "int8", "distill_layers", "max_accuracy_drop", "calibration_size", "metric",
                             "seed"},
                "pipeline": {"source", "dataset", "task", "base", "params", "device", "name", "int8", "distill_layers",
-                            "max_accuracy_drop", "deploy", "canary_percent", "residency", *BURST}}[kind]
+                            "max_accuracy_drop", "deploy", "canary_percent", "residency", *BURST},
+               "tune": {"dataset", "base", "params", "device", "name", "budget_s", "metric", "space", "sampler",
+                        "int8", "distill_layers", "max_accuracy_drop", "deploy", "canary_percent"}}[kind]
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise JobError(f"unknown parameters for a {kind} job: {', '.join(unknown)}",
@@ -93,6 +96,8 @@ def check_params(kind: str, params: dict[str, Any]) -> None:
     if not isinstance(params.get(needed), str) or not params[needed]:
         raise JobError(f"a {kind} job needs '{needed}'",
                        hint="for a pipeline, 'dataset' names the dataset that 'source' is imported as")
+    if kind == "tune":
+        _check_search(params)
     training = params.get("params") or {}
     known = {field.name for field in fields(TrainParams)}
     if not isinstance(training, dict):
@@ -100,6 +105,24 @@ def check_params(kind: str, params: dict[str, Any]) -> None:
     if set(training) - known:
         raise JobError(f"unknown training parameters: {', '.join(sorted(set(training) - known))}",
                        hint=f"known: {', '.join(sorted(known))}")
+
+
+def _check_search(params: dict[str, Any]) -> None:
+    """A tune job's budget, metric and space, checked before it waits in the queue."""
+    budget = params.get("budget_s")
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
+        raise JobError(f"a tune job needs 'budget_s', a number of seconds above 0, not {budget!r}",
+                       hint="e.g. 1800 for half an hour")
+    if params.get("metric", "macro_f1") not in ("macro_f1", "accuracy"):
+        raise JobError(f"cannot tune for {params['metric']!r}", hint="tune for macro_f1 or accuracy")
+    if params.get("sampler", "tpe") not in ("tpe", "random"):
+        raise JobError(f"unknown sampler {params['sampler']!r}", hint="use tpe or random")
+    narrowing = params.get("space") or {}
+    if not isinstance(narrowing, dict):
+        raise JobError("'space' must be an object: parameter -> range, choices or value",
+                       hint='e.g. {"learning_rate": {"low": 1e-4, "high": 1e-3}, "lora": false}')
+    for name, entry in narrowing.items():
+        space.check(name, entry, "the job's 'space'")
 
 
 def get(store: Store, job_id: str) -> Job:

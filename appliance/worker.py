@@ -140,6 +140,36 @@ def train_step(job: Job, dataset: str) -> str:
     return result.run_id
 
 
+def tune_step(job: Job, dataset: str) -> str:
+    """The best trial's run of a hyperparameter search named after this job, run or resumed to its budget."""
+    from appliance.train import studies, tune  # torch and Optuna load in the worker, never in the daemon
+
+    if "run_id" in job.state:
+        return job.state["run_id"]
+    job.stage("tune")
+    if not studies.exists(job.store, job.id):
+        request = tune.Request(
+            dataset=dataset, base_dir=Path(job.params.get("base") or job.store.settings.base_model),
+            budget_s=float(job.params["budget_s"]), metric=job.params.get("metric", "macro_f1"),
+            narrowing=job.params.get("space") or {}, base_params=_train_params(job),
+            sampler=job.params.get("sampler", "tpe"), device=job.params.get("device"))
+        tune.create(job.store, request, study_id=job.id, actor=job.actor)
+
+    def progress(report: tune.Progress) -> None:
+        job.report({"stage": "tune", "step": round(report.spent_s), "total_steps": round(report.budget_s),
+                    "trial": report.trial, "trials": report.trials, "pruned": report.pruned, "best": report.best,
+                    "epoch": report.epoch, "epochs": report.epochs})
+
+    result = tune.resume(job.store, job.id, progress=progress, should_stop=job.should_stop,
+                         max_threads=job.max_threads)
+    if result.status == "interrupted":
+        raise Stopped
+    job.report({"stage": "tune", "trials": result.trials, "pruned": result.pruned, "best": result.best_value},
+               force=True)
+    job.save(run_id=result.best_run_id)
+    return result.best_run_id
+
+
 def burst_step(job: Job, dataset: str) -> str | None:
     """Train on the Ray cluster: the finished local run's id, or None when it failed and may fall back to here."""
     settings = job.store.settings
@@ -212,14 +242,16 @@ def run(job: Job) -> dict[str, Any]:
     if job.kind == "optimize":
         return {"version": optimize_step(job, _required(job, "version"))}
     dataset = job.between(import_step(job) if job.kind == "pipeline" else _required(job, "dataset"))
-    run_id = job.between(train_step(job, dataset))
+    run_id = job.between(tune_step(job, dataset) if job.kind == "tune" else train_step(job, dataset))
     registered = job.between(register_step(job, dataset, run_id))
     if job.kind == "train":
         return {"run_id": run_id, "version": registered}
     optimized = job.between(optimize_step(job, registered))
-    if job.params.get("deploy", True):
+    deploy = job.params.get("deploy", job.kind == "pipeline")  # a search's best waits for a person to deploy it
+    if deploy:
         deploy_step(job, optimized)
-    return {"dataset": dataset, "run_id": run_id, "version": optimized, "deployed": job.params.get("deploy", True)}
+    searched = {"study": job.id} if job.kind == "tune" else {}
+    return {"dataset": dataset, "run_id": run_id, "version": optimized, "deployed": deploy, **searched}
 
 
 # -- the process -------------------------------------------------------------------

@@ -29,6 +29,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     tokens,
     train,
     tui,
+    tune,
     users,
 )
 from appliance.cli.base import cli

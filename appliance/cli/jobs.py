@@ -59,7 +59,7 @@ def _jobs() -> Iterator[_Jobs]:
 
 @cli.group("jobs")
 def jobs_group() -> None:
-    """Queued, running and finished jobs: train, optimize, pipeline."""
+    """Queued, running and finished jobs: train, optimize, pipeline, tune."""
 
 
 @jobs_group.command("list")
@@ -174,7 +174,16 @@ def _describe(progress: dict[str, Any]) -> str:
     if progress.get("stage") == "train":
         eta = f" eta {progress['eta_s']:.0f}s" if progress.get("eta_s") is not None else ""
         return f"train epoch {progress['epoch']}/{progress['epochs']} loss {progress['loss']:.4f}{eta}"
+    if progress.get("stage") == "tune" and "trial" in progress:
+        return tune_label(progress)
     return f"{progress.get('stage')}: {progress.get('what', '')}"[:48]
+
+
+def tune_label(progress: dict[str, Any]) -> str:
+    """A search's progress in a few words: which trial, how many pruned, the best so far."""
+    best = f" best {progress['best']:.4f}" if progress.get("best") is not None else ""
+    return (f"tune trial {progress['trial']} epoch {progress['epoch']}/{progress['epochs']}, "
+            f"{progress['pruned']} pruned{best}")
 
 
 def _pair(pair: str) -> tuple[str, Any]:

@@ -49,7 +49,7 @@ class Store:
         self.close()
 
 
-def open(settings: Settings, passphrase: str | None = None) -> Store:  # noqa: A001  store.open reads well
+def open(settings: Settings, passphrase: str | None = None) -> Store:
     """Open the store, creating the state directory and database on first use."""
     return _unlocked(settings, lambda database: keys.unlock(database, settings, passphrase))
 

@@ -60,17 +60,15 @@ def narrowed(task: str, overrides: dict[str, Any], source: str = "the search spa
     return space
 
 
-def load(task: str, path: Path | None) -> Space:
-    """The space for a task, narrowed by a TOML file if one is given."""
-    if path is None:
-        return default(task)
+def read(path: Path) -> dict[str, Any]:
+    """The entries of a TOML file narrowing a space, each checked; the task's default fills in the rest."""
     try:
         overrides = tomllib.loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read the search space {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}", hint="see 'appliance tune --help' for the format") from exc
-    return narrowed(task, overrides, str(path))
+    return {name: check(name, entry, str(path)) for name, entry in overrides.items()}
 
 
 def check(name: str, entry: Any, source: str) -> Any:

@@ -78,7 +78,7 @@ def test_a_stopped_search_resumes_its_study(opened: Store, tickets: str, tiny_ba
 def test_a_space_file_narrows_the_default_and_bad_entries_are_named(tmp_path: Path) -> None:
     good = tmp_path / "space.toml"
     good.write_text('learning_rate = { low = 1e-4, high = 1e-3, log = true }\nbatch_size = [16, 32]\nlora = false\n')
-    searched = space.load("text-classification", good)
+    searched = space.narrowed("text-classification", space.read(good))
     assert searched["learning_rate"] == {"low": 1e-4, "high": 1e-3, "log": True}
     assert searched["batch_size"] == [16, 32] and searched["lora"] is False
     assert searched["epochs"] == space.TEXT["epochs"]  # untouched entries keep the default
@@ -87,7 +87,7 @@ def test_a_space_file_narrows_the_default_and_bad_entries_are_named(tmp_path: Pa
         bad = tmp_path / "bad.toml"
         bad.write_text(text)
         with pytest.raises(ConfigError, match=words) as caught:
-            space.load("text-classification", bad)
+            space.read(bad)
         assert str(bad) in caught.value.message
 
 

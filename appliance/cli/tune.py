@@ -1,0 +1,169 @@
+"""`appliance tune`: search hyperparameters within a time budget, and show what a search tried."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from appliance import datasets, pipeline, registry
+from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar
+from appliance.cli.jobs import run_job, tune_label
+from appliance.cli.train import _StopFlag
+from appliance.train import space, studies
+from appliance.train.params import TrainParams
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_budget(text: str) -> float:
+    """90s, 30m, 1.5h -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh])\s*", text)
+    if not match or float(match[1]) <= 0:
+        raise click.BadParameter(f"{text!r} is not a duration; write e.g. 90s, 30m or 2h", param_hint="--budget")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+@cli.group("tune", invoke_without_command=True)
+@click.option("--data", "dataset", help="Dataset name, name:version or id (see 'appliance data list').")
+@click.option("--budget", help="Wall-clock time for the whole search: 90s, 30m, 2h.")
+@click.option("--base", type=click.Path(file_okay=False, path_type=Path), help="Local Hugging Face model directory.")
+@click.option("--metric", type=click.Choice(["macro_f1", "accuracy"]), default="macro_f1", show_default=True,
+              help="Validation metric to maximise.")
+@click.option("--space", "space_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="TOML file narrowing the default search space (see docs/architecture.md).")
+@click.option("--sampler", type=click.Choice(["tpe", "random"]), default="tpe", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the best available.")
+@click.option("--name", "model_name", help="Register the best model under this name (default: the dataset's name).")
+@click.option("--resume", "resume_study", help="Continue a stopped search.")
+@click.pass_context
+def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base: Path | None, metric: str,
+               space_file: Path | None, sampler: str, device: str | None, model_name: str | None,
+               resume_study: str | None) -> None:
+    """Find good hyperparameters for a dataset within a time budget; the best trial becomes the model.
+
+    Trials that fall behind after an epoch are pruned, so the time goes to promising ones.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if resume_study is None and (dataset is None or budget is None):
+        raise click.UsageError("give --data NAME and --budget (e.g. 30m), or --resume SEARCH")
+    budget_s = parse_budget(budget) if budget else None
+    narrowing = space.read(space_file) if space_file else {}
+    if resume_study is None:
+        with daemon_client() as api:
+            if api is not None:  # the daemon runs it as a job: it survives this shell, and restarts
+                job = {"dataset": dataset, "budget_s": budget_s, "metric": metric, "space": narrowing or None,
+                       "sampler": sampler, "device": device, "name": model_name,
+                       "base": str(base.resolve()) if base else None}
+                result = run_job(api, "tune", {key: value for key, value in job.items() if value is not None})
+                click.echo(f"best trial: run {result['run_id']}; registered and optimised as {result['version']}")
+                click.echo(f"  every trial: 'appliance tune show {result['study']}'")
+                return
+    _foreground(dataset, budget_s, base, metric, narrowing, sampler, device, model_name, resume_study)
+
+
+def _foreground(dataset: str | None, budget_s: float | None, base: Path | None, metric: str,
+                narrowing: dict[str, Any], sampler: str, device: str | None, model_name: str | None,
+                resume_study: str | None) -> None:
+    from appliance.train import tune  # torch and Optuna load only for the commands that train
+
+    stop = _StopFlag()
+    stop.install()
+    with opened_store() as opened:
+        if resume_study:
+            study_id = studies.get(opened, resume_study).id
+            source = datasets.get(opened, studies.get(opened, study_id).dataset_id)
+        else:
+            source = datasets.get(opened, dataset)
+        name = registry.check_name(model_name or source.name)  # before the search, not after
+        if not resume_study:
+            request = tune.Request(dataset=dataset, base_dir=base or load_settings().base_model, budget_s=budget_s,
+                                   metric=metric, narrowing=narrowing, base_params=TrainParams(), sampler=sampler,
+                                   device=device)
+            study_id = tune.create(opened, request)
+        with progress_bar(f"search {study_id}") as bar:
+            def show(report: tune.Progress) -> None:
+                bar(round(report.spent_s), round(report.budget_s), tune_label(dataclasses.asdict(report)))
+
+            result = tune.resume(opened, study_id, progress=show, should_stop=stop)
+        if result.status == "interrupted":
+            click.echo(f"search {study_id} stopped and checkpointed after {result.trials} trials")
+            click.echo(f"  continue it with: appliance tune --resume {study_id}")
+            sys.exit(143 if stop.requested else 1)
+        registered = pipeline.register_run(opened, result.best_run_id, name)
+        _print_study(opened, study_id)
+    click.echo(f"best trial: run {result.best_run_id}, {metric} {result.best_value:.4f}; registered as "
+               f"{registered.ref}")
+    click.echo(f"  optimise it with 'appliance optimize {registered.ref}'")
+
+
+@tune_group.command("show")
+@click.argument("search")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def tune_show(search: str, as_json: bool) -> None:
+    """A search's trials, best first, and how much each parameter mattered (SEARCH: its id, or its job's)."""
+    with opened_store() as opened:
+        if as_json:
+            from appliance.train import tune
+
+            record, ranked, importances = tune.ranked(opened, search)
+            print_json({**dataclasses.asdict(record), "importances": importances,
+                        "trials": [{**dataclasses.asdict(row.trial), "epochs": [dataclasses.asdict(e) for e in row.epochs]}
+                                   for row in ranked]})
+            return
+        _print_study(opened, search)
+
+
+@tune_group.command("list")
+def tune_list() -> None:
+    """Every search, oldest first."""
+    with opened_store() as opened:
+        found = studies.list_studies(opened)
+        if not found:
+            click.echo("no searches yet; start one with 'appliance tune --data NAME --budget 30m'")
+        for record in found:
+            trials = studies.trials(opened, record.id)
+            best = next((t.value for t in trials if t.run_id == record.best_run_id and t.value is not None), None)
+            click.echo(f"{record.id}  {record.created_at}  {record.status:<11} {len(trials):>3} trials  "
+                       f"budget {record.budget_s / 60:.0f}m" + (f"  best {record.metric} {best:.4f}" if best else ""))
+
+
+def _print_study(opened: Any, search: str) -> None:
+    from appliance.train import tune
+
+    record, ranked, importances = tune.ranked(opened, search)
+    states = [row.trial.state for row in ranked]
+    click.echo(f"search {record.id}: {record.status}, {record.metric} on dataset {record.dataset_id[:12]}, "
+               f"{record.spent_s:.0f}s of {record.budget_s:.0f}s, {len(ranked)} trials "
+               f"({states.count('pruned')} pruned, {states.count('refused')} refused)")
+    names = [name for name in record.space if any(name in row.trial.params for row in ranked)]
+    click.echo(f"{'rank':>4} {'trial':>5} {'state':<9} {record.metric:>8} {'epochs':>6}  "
+               + " ".join(f"{_short(name):>10}" for name in names) + "  run")
+    for rank, row in enumerate(ranked, 1):
+        trial = row.trial
+        value = f"{trial.value:.4f}" if trial.value is not None else "-"
+        cells = " ".join(f"{_cell(trial.params.get(name)):>10}" for name in names)
+        click.echo(f"{rank:>4} {trial.number:>5} {trial.state:<9} {value:>8} {len(row.epochs):>6}  {cells}  "
+                   f"{trial.run_id or trial.note or ''}")
+    if importances:
+        click.echo("importance: " + ", ".join(f"{name} {share:.2f}" for name, share in importances.items()))
+    else:
+        click.echo("importance: needs at least two finished trials with different values")
+
+
+def _short(name: str) -> str:
+    return {"learning_rate": "lr", "warmup_ratio": "warmup", "weight_decay": "decay"}.get(name, name)[:10]
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)[:10]
+

@@ -1,0 +1,65 @@
+"""`appliance tune` as an operator runs it: in the foreground, and as a daemon job that ends optimised."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, write_tickets
+from tests.daemon import TINY, Daemon, submit
+
+SPACE = 'learning_rate = { low = 1e-3, high = 1e-2, log = true }\nepochs = { low = 3, high = 5 }\nbatch_size = [8, 16]\n' \
+        'max_length = 32\nlora = false\n'
+
+
+@pytest.fixture
+def imported(tmp_path: Path) -> str:
+    run_cli("keys", "init", check=True)
+    run_cli("data", "import", str(write_tickets(tmp_path / "tickets.csv")), "--name", "tickets", check=True)
+    (tmp_path / "space.toml").write_text(SPACE)
+    return "tickets"
+
+
+@pytest.mark.slow
+def test_tune_searches_registers_the_best_and_shows_a_ranked_table(imported: str, tiny_base: Path) -> None:
+    done = run_cli("tune", "--data", imported, "--budget", "30s", "--base", str(tiny_base), "--space", "space.toml",
+                   check=True)
+    assert "tune trial" in done.stderr  # the progress bar
+    assert "registered as tickets:1" in done.stdout and "rank" in done.stdout
+    study_id = done.stdout.split()[1].rstrip(":")
+    shown = run_cli("tune", "show", study_id, check=True).stdout
+    assert "importance:" in shown and " complete " in shown
+    data = json.loads(run_cli("tune", "show", study_id, "--json", check=True).stdout)
+    assert data["status"] == "finished" and data["trials"][0]["run_id"] == data["best_run_id"]
+    assert data["trials"][0]["epochs"]  # the curve, for charts
+    assert study_id in run_cli("tune", "list", check=True).stdout
+
+
+def test_tune_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) -> None:
+    assert run_cli("tune", "--data", imported, "--budget", "30x").returncode == 2
+    assert run_cli("tune", "--budget", "30m").returncode == 2
+    (tmp_path / "bad.toml").write_text("learning_rat = 0.1\n")
+    bad = run_cli("tune", "--data", imported, "--budget", "1m", "--space", "bad.toml")
+    assert bad.returncode == 1 and "bad.toml" in bad.stderr and "cannot be searched" in bad.stderr
+    missing = run_cli("tune", "--data", "no-such-dataset", "--budget", "1m")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    unknown = run_cli("tune", "show", "nope")
+    assert unknown.returncode == 1 and "no hyperparameter search" in unknown.stderr
+
+
+@pytest.mark.slow
+def test_a_tune_job_hands_its_best_trial_to_register_and_optimise(daemon: Daemon, tmp_path: Path) -> None:
+    with daemon.api() as api:
+        assert api.post("/v1/datasets", json={"path": str(tmp_path / "tickets.csv"), "name": "tickets"}).is_success
+        refused = api.post("/v1/jobs", json={"kind": "tune", "params": {"dataset": "tickets", "budget_s": 0}})
+        assert refused.status_code == 400 and "budget_s" in refused.json()["error"]
+    narrowing = {"learning_rate": {"low": 1e-3, "high": 1e-2}, "epochs": {"low": 3, "high": 4}, "max_length": 32}
+    job_id = submit(daemon, "tune", {"dataset": "tickets", "budget_s": 25, "params": TINY, "space": narrowing})
+    job = daemon.ended(job_id, 300)
+    assert job["status"] == "finished", job["error"]
+    assert job["result"]["study"] == job_id and job["result"]["deployed"] is False
+    assert job["result"]["version"] == "tickets:2"  # registered (1), then optimised (2)
+    shown = daemon.cli("tune", "show", job_id)
+    assert shown.returncode == 0 and f"search {job_id}: finished" in shown.stdout
