@@ -41,7 +41,7 @@ from appliance.serve.app import describe_error, json_error, label_scores
 from appliance.serve.metrics import Metrics, TrafficWindow
 from appliance.serve.runtime import Runtime
 from appliance.store import Store, audit
-from appliance.train import runs
+from appliance.train import runs, studies
 
 EVENTS_POLL_S = 0.5
 READ_AUDIT_S = 600.0
@@ -227,6 +227,18 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
             run = runs.get(store, run_id)
             return {**asdict(run), "epochs": [asdict(epoch) for epoch in runs.epochs(store, run.id)]}
 
+    @app.get("/v1/studies")
+    def list_studies(_user: Viewer) -> list[dict[str, Any]]:
+        """Every hyperparameter search, oldest first, with how many trials it ran and its best value."""
+        with shared.use() as store:
+            return [_study_summary(record, studies.trials(store, record.id)) for record in studies.list_studies(store)]
+
+    @app.get("/v1/studies/{study_id}")
+    def get_study(study_id: str, _user: Viewer) -> dict[str, Any]:
+        """What `appliance tune show --json` gives: the search, its trials best first with their curves, importances."""
+        with shared.use() as store:
+            return studies.describe(store, study_id)
+
     @app.post("/v1/datasets/{ref}/residency")
     def set_residency(ref: str, body: ResidencyRequest, user: Operator) -> list[dict[str, Any]]:
         """Whether a dataset (every version of a name, or name:version) may leave this box for a burst."""
@@ -359,6 +371,13 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
 
 def _actor(user: users.User) -> str:
     return f"user:{user.name}"
+
+
+def _study_summary(record: studies.Study, trials: list[studies.Trial]) -> dict[str, Any]:
+    best = next((trial.value for trial in trials if trial.run_id == record.best_run_id and trial.state == "complete"),
+                None)
+    return {**asdict(record), "trials": len(trials), "pruned": sum(trial.state == "pruned" for trial in trials),
+            "best_value": best}
 
 
 _NO_TRAFFIC = {"requests": 0, "requests_per_s": None, "error_rate": None, "p50_ms": None, "p99_ms": None}

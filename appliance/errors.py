@@ -11,7 +11,8 @@
      ├── DatasetError             a dataset file is invalid, or no such dataset version
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
      ├── JobError                 a job cannot be submitted, start or go on
- │    └── JobNotFound         no job with that id (404)
+     │    ├── JobNotFound         no job with that id (404)
+     │    └── StudyNotFound       no hyperparameter search with that id (404)
      ├── PlanError                no training plan: the model is unreadable or does not fit
      ├── ArtifactError            a stored model bundle or artifact cannot be read
      ├── OptimizeError            export, quantisation or distillation failed
@@ -86,6 +87,12 @@ class JobError(ApplianceError):
 
 class JobNotFound(JobError):
     """No job with that id."""
+
+    status = 404
+
+
+class StudyNotFound(JobError):
+    """No hyperparameter search with that id."""
 
     status = 404
 

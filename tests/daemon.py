@@ -105,6 +105,14 @@ def submit(daemon: Daemon, kind: str, params: dict[str, Any], priority: int = 0)
     return answer.json()["id"]
 
 
+def alive(pid: int) -> bool:
+    """Running, not gone and not a zombie waiting for a reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

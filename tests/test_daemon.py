@@ -19,7 +19,7 @@ import pytest
 from appliance import events, jobs, store, users
 from appliance.store import audit
 from appliance.train import runs
-from tests.daemon import TINY, Daemon, submit
+from tests.daemon import TINY, Daemon, alive, submit
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def test_kill_9_mid_training_then_restart_resumes_from_the_checkpoint(daemon: Da
     child = daemon.job(job_id)["pid"]
 
     daemon.stop(signal.SIGKILL)
-    daemon.wait(lambda: not _alive(child), 10, "the job process outlived the daemon")
+    daemon.wait(lambda: not alive(child), 10, "the job process outlived the daemon")
     with store.open(daemon.settings) as opened:
         assert jobs.get(opened, job_id).status == "running"  # as the crash left it
         run_id = jobs.get(opened, job_id).state["run_id"]
@@ -256,14 +256,6 @@ def test_the_cli_talks_to_the_running_daemon(daemon: Daemon, tmp_path: Path) -> 
     assert daemon.process is not None and daemon.process.wait(timeout=30) == 0
     daemon.process = None
     assert daemon.cli("stop").stderr.startswith("error: no daemon is running")
-
-
-def _alive(pid: int) -> bool:
-    """Running, not gone and not a zombie waiting for a reaper."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 

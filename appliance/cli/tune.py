@@ -109,12 +109,7 @@ def tune_show(search: str, as_json: bool) -> None:
     """A search's trials, best first, and how much each parameter mattered (SEARCH: its id, or its job's)."""
     with opened_store() as opened:
         if as_json:
-            from appliance.train import tune
-
-            record, ranked, importances = tune.ranked(opened, search)
-            print_json({**dataclasses.asdict(record), "importances": importances,
-                        "trials": [{**dataclasses.asdict(row.trial), "epochs": [dataclasses.asdict(e) for e in row.epochs]}
-                                   for row in ranked]})
+            print_json(studies.describe(opened, search))
             return
         _print_study(opened, search)
 
@@ -134,9 +129,7 @@ def tune_list() -> None:
 
 
 def _print_study(opened: Any, search: str) -> None:
-    from appliance.train import tune
-
-    record, ranked, importances = tune.ranked(opened, search)
+    record, ranked = studies.ranked(opened, search)
     states = [row.trial.state for row in ranked]
     click.echo(f"search {record.id}: {record.status}, {record.metric} on dataset {record.dataset_id[:12]}, "
                f"{record.spent_s:.0f}s of {record.budget_s:.0f}s, {len(ranked)} trials "
@@ -150,8 +143,8 @@ def _print_study(opened: Any, search: str) -> None:
         cells = " ".join(f"{_cell(trial.params.get(name)):>10}" for name in names)
         click.echo(f"{rank:>4} {trial.number:>5} {trial.state:<9} {value:>8} {len(row.epochs):>6}  {cells}  "
                    f"{trial.run_id or trial.note or ''}")
-    if importances:
-        click.echo("importance: " + ", ".join(f"{name} {share:.2f}" for name, share in importances.items()))
+    if record.importances:
+        click.echo("importance: " + ", ".join(f"{name} {share:.2f}" for name, share in record.importances.items()))
     else:
         click.echo("importance: needs at least two finished trials with different values")
 

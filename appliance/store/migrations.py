@@ -272,6 +272,7 @@ def _v7_tuning(db: sqlite_utils.Database) -> None:
             spent_s REAL NOT NULL DEFAULT 0, -- wall-clock time used, over every session
             status TEXT NOT NULL,            -- running | interrupted | finished
             best_run_id TEXT REFERENCES runs(id),
+            importances TEXT NOT NULL DEFAULT '{}',  -- JSON: each parameter's share, as of the last trial
             created_at TEXT NOT NULL,
             finished_at TEXT
         )"""

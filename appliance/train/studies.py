@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from appliance.errors import JobError
+from appliance.errors import JobError, StudyNotFound
 from appliance.store import Store, audit
 from appliance.store.db import transaction
+from appliance.train import runs
 
 TRIAL_STATES = ("running", "complete", "pruned", "refused")
 
@@ -36,6 +37,7 @@ class Study:
     spent_s: float
     status: str  # running | interrupted | finished
     best_run_id: str | None
+    importances: dict[str, float]  # each searched parameter's share of the metric's variance
     created_at: str
     finished_at: str | None
 
@@ -73,12 +75,13 @@ def exists(store: Store, study_id: str) -> bool:
 
 def get(store: Store, study_id: str) -> Study:
     rows = store.db.execute("SELECT * FROM studies WHERE id = ? OR id LIKE ?", (study_id, f"{study_id}%")).fetchall()
-    if len(rows) != 1:
-        raise JobError(f"no hyperparameter search {study_id!r}" if not rows else f"{study_id!r} matches {len(rows)}",
-                       hint="'appliance tune list' shows the searches")
+    if not rows:
+        raise StudyNotFound(f"no hyperparameter search {study_id!r}", hint="'appliance tune list' shows the searches")
+    if len(rows) > 1:
+        raise JobError(f"{study_id!r} matches {len(rows)} searches", hint="give more of the id")
     columns = [column.name for column in store.db["studies"].columns]
     row = dict(zip(columns, rows[0]))
-    for key in ("space", "base_params"):
+    for key in ("space", "base_params", "importances"):
         row[key] = json.loads(row[key])
     return Study(**row)
 
@@ -123,12 +126,40 @@ def spend(store: Store, study_id: str, spent_s: float) -> None:
         store.db.execute("UPDATE studies SET spent_s = ? WHERE id = ?", (spent_s, study_id))
 
 
+def set_importances(store: Store, study_id: str, importances: dict[str, float]) -> None:
+    """Kept with the study, so whoever shows it (the daemon, `tune show`) needs no Optuna."""
+    with transaction(store.db):
+        store.db.execute("UPDATE studies SET importances = ? WHERE id = ?", (json.dumps(importances), study_id))
+
+
 def set_status(store: Store, study_id: str, status: str, best_run_id: str | None = None) -> None:
     with audit.operation(store, f"tune.{status}", study_id, best_run=best_run_id):
         store.db.execute(
             "UPDATE studies SET status = ?, best_run_id = COALESCE(?, best_run_id), finished_at = ? WHERE id = ?",
             (status, best_run_id, _now() if status == "finished" else None, study_id),
         )
+
+
+@dataclass(frozen=True)
+class Ranked:
+    trial: Trial
+    epochs: list[runs.Epoch]
+
+
+def ranked(store: Store, study_id: str) -> tuple[Study, list[Ranked]]:
+    """The study and its trials best first: finished, then running, pruned, refused; each with its curve."""
+    record = get(store, study_id)
+    found = trials(store, record.id)
+    order = {"complete": 0, "running": 1, "pruned": 2, "refused": 3}
+    found.sort(key=lambda trial: (order[trial.state], -(trial.value or 0.0), trial.number))
+    return record, [Ranked(trial, runs.epochs(store, trial.run_id) if trial.run_id else []) for trial in found]
+
+
+def describe(store: Store, study_id: str) -> dict[str, Any]:
+    """A search as JSON (`tune show --json`, the control API): the study, then its ranked trials with their curves."""
+    record, rows = ranked(store, study_id)
+    return {**asdict(record), "trials": [{**asdict(row.trial), "epochs": [asdict(epoch) for epoch in row.epochs]}
+                                         for row in rows]}
 
 
 def _now() -> str:

@@ -115,22 +115,6 @@ def resume(store: Store, study_id: str, *, progress: ProgressFn | None = None,
                   sum(trial.state == "pruned" for trial in done))
 
 
-@dataclass(frozen=True)
-class Ranked:
-    trial: studies.Trial
-    epochs: list[runs.Epoch]
-
-
-def ranked(store: Store, study_id: str) -> tuple[studies.Study, list[Ranked], dict[str, float]]:
-    """The study, its trials best first (finished, then pruned, then refused), and each parameter's importance."""
-    record = studies.get(store, study_id)
-    done = studies.trials(store, record.id)
-    order = {"complete": 0, "running": 1, "pruned": 2, "refused": 3}
-    done.sort(key=lambda trial: (order[trial.state], -(trial.value or 0.0), trial.number))
-    rows = [Ranked(trial, runs.epochs(store, trial.run_id) if trial.run_id else []) for trial in done]
-    return record, rows, _importances(store, record)
-
-
 class _Search:
     def __init__(self, store: Store, record: studies.Study, progress: ProgressFn | None,
                  should_stop: Callable[[], bool], max_threads: int | None) -> None:
@@ -232,6 +216,7 @@ class _Search:
         keep = self._best_trial()
         for loser in {previous and previous.run_id, run_id} - {keep and keep.run_id, None}:
             runs.drop_model(self.store, loser)  # only the best trial's model is kept
+        studies.set_importances(self.store, self.record.id, _importances(self.store, self.record))
         studies.spend(self.store, self.record.id, self.spent())
         return True
 

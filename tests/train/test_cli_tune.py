@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 
+from appliance import store, users
+from appliance.train import studies
 from tests.conftest import run_cli, write_tickets
-from tests.daemon import TINY, Daemon, submit
+from tests.daemon import TINY, Daemon, alive, submit
 
 SPACE = 'learning_rate = { low = 1e-3, high = 1e-2, log = true }\nepochs = { low = 3, high = 5 }\nbatch_size = [8, 16]\n' \
         'max_length = 32\nlora = false\n'
@@ -63,3 +66,57 @@ def test_a_tune_job_hands_its_best_trial_to_register_and_optimise(daemon: Daemon
     assert job["result"]["version"] == "tickets:2"  # registered (1), then optimised (2)
     shown = daemon.cli("tune", "show", job_id)
     assert shown.returncode == 0 and f"search {job_id}: finished" in shown.stdout
+
+    # A viewer reads the same search over the control API that `tune show --json` prints.
+    with store.open(daemon.settings) as opened:
+        _, viewer = users.add(opened, "auditor", "viewer")
+    with daemon.api(viewer) as api:
+        listed = api.get("/v1/studies").json()
+        study = api.get(f"/v1/studies/{job_id}").json()
+        missing = api.get("/v1/studies/nosuchsearch")
+    assert [(s["id"], s["status"], s["trials"]) for s in listed] == [(job_id, "finished", len(study["trials"]))]
+    assert study == json.loads(daemon.cli("tune", "show", job_id, "--json").stdout)
+    best = study["trials"][0]
+    assert best["run_id"] == study["best_run_id"] == job["result"]["run_id"] and best["state"] == "complete"
+    assert best["params"]["learning_rate"] and best["epochs"][0]["epoch"] == 1
+    assert {trial["state"] for trial in study["trials"]} <= {"complete", "pruned", "refused"}
+    assert missing.status_code == 404 and "no hyperparameter search 'nosuchsearch'" in missing.json()["error"]
+
+
+@pytest.mark.slow
+def test_a_search_killed_with_the_daemon_resumes_its_study_after_a_restart(daemon: Daemon, tmp_path: Path) -> None:
+    with daemon.api() as api:
+        assert api.post("/v1/datasets", json={"path": str(tmp_path / "tickets.csv"), "name": "tickets"}).is_success
+    narrowing = {"learning_rate": {"low": 1e-3, "high": 1e-2}, "epochs": {"low": 3, "high": 6}, "batch_size": [8, 16],
+                 "max_length": 32, "lora": False}
+    job_id = submit(daemon, "tune", {"dataset": "tickets", "budget_s": 40, "params": {**TINY, "checkpoint_every": 2},
+                                     "space": narrowing, "int8": False})
+
+    def ended_trials() -> list[studies.Trial]:
+        with store.open(daemon.settings) as opened:
+            found = studies.trials(opened, job_id) if studies.exists(opened, job_id) else []
+        return [trial for trial in found if trial.state in ("complete", "pruned")]
+
+    daemon.wait(lambda: len(ended_trials()) >= 2, 180, "no two trials ended")
+    child = daemon.job(job_id)["pid"]
+    daemon.stop(signal.SIGKILL)
+    daemon.wait(lambda: not alive(child), 10, "the job process outlived the daemon")
+    with store.open(daemon.settings) as opened:
+        before = studies.trials(opened, job_id)
+        assert studies.get(opened, job_id).status == "running"  # as the crash left it
+
+    daemon.start()
+    job = daemon.ended(job_id, 300)
+    assert job["status"] == "finished", job["error"]
+    assert job["attempts"] == 2 and job["result"]["study"] == job_id
+    with store.open(daemon.settings) as opened:
+        assert [record.id for record in studies.list_studies(opened)] == [job_id]  # the same study went on
+        record = studies.get(opened, job_id)
+        after = studies.trials(opened, job_id)
+    assert record.status == "finished" and record.best_run_id == job["result"]["run_id"]
+    assert [(t.number, t.run_id, t.params) for t in after[: len(before)]] == \
+        [(t.number, t.run_id, t.params) for t in before]  # nothing tried before the kill was lost or redone
+    assert all(a == b for a, b in zip(after, before, strict=False) if b.state != "running")
+    assert all(trial.state in ("complete", "pruned", "refused") for trial in after)
+    assert record.spent_s <= record.budget_s + 5  # one step and one evaluation of the tiny model at most
+

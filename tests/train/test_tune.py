@@ -31,7 +31,7 @@ def test_a_search_stays_in_its_budget_prunes_and_beats_the_defaults(
     reports: list[tune.Progress] = []
     result = tune.start(opened, _request(tickets, tiny_base, 60), progress=reports.append)
 
-    record, ranked, _ = tune.ranked(opened, result.study_id)
+    record, ranked = studies.ranked(opened, result.study_id)
     assert result.status == "finished" and record.status == "finished"
     assert record.spent_s <= record.budget_s + 5  # one step and one evaluation of the tiny model at most
     assert result.pruned >= 1 and any(row.trial.state == "pruned" for row in ranked)
