@@ -71,24 +71,40 @@ async def test_an_import_lists_the_problems_by_line_and_a_clean_file_is_stored(s
     assert any(version["ref"] == "faq:1" for version in api(served, "/v1/datasets"))
 
 
+async def open_wizard(pilot: Any) -> Any:
+    """The fine-tune wizard on the tickets, with the tiny model's quick settings as its advanced options."""
+    await pilot.press("3", "n")
+    dialog = pilot.app.screen
+    await settle(pilot, lambda: isinstance(dialog.query_one("#dataset").value, str), message="no datasets offered")
+    dialog.query_one("#dataset").value = "tickets:1"
+    for name, value in (("epochs", "2"), ("learning_rate", "0.003"), ("batch_size", "16"), ("max_length", "32")):
+        dialog.query_one(f"#{name}").value = value
+    return dialog
+
+
+async def refused(pilot: Any, dialog: Any, field: str, value: str, problem: str, then: str) -> None:
+    """A bad value in a field: the wizard says what is wrong and stays open; `then` is typed in its place."""
+    dialog.query_one(field).value = value
+    await pilot.click("#submit")
+    await settle(pilot, lambda: problem in text(pilot.app, "#problem"), message=f"no problem shown for {field}")
+    assert pilot.app.screen is dialog
+    dialog.query_one(field).value = then
+
+
+async def submitted(pilot: Any, dialog: Any, daemon: Daemon) -> str:
+    """Submit the wizard; the id of the job it queued, once the Jobs screen lists it."""
+    before = {job["id"] for job in api(daemon, "/v1/jobs")}
+    await pilot.click("#submit")
+    await settle(pilot, lambda: pilot.app.screen is not dialog, message="the wizard did not submit")
+    return await settle(pilot, lambda: next(iter(set(rows(pilot.app, "#jobs")) - before), None))
+
+
 async def test_the_wizard_starts_a_fine_tune_and_the_job_shows_progress_charts_and_log(served: Daemon) -> None:
-    before = {job["id"] for job in api(served, "/v1/jobs")}
     app = ApplianceApp(settings=served.settings)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("3", "n")
-        dialog = app.screen
-        await settle(pilot, lambda: isinstance(dialog.query_one("#dataset").value, str), message="no datasets offered")
-        dialog.query_one("#dataset").value = "tickets:1"
-        for name, value in (("epochs", "2"), ("learning_rate", "0.003"), ("batch_size", "16"), ("max_length", "32")):
-            dialog.query_one(f"#{name}").value = value
-        dialog.query_one("#priority").value = "high"
-        await pilot.click("#submit")
-        await settle(pilot, lambda: "priority must be a whole number" in text(app, "#problem"))
-
-        dialog.query_one("#priority").value = "5"
-        await pilot.click("#submit")
-        await settle(pilot, lambda: app.screen is not dialog, message="the wizard did not submit")
-        job_id = await settle(pilot, lambda: next(iter(set(rows(app, "#jobs")) - before), None))
+        dialog = await open_wizard(pilot)
+        await refused(pilot, dialog, "#priority", "high", "priority must be a whole number", then="5")
+        job_id = await submitted(pilot, dialog, served)
         assert app.screen.query_one("#jobs", Table).selected == job_id  # the newest, at the top
         job = api(served, f"/v1/jobs/{job_id}")
         assert job["kind"] == "pipeline" and job["priority"] == 5
@@ -102,6 +118,35 @@ async def test_the_wizard_starts_a_fine_tune_and_the_job_shows_progress_charts_a
         assert str(app.screen.query_one("#accuracy-chart .chart-value").render()).endswith("%")
         assert app.screen.query_one("#job-log").line_count > 0
         assert f"job {job_id} finished" in notices(app)
+
+
+async def test_the_wizard_starts_a_search_and_its_trials_are_ranked_with_their_curves(served: Daemon) -> None:
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        dialog = await open_wizard(pilot)
+        await refused(pilot, dialog, "#budget", "-1", "the search budget is a number of minutes above 0", then="1")
+        dialog.query_one("#deploy").value = False
+        job_id = await submitted(pilot, dialog, served)
+        job = api(served, f"/v1/jobs/{job_id}")
+        assert job["kind"] == "tune" and job["params"]["budget_s"] == 60 and job["params"]["deploy"] is False
+
+        await settle(pilot, lambda: app.screen.query_one("#jobs", Table).selected == job_id)
+        await pilot.press("s")
+        search = app.screen
+        await settle(pilot, lambda: sum(row[2] in ("complete", "pruned") for row in rows(app, "#trials").values()) >= 2,
+                     seconds=180, message="no two trials ended on screen")
+        ranked = list(rows(app, "#trials").values())
+        assert [row[0] for row in ranked] == [str(rank) for rank in range(1, len(ranked) + 1)]
+        complete = [float(row[3]) for row in ranked if row[2] == "complete"]
+        assert complete == sorted(complete, reverse=True) and ranked[0][2] in ("complete", "running")
+        assert ranked[0][5] != "-"  # the learning rate it tried
+        await settle(pilot, lambda: text(app, "#trial-curve .chart-value") != "-", message="no learning curve")
+        assert text(app, "#importances").startswith("importance:")
+        await pilot.press("escape")
+        assert app.screen is not search
+    with served.api() as http:  # leave the daemon free for the next test
+        http.post(f"/v1/jobs/{job_id}/cancel")
+    assert served.ended(job_id)["status"] in ("cancelled", "finished")
 
 
 async def test_cancelling_a_job_asks_first(served: Daemon) -> None:

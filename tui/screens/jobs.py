@@ -1,4 +1,5 @@
-"""Jobs: the queue, a running job's live progress, its loss and accuracy by epoch and its log; new fine-tunes."""
+"""Jobs: the queue, a running job's live progress, its loss and accuracy by epoch and its log; new fine-tunes
+and hyperparameter searches, and a search's ranked trials."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from appliance.errors import ApplianceError
 from appliance.train.params import TrainParams
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog, fields
+from tui.screens.search import SearchDialog
 from tui.widgets import Chart, Table, ago, duration
 
 ENDED = ("finished", "failed", "cancelled")
@@ -36,11 +38,14 @@ class JobsScreen(ApplianceScreen):
     NAME = "jobs"
     TITLE = "Jobs"
     HELP = ("The job queue, newest first. n starts a new fine-tune (dataset, base model, sensible defaults; "
-            "advanced options are folded away), optionally optimised and deployed when it ends. The highlighted "
-            "job shows its live progress, loss and validation accuracy by epoch, and its log; c cancels it (a "
-            "running job checkpoints first).")
+            "advanced options are folded away), optionally optimised and deployed when it ends; with a search "
+            "budget it searches hyperparameters for that many minutes instead, and its best trial becomes the "
+            "model. The highlighted job shows its live progress, loss and validation accuracy by epoch, and its "
+            "log; s shows a search's trials ranked, their learning curves and what mattered most; c cancels a "
+            "job (a running job checkpoints first).")
     REFRESH_S: ClassVar[float] = 1.0
-    BINDINGS: ClassVar = [Binding("n", "new", "New fine-tune"), Binding("c", "cancel_job", "Cancel job")]
+    BINDINGS: ClassVar = [Binding("n", "new", "New fine-tune"), Binding("s", "search", "Search results"),
+                          Binding("c", "cancel_job", "Cancel job")]
 
     def compose_body(self) -> ComposeResult:
         yield Table("job", "kind", "status", "stage", "submitted", "by", id="jobs")
@@ -143,6 +148,13 @@ class JobsScreen(ApplianceScreen):
 
         self.app.push_screen(NewJobDialog(), submitted)
 
+    def action_search(self) -> None:
+        job = self._jobs.get(self._selected_id() or "")
+        if job is None or job["kind"] != "tune":
+            self.notify("select a tune job to see its search", severity="warning")
+            return
+        self.app.push_screen(SearchDialog(job["id"]))
+
     def action_cancel_job(self) -> None:
         job = self._jobs.get(self._selected_id() or "")
         if job is None or job["status"] in ENDED:
@@ -187,11 +199,18 @@ def _describe(report: dict[str, Any]) -> str:
     if report.get("stage") == "train":
         eta = f", eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""
         return f"train epoch {report['epoch']}/{report['epochs']}, loss {report['loss']:.4f}{eta}"
+    if report.get("stage") == "tune" and "trial" in report:
+        best = f", best {report['best']:.4f}" if report.get("best") is not None else ""
+        return f"trial {report['trial']} epoch {report['epoch']}/{report['epochs']}, {report['pruned']} pruned{best}"
     return f"{report.get('stage', '')}: {report.get('what', '')}"
 
 
 class NewJobDialog(FormDialog[dict[str, Any]]):
-    """The fine-tune wizard: a dataset and a name are all it needs; the rest has defaults that suit small data."""
+    """The fine-tune wizard: a dataset and a name are all it needs; the rest has defaults that suit small data.
+
+    A search budget turns it into a hyperparameter search (a tune job) of that many minutes; the advanced
+    options are then its first trial.
+    """
 
     def compose(self) -> ComposeResult:
         defaults = TrainParams()
@@ -200,7 +219,8 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
             yield fields(("Dataset", Select([], prompt="loading datasets…", id="dataset")))
             yield fields(("Base model", Input(placeholder="the appliance's default base model (a local folder)",
                                               id="base")))
-            yield fields(("Model name", Input(placeholder="default: the dataset's name", id="name")))
+            yield fields(("Model name", Input(placeholder="as the dataset", id="name")),
+                         ("Search (min)", Input(placeholder="none: train once", type="number", id="budget")))
             yield Checkbox("then optimise it for this box and deploy it", value=True, id="deploy")
             with Collapsible(title="Advanced options", collapsed=True):
                 yield fields(("Epochs", Input(str(defaults.epochs), type="integer", id="epochs")),
@@ -272,5 +292,14 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
         priority = self.query_one("#priority", Input).value.strip() or "0"
         if not priority.lstrip("-").isdigit():
             raise ValueError(f"priority must be a whole number from -100 to 100, not {priority!r}")
-        kind = "pipeline" if self.query_one("#deploy", Checkbox).value else "train"
+        deploy = self.query_one("#deploy", Checkbox).value
+        kind = "pipeline" if deploy else "train"
+        if budget := self.query_one("#budget", Input).value.strip():
+            try:
+                minutes = float(budget)
+            except ValueError:
+                minutes = 0
+            if minutes <= 0:
+                raise ValueError(f"the search budget is a number of minutes above 0, not {budget!r}")
+            kind, params["budget_s"], params["deploy"] = "tune", minutes * 60, deploy  # a search always optimises
         return {"kind": kind, "params": params, "priority": int(priority)}
