@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+import uvloop
 
 from appliance import api, config, events, jobs, registry, sdnotify, store, users
 from appliance.errors import ApplianceError, DaemonError
@@ -289,7 +290,8 @@ def run(settings: config.Settings, passphrase: str | None) -> None:
         events.prune_progress(opened)
     listener = _bind(settings.socket_path)
     try:
-        asyncio.run(_serve(settings, passphrase, listener))
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # as uvicorn picks for `appliance serve`
+            runner.run(_serve(settings, passphrase, listener))
     finally:
         listener.close()
         with contextlib.suppress(FileNotFoundError):
