@@ -23,6 +23,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     keys,
     models,
     optimize,
+    privacy,
     quickstart,
     serve,
     store,
