@@ -10,6 +10,7 @@
      │    └── BlobNotFound        no blob with that id
      ├── DatasetError             a dataset file is invalid, or no such dataset version
  ├── ErasureError             a data subject request cannot be carried out as asked
+ ├── EvidenceError            a compliance evidence pack cannot be written, or does not verify
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
      ├── JobError                 a job cannot be submitted, start or go on
      │    ├── JobNotFound         no job with that id (404)
@@ -80,6 +81,10 @@ class DatasetError(ApplianceError):
 
 class ErasureError(ApplianceError):
     """A data subject request (erasure) cannot be carried out as asked: nothing was erased."""
+
+
+class EvidenceError(ApplianceError):
+    """A compliance evidence pack cannot be written, or was changed after it was signed."""
 
 
 class AuditWriteFailed(ApplianceError):
