@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from appliance import datasets, jobs, privacy, registry, store, users
 from appliance.errors import DatasetError, ErasureError
@@ -102,6 +103,22 @@ def test_what_is_left_may_be_an_earlier_version(opened: Store, tmp_path: Path) -
                                                                                     ("tickets:2", False)]
     assert datasets.get(opened, "tickets:2").replaced_by == first.id and blobs.exists(opened, first.blob_id)
     assert opened.db.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def test_an_image_whose_file_name_holds_the_identifier_is_erased(opened: Store, tmp_path: Path) -> None:
+    colours = {"cats/1.png": (200, 10, 10), "cats/alice.moreau@example.com.png": (190, 20, 20),
+               "cats/3.png": (180, 30, 30), "dogs/a.png": (0, 0, 200), "dogs/b.png": (0, 10, 180)}
+    for name, colour in colours.items():
+        (tmp_path / "photos" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4), colour).save(tmp_path / "photos" / name, format="PNG")
+    old = datasets.import_file(opened, tmp_path / "photos", name="pets", task=datasets.IMAGE)
+
+    done = privacy.erase(opened, SUBJECT)
+
+    assert done.erased[0]["rows"] == 1 and done.erased[0]["replaced_by"] == "pets:2"
+    loaded = datasets.load(opened, datasets.get(opened, "pets:2"))
+    assert loaded.labels == ["cats", "cats", "dogs", "dogs"] and len(loaded.images) == old.examples - 1
+    assert not blobs.exists(opened, old.blob_id)
 
 
 def test_a_job_on_the_dataset_holds_the_erasure_back_and_short_identifiers_are_refused(
