@@ -20,8 +20,8 @@ from tests.conftest import model_trained_on, run_cli, write_tickets
 class UnreachableCluster:
     """A cluster that accepts a submission and runs nothing: the burst's own send path and audit record, no Ray.
 
-    A real burst (tests/test_burst.py, against a Ray head on loopback) trains for a minute; what the report
-    reads of it is the burst.send record, which burst.submit writes here exactly as it does there.
+    A real burst (tests/test_burst.py, against a Ray head on loopback, where the report is checked too) trains for
+    a minute; what the report reads of it is the burst.send record, which burst.submit writes here as it does there.
     """
 
     address = "http://ray-central.example:8265"
