@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from appliance import auth, burst, datasets, registry, users
-from appliance.compliance import pack
+from appliance import auth, burst, config, datasets, registry, users
+from appliance.compliance import evidence, pack
 from appliance.errors import EvidenceError
 from appliance.store import Store, anchor, audit, lifecycle
 from appliance.train.params import TrainParams
@@ -148,3 +148,11 @@ def test_a_forged_manifest_an_added_file_or_another_key_fail(opened: Store, tmp_
         pack.verify(written.folder, public_key=other)
     with pytest.raises(EvidenceError, match="exists and is not an empty folder"):
         pack.write(opened, written.folder)
+
+
+def test_a_passphrase_store_reports_its_scrypt_cost_and_no_key_file(settings: config.Settings) -> None:
+    with lifecycle.init(settings, "correct horse battery staple") as opened:
+        facts = evidence.collect(opened)
+    assert facts["encryption"]["master_key"]["kdf"] == {"algorithm": "scrypt", "n": 2**15, "r": 8, "p": 1}
+    assert facts["keys"]["in_force"]["source"] == "passphrase" and "salt" not in json.dumps(facts)
+    assert str(settings.key_file) not in [f["path"] for f in facts["encryption"]["files"]]
