@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from appliance import auth, config, datasets, events, jobs, registry, system, users
+from appliance import auth, config, datasets, events, jobs, privacy, registry, system, users
 from appliance.errors import ApplianceError, AuthError, BadRequest, DaemonError, DatasetError
 from appliance.serve.app import describe_error, json_error, label_scores
 from appliance.serve.metrics import Metrics, TrafficWindow
@@ -101,6 +101,11 @@ class ImportRequest(_Strict):
 
 class ResidencyRequest(_Strict):
     residency: str = Field(description="local-only | burst-allowed")
+
+
+class ErasureRequest(_Strict):
+    subject: str = Field(min_length=1, description="the identifier (email address, customer id); never logged")
+    dry_run: bool = Field(False, description="list what would be erased, change nothing")
 
 
 class PredictRequest(_Strict):
@@ -245,6 +250,14 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
         with shared.use() as store:
             return [asdict(version) for version in datasets.set_residency(store, ref, body.residency,
                                                                            actor=_actor(user))]
+
+    @app.post("/v1/privacy/erase")
+    def erase_subject(body: ErasureRequest, user: Admin) -> dict[str, Any]:
+        """A data subject request (admin): what holds the identifier, or erase it everywhere, audited."""
+        with shared.use() as store:
+            found = privacy.find(store, body.subject) if body.dry_run else privacy.erase(store, body.subject,
+                                                                                         actor=_actor(user))
+        return found.summary()
 
     @app.get("/v1/models")
     def list_models(_user: Viewer) -> list[dict[str, Any]]:

@@ -312,7 +312,7 @@ def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -
     check_residency(store, version, backend.address, request.actor)
     key = new_key()
     submission_id = f"appliance-{request.job_id}-{secrets.token_hex(4)}"
-    content = blobs.read(store, version.blob_id)
+    content = datasets.content(store, version)
     base = archive.pack(sorted(_base_files(request.base_dir)))
     manifest = json.dumps({"dataset": asdict(version), "params": asdict(request.params), "device": request.device,
                            "submission": submission_id}).encode()

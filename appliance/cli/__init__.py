@@ -15,6 +15,7 @@ import click
 
 from appliance.cli import (  # noqa: F401  registers the command groups
     audit,
+    compliance,
     daemon,
     data,
     doctor,
@@ -23,6 +24,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     keys,
     models,
     optimize,
+    privacy,
     quickstart,
     serve,
     store,

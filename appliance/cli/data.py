@@ -84,6 +84,7 @@ def data_list(as_json: bool) -> None:
         click.echo(
             f"{v.ref:<24} {v.id[:12]}  {v.task:<20} {v.examples:>7} examples"
             f"  {len(v.labels):>3} labels  {v.residency:<13} {v.created_at[:19]}"
+            + (f"  erased {v.erased_at[:19]}" if v.erased_at else "")
         )
 
 
@@ -94,11 +95,15 @@ def data_show(ref: str, as_json: bool) -> None:
     """Show one version: REF is a name (its latest version), name:version or an id prefix."""
     with opened_store() as opened:
         version = datasets.get(opened, ref)
-        counts = datasets.load(opened, version).counts
+        counts = {} if version.erased_at else datasets.load(opened, version).counts
+        replacement = datasets.get(opened, version.replaced_by).ref if version.replaced_by else None
     if as_json:
         print_json({**version.summary(), "counts": counts})
     else:
         _describe(version, counts)
+        if version.erased_at:
+            click.echo(f"erased      {version.erased_at} by a data subject request; its content is gone"
+                       + (f", the rest is in {replacement}" if replacement else ""))
 
 
 def _describe(version: datasets.DatasetVersion, counts: dict[str, int]) -> None:
@@ -112,7 +117,8 @@ def _describe(version: datasets.DatasetVersion, counts: dict[str, int]) -> None:
     click.echo(f"residency   {version.residency}")
     click.echo(f"source      {version.source}")
     click.echo(f"created     {version.created_at}")
-    click.echo("labels")
+    if counts:
+        click.echo("labels")
     width = max(map(len, counts), default=0)
     for label, count in counts.items():
         click.echo(f"  {label:<{width}}  {count:>6}")

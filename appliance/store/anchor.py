@@ -10,6 +10,7 @@ key stays the same across master-key rotations and old checkpoints stay valid.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -41,13 +42,7 @@ class Head:
         return f"appliance/audit-head|{self.store_id}|{self.seq}|{self.hash}".encode()
 
     def is_signed_by(self, public_key: str) -> bool:
-        try:
-            Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key)).verify(
-                bytes.fromhex(self.signature), self.payload()
-            )
-        except (InvalidSignature, ValueError):
-            return False
-        return True
+        return is_signature(public_key, self.signature, self.payload())
 
 
 def _signing_key(store: Store) -> Ed25519PrivateKey:
@@ -57,6 +52,29 @@ def _signing_key(store: Store) -> Ed25519PrivateKey:
 def public_key(store: Store) -> str:
     raw = _signing_key(store).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     return raw.hex()
+
+
+def fingerprint(public_key: str) -> str:
+    """The SHA-256 of the raw public key, to compare a key by eye or over the phone."""
+    return hashlib.sha256(bytes.fromhex(public_key)).hexdigest()
+
+
+def sign_bytes(store: Store, data: bytes) -> str:
+    """The store's Ed25519 signature over data (hex), under the key that signs the audit head.
+
+    Other signed things (a compliance pack's manifest, a JSON object) can never read as a
+    head's payload, which starts with "appliance/audit-head|".
+    """
+    return _signing_key(store).sign(data).hex()
+
+
+def is_signature(public_key: str, signature: str, data: bytes) -> bool:
+    """Whether signature (hex) is public_key's (hex) over data; anything malformed is simply not."""
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key)).verify(bytes.fromhex(signature), data)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 def sign(store: Store, seq: int, chain_hash: str) -> Head:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import sqlite_utils
 
-from appliance.errors import SchemaTooNew
+from appliance.errors import SchemaTooNew, StoreError
 from appliance.store import db as store_db
 
 
@@ -244,14 +244,18 @@ def _v5_daemon(db: sqlite_utils.Database) -> None:
 def _v6_burst(db: sqlite_utils.Database) -> None:
     # Residency decides whether a dataset may leave the box (for a burst to a Ray cluster). The column is
     # from v2; only these two values may be in it, and a change of it is a policy decision (audited).
+    _residency_triggers(db)
+    # Where a run trained: NULL on this appliance, else the remote job (ray://host:port/submission id).
+    db.execute("ALTER TABLE runs ADD COLUMN trained_on TEXT")
+
+
+def _residency_triggers(db: sqlite_utils.Database) -> None:
     for verb, when in (("INSERT", "INSERT"), ("UPDATE", "UPDATE OF residency")):
         db.execute(
             f"""CREATE TRIGGER datasets_residency_{verb.lower()} BEFORE {when} ON datasets
                 WHEN NEW.residency NOT IN ('local-only', 'burst-allowed')
                 BEGIN SELECT RAISE(ABORT, 'residency must be local-only or burst-allowed'); END"""
         )
-    # Where a run trained: NULL on this appliance, else the remote job (ray://host:port/submission id).
-    db.execute("ALTER TABLE runs ADD COLUMN trained_on TEXT")
 
 
 def _v7_tuning(db: sqlite_utils.Database) -> None:
@@ -293,6 +297,33 @@ def _v7_tuning(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v8_dataset_erasure(db: sqlite_utils.Database) -> None:
+    # A data subject's erasure removes a version's content but keeps its row, so lineage still reads: the row is
+    # marked erased, its blob is gone (blob_id NULL) and replaced_by names the version written without the rows.
+    # SQLite cannot relax NOT NULL in place, so the table is rebuilt. runs and studies refer to it: with foreign
+    # keys deferred, dropping it counts their rows as violations and inserting the rows back counts them off.
+    table = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'datasets'").fetchone()[0]
+    changes = {
+        "blob_id TEXT NOT NULL REFERENCES blobs(id),": "blob_id TEXT REFERENCES blobs(id),  -- NULL once erased",
+        "UNIQUE (name, version)": """erased_at TEXT,                  -- when a data subject request removed its content
+            replaced_by TEXT REFERENCES datasets(id),  -- the version written without the erased rows
+            UNIQUE (name, version),
+            CHECK ((blob_id IS NULL) = (erased_at IS NOT NULL))""",
+    }
+    for old, new in changes.items():
+        if old not in table:
+            raise StoreError(f"cannot migrate the datasets table: it has no {old!r}",
+                             hint="the database was changed by hand; restore it from a backup")
+        table = table.replace(old, new)
+    db.execute("PRAGMA defer_foreign_keys = ON")  # ends with this transaction
+    db.execute("CREATE TEMP TABLE datasets_before_v8 AS SELECT * FROM datasets")
+    db.execute("DROP TABLE datasets")
+    db.execute(table)
+    db.execute("INSERT INTO datasets SELECT *, NULL, NULL FROM temp.datasets_before_v8")
+    db.execute("DROP TABLE temp.datasets_before_v8")
+    _residency_triggers(db)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -301,6 +332,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v5_daemon,
     _v6_burst,
     _v7_tuning,
+    _v8_dataset_erasure,
 ]
 LATEST = len(MIGRATIONS)
 
