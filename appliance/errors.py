@@ -9,6 +9,8 @@
      │    ├── SchemaTooNew        the database was written by a newer appliance
      │    └── BlobNotFound        no blob with that id
      ├── DatasetError             a dataset file is invalid, or no such dataset version
+ ├── FeedbackError            true labels that cannot be taken (400)
+ │    └── PredictionNotFound  no prediction with that id, or no longer (404)
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
      ├── JobError                 a job cannot be submitted, start or go on
      │    ├── JobNotFound         no job with that id (404)
@@ -75,6 +77,18 @@ class BlobNotFound(StoreError):
 
 class DatasetError(ApplianceError):
     """A dataset file cannot be imported as it is, or the dataset version asked for does not exist."""
+
+
+class FeedbackError(ApplianceError):
+    """True labels that cannot be attached: unknown labels, too many at once, nothing new to train on."""
+
+    status = 400
+
+
+class PredictionNotFound(FeedbackError):
+    """No prediction with that id: never made, or deleted after its keeping time."""
+
+    status = 404
 
 
 class AuditWriteFailed(ApplianceError):

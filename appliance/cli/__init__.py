@@ -18,6 +18,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     daemon,
     data,
     doctor,
+    feedback,
     hw,
     jobs,
     keys,
