@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from appliance import auth, config, datasets, events, jobs, privacy, registry, system, users
+from appliance import auth, config, datasets, events, feedback, jobs, privacy, registry, system, users
 from appliance.errors import ApplianceError, AuthError, BadRequest, DaemonError, DatasetError
 from appliance.serve.app import describe_error, json_error, label_scores
 from appliance.serve.metrics import Metrics, TrafficWindow
@@ -110,6 +110,16 @@ class ErasureRequest(_Strict):
 
 class PredictRequest(_Strict):
     texts: list[str] = Field(min_length=1, description="texts to classify with the model as it serves now")
+
+
+class Label(_Strict):
+    prediction_id: str
+    label: str
+
+
+class FeedbackRequest(_Strict):
+    feedback: list[Label] = Field(min_length=1, description="true labels for predictions the server answered")
+    source: str = Field("api", max_length=200, description="where the labels come from, e.g. the file's name")
 
 
 class DeployRequest(_Strict):
@@ -283,11 +293,14 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
         """What serves, with requests/s, error rate and latency over the last minute, and drift per version."""
         served_now = _serving(runtime).describe()
         seconds, stats = traffic.summary()
+        live = {(entry["model"], entry["version"]): entry["windows"]["24h"]
+                for entry in await asyncio.to_thread(_quality, shared)}
         models = []
         for served in served_now:
             name = served["model"]
             for version in served["versions"]:
                 version.update(stats.get((name, str(version["version"])), _NO_TRAFFIC))
+                version["feedback"] = live.get((name, version["version"]))
             models.append({**served, **stats.get((name, "all"), _NO_TRAFFIC), "endpoints": {
                 "predict": f"{settings.inference_url}/v1/models/{name}:predict",
                 "infer": f"{settings.inference_url}/v2/models/{name}/infer"}})
@@ -297,9 +310,25 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
     @app.post("/v1/models/{model}/predict")
     async def try_prediction(model: str, body: PredictRequest, _user: Viewer) -> dict[str, Any]:
         """Classify texts with the model as it serves (counted like any request); for trying it out."""
-        loaded, probabilities = await _serving(runtime).predict(model, body.texts)
+        loaded, probabilities, ids = await _serving(runtime).predict(model, body.texts)
         return {"model": model, "version": loaded.version, "variant": loaded.variant,
-                "predictions": label_scores(loaded.labels, probabilities)}
+                "predictions": label_scores(loaded.labels, probabilities, ids)}
+
+    @app.post("/v1/feedback")
+    async def post_feedback(body: FeedbackRequest, user: Operator) -> dict[str, Any]:
+        """True labels for predictions of any model (what `appliance feedback import` sends)."""
+        return await _serving(runtime).record_feedback(
+            [(item.prediction_id, item.label) for item in body.feedback], _actor(user), source=body.source)
+
+    @app.get("/v1/quality")
+    def quality(_user: Viewer, model: str | None = None) -> list[dict[str, Any]]:
+        """Live accuracy on feedback by model version over the last hour, day and week, and the labels not yet
+        trained on."""
+        with shared.use() as store:
+            found = feedback.quality(store, model)
+            for entry in found:
+                entry["unused_labels"] = feedback.unused(store, entry["model"])
+        return found
 
     @app.get("/v1/audit")
     def audit_records(
@@ -380,6 +409,11 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
         return json_error(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
 
     return app
+
+
+def _quality(shared: SharedStore) -> list[dict[str, Any]]:
+    with shared.use() as store:
+        return feedback.quality(store)
 
 
 def _actor(user: users.User) -> str:

@@ -14,6 +14,7 @@ import difflib
 import os
 import re
 import tomllib
+import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ class ServeSettings:
     poll_s: float = 1.0  # how often deploys, rollbacks and API keys are picked up
     drift_window: int = 500  # texts per drift comparison
     drift_threshold: float = 0.2  # PSI above this raises an alert
+    keep_predictions_days: float = 30.0  # answered texts (sealed) wait this long for a true label; 0: none kept
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,38 @@ class BurstSettings:
 
 
 @dataclass(frozen=True)
+class Policy:
+    """When a served model is retrained, and how its canary is judged; per model under [autopilot.model.NAME]."""
+
+    enabled: bool = False  # the daemon acts on this model on its own: retrains, promotes, rolls back
+    retrain_on_drift: bool = True  # a drift alert on the production version (serve.drift_threshold)
+    accuracy_drop: float = 10.0  # live accuracy on feedback this many points under validation; 0: off
+    new_examples: int = 200  # this many true labels not yet trained on; 0: off
+    every_hours: float = 0.0  # on a schedule as well; 0: off
+    min_feedback: int = 30  # labels on the production version before its live accuracy counts
+    cooldown_hours: float = 6.0  # at least this long between two retrains of a model
+    priority: int = -10  # of the retrain job: anything a person submits goes first
+    canary_percent: float = 20.0  # the new version's share of traffic while it is judged
+    canary_min_feedback: int = 50  # labels per version before a decision is taken
+    canary_max_feedback: int = 1000  # per version: still undecided then, production stays
+    significance: float = 0.05  # of the one-sided two-proportion test on feedback accuracy
+    canary_max_latency_ratio: float = 1.5  # candidate p95 over production p95 (beyond 10 ms) rolls back
+    canary_max_error_rate: float = 0.01  # candidate's share of failed requests that rolls back
+
+
+@dataclass(frozen=True)
+class AutopilotSettings:
+    """The feedback loop: the default policy, and the models that override it."""
+
+    check_s: float = 30.0  # how often the daemon looks at triggers and canaries
+    default: Policy = Policy()
+    models: tuple[tuple[str, Policy], ...] = ()
+
+    def policy(self, model: str) -> Policy:
+        return dict(self.models).get(model, self.default)
+
+
+@dataclass(frozen=True)
 class Settings:
     """The appliance's configuration; derived paths are properties so they cannot drift."""
 
@@ -102,6 +136,7 @@ class Settings:
     serve: ServeSettings = ServeSettings()
     daemon: DaemonSettings = DaemonSettings()
     burst: BurstSettings = BurstSettings()
+    autopilot: AutopilotSettings = AutopilotSettings()
 
     @property
     def db_path(self) -> Path:
@@ -142,7 +177,7 @@ _SCHEMA: dict[str, type] = {
     **{f"serve.{name}": kind for name, kind in {
         "host": str, "port": int, "tls": bool, "tls_cert": Path, "tls_key": Path, "max_batch_size": int,
         "max_delay_ms": float, "max_queue": int, "max_body_bytes": int, "max_instances": int, "poll_s": float,
-        "drift_window": int, "drift_threshold": float,
+        "drift_window": int, "drift_threshold": float, "keep_predictions_days": float,
     }.items()},
     "daemon.socket": Path,
     "daemon.stop_timeout_s": float,
@@ -156,7 +191,10 @@ _SCHEMA: dict[str, type] = {
         "address": str, "token_file": Path, "ca_file": Path, "fallback_local": bool, "suggest_after_minutes": float,
         "poll_s": float, "python": str,
     }.items()},
+    "autopilot.check_s": float,
+    **{f"autopilot.{name}": kind for name, kind in typing.get_type_hints(Policy).items()},
 }
+_MODEL_POLICY = re.compile(r"autopilot\.model\.([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.(\w+)")
 
 
 def env_name(key: str) -> str:
@@ -185,10 +223,35 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
     burst = replace(burst, **{name: _absolute(getattr(burst, name)) for name in ("token_file", "ca_file")
                               if getattr(burst, name) is not None})
     settings = Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model, serve=serve,
-                        daemon=daemon, burst=burst)
+                        daemon=daemon, burst=burst, autopilot=_autopilot(values, path))
     _check_daemon(settings, path)
     _check_burst(burst, path)
     return settings
+
+
+def _autopilot(values: dict[str, Any], path: Path | None) -> AutopilotSettings:
+    """The default policy from autopilot.*, and each model's from autopilot.model.NAME.* over it."""
+    where = f"{path} or the environment" if path else "the environment"
+    default = Policy(**{key.removeprefix("autopilot."): value for key, value in values.items()
+                        if key.startswith("autopilot.") and _schema_key(key) == key and key != "autopilot.check_s"})
+    overrides: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        if found := _MODEL_POLICY.fullmatch(key):
+            overrides.setdefault(found[1], {})[found[2]] = value
+    models = tuple((model, replace(default, **changed)) for model, changed in sorted(overrides.items()))
+    for name, policy in (("autopilot", default), *((f"autopilot.model.{m}", p) for m, p in models)):
+        _check_limits(name, policy, where, {
+            "accuracy_drop": (0, 100), "new_examples": (0, 10**7), "every_hours": (0, 10**5),
+            "min_feedback": (1, 10**7),
+            "cooldown_hours": (0, 10**5), "priority": (-100, 100), "canary_percent": (0.1, 100),
+            "canary_min_feedback": (1, 10**7), "canary_max_feedback": (1, 10**8), "significance": (1e-6, 0.5),
+            "canary_max_latency_ratio": (1, 100), "canary_max_error_rate": (0, 1)})
+        if policy.canary_max_feedback < policy.canary_min_feedback:
+            raise ConfigError(f"'{name}.canary_max_feedback' in {where} is under '{name}.canary_min_feedback'",
+                              hint="the most evidence a canary may gather cannot be less than the least it needs")
+    autopilot = AutopilotSettings(values.get("autopilot.check_s", 30.0), default, models)
+    _check_limits("autopilot", autopilot, where, {"check_s": (0.2, 86400)})
+    return autopilot
 
 
 def _check_burst(burst: BurstSettings, path: Path | None) -> None:
@@ -276,7 +339,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
     values = {}
     for key, value in _flatten(document):
         _check_known(key, where=str(path))
-        if _SCHEMA[key] is Path and isinstance(value, str):
+        if _SCHEMA[_schema_key(key)] is Path and isinstance(value, str):
             value = path.parent / value  # relative paths in a file are relative to it
         values[key] = _coerce(key, value, where=str(path))
     return values
@@ -301,16 +364,28 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     items = []
     for name, value in table.items():
         key = f"{prefix}{name}"
-        if isinstance(value, dict) and key not in _SCHEMA:
+        if isinstance(value, dict) and _schema_key(key) not in _SCHEMA:
             items.extend(_flatten(value, f"{key}."))
         else:
             items.append((key, value))
     return items
 
 
+def _schema_key(key: str) -> str:
+    """The key whose type a setting has: a model's policy setting has the default policy's."""
+    found = _MODEL_POLICY.fullmatch(key)
+    return f"autopilot.{found[2]}" if found else key
+
+
 def _check_known(key: str, *, where: str) -> None:
-    if key in _SCHEMA:
+    if key in _SCHEMA or (_schema_key(key) in _SCHEMA and _schema_key(key) != "autopilot.check_s"):
         return
+    if found := _MODEL_POLICY.fullmatch(key):  # suggest among the policy settings, under the same model
+        prefix = f"autopilot.model.{found[1]}."
+        policy = [prefix + name for name in typing.get_type_hints(Policy)]
+        close = difflib.get_close_matches(key, policy, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"a model's policy takes: {', '.join(policy)}"
+        raise ConfigError(f"unknown key '{key}' in {where}", hint=hint)
     close = difflib.get_close_matches(key, list(_SCHEMA), n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(_SCHEMA))}"
     raise ConfigError(f"unknown key '{key}' in {where}", hint=hint)
@@ -318,7 +393,7 @@ def _check_known(key: str, *, where: str) -> None:
 
 def _coerce(key: str, value: Any, *, where: str) -> Any:
     """A TOML value or an environment string as the setting's type, or a message naming both."""
-    kind = _SCHEMA[key]
+    kind = _SCHEMA[_schema_key(key)]
     if isinstance(value, str) and kind is not str:
         value = value.strip()
         if kind is bool and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):

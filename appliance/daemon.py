@@ -16,7 +16,7 @@ run only inside `daemon.training_hours` when it is set.
 systemd: READY=1 once both servers listen, STATUS= with what runs, WATCHDOG=1 while
 the event loop and the supervisor are alive, STOPPING=1 on SIGTERM. SIGTERM drains:
 the running job checkpoints and is requeued, then the servers stop. SIGHUP re-reads
-the configuration: the daemon.* settings apply at once, serve.* ones at the next start.
+the configuration: the daemon.* and autopilot.* settings apply at once, serve.* ones at the next start.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,7 +42,7 @@ from typing import Any
 import uvicorn
 import uvloop
 
-from appliance import api, config, events, jobs, registry, sdnotify, store, users
+from appliance import api, autopilot, config, events, jobs, registry, sdnotify, store, users
 from appliance.errors import ApplianceError, DaemonError
 from appliance.serve.metrics import Metrics, quantile_s
 from appliance.worker import EXIT_STOPPED
@@ -71,12 +71,12 @@ class Running:
 class Supervisor:
     """Runs queued jobs one at a time in child processes; called from its own thread only."""
 
-    def __init__(self, settings: config.Settings, passphrase: str | None,
-                 latency_counts: Callable[[], list[float]] | None = None) -> None:
+    def __init__(self, settings: config.Settings, passphrase: str | None, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self._passphrase = passphrase
         self._store = store.open(settings, passphrase)
-        self._latency_counts = latency_counts
+        self._latency_counts = metrics.latency_counts if metrics else None
+        self.autopilot = autopilot.Autopilot(metrics.counts if metrics else dict)
         self._latency_window: tuple[float, list[float]] | None = None  # (since, counts then)
         self.paused_until = 0.0  # monotonic: serving was too slow, so jobs wait
         self._last_wait_reason: str | None = None
@@ -107,6 +107,8 @@ class Supervisor:
                 self._watch(self.running, slow)
             if self.running is None and not self.draining and self._may_start():
                 self._start_next()
+            if not self.draining:
+                self.autopilot.tick(self._store, self.settings)
         except ApplianceError as exc:  # a bad job must not stop the supervisor
             log.error("supervisor: %s", exc.message)
         except Exception:  # nor a bug or a busy database: say so, and try again at the next tick
@@ -308,7 +310,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     metrics = Metrics()
-    supervisor = Supervisor(settings, passphrase, metrics.latency_counts)
+    supervisor = Supervisor(settings, passphrase, metrics)
     started_at, started = datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic()
 
     def status() -> dict[str, Any]:
@@ -322,7 +324,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
         except ApplianceError as exc:
             log.error("config not reloaded: %s", exc.message)
             return
-        supervisor.settings = dataclasses.replace(supervisor.settings, daemon=fresh.daemon)
+        supervisor.settings = dataclasses.replace(supervisor.settings, daemon=fresh.daemon, autopilot=fresh.autopilot)
         note = "; serve.* changes apply at the next start" if fresh.serve != settings.serve else ""
         log.info("configuration reloaded from %s%s", settings.config_file or "the environment", note)
 

@@ -68,6 +68,7 @@ class DatasetVersion:
     created_at: str
     erased_at: str | None = None  # a data subject request removed its content (erase_rows)
     replaced_by: str | None = None  # the id of the version written without the erased rows
+    parent: str | None = None  # the version this one extends with feedback
 
     @property
     def ref(self) -> str:
@@ -146,25 +147,62 @@ def import_file(
         version = store.db.execute(
             "SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (name,)
         ).fetchone()[0]
-        row = {
-            "id": blob_id,
-            "name": name,
-            "version": version,
-            "task": task,
-            "blob_id": blob_id,
-            "source": details["source"],
-            "examples": len(labels),
-            "labels": json.dumps(sorted(set(labels))),
-            "split": json.dumps(_split(labels, validation_fraction, seed)),
-            "warnings": json.dumps(warnings),
-            "residency": residency,
-            "created_at": datetime.now(UTC).isoformat(),
-        }
-        store.db.execute(
-            f"INSERT INTO datasets ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
-        )
+        _insert(store, DatasetVersion(
+            id=blob_id, name=name, version=version, task=task, blob_id=blob_id, source=details["source"],
+            examples=len(labels), labels=sorted(set(labels)), split=_split(labels, validation_fraction, seed),
+            warnings=warnings, residency=residency, created_at=datetime.now(UTC).isoformat()))
         recorded.update(id=blob_id, version=version, examples=len(labels), warnings=len(warnings))
     return _select(store, "id = ?", (blob_id,))[0]
+
+
+def extend(store: Store, base: DatasetVersion, additions: list[tuple[str, str]], *, source: str,
+           actor: str | None = None) -> DatasetVersion:
+    """The next version of base's dataset: its examples plus (text, label) additions, such as feedback.
+
+    An addition whose text is already in the data replaces that example's label: it is the newer word on
+    it. The split is drawn again over the whole, with base's seed and fraction, so new examples reach both
+    training and validation. Residency is inherited; `parent` names base.
+    """
+    if base.task != TEXT:
+        raise DatasetError(f"{base.ref} is an {base.task} dataset; only text datasets take feedback")
+    records = [json.loads(line) for line in content(store, base).decode("utf-8").split("\n") if line]
+    position = {record["text"]: index for index, record in enumerate(records)}
+    relabelled = 0
+    for text, label in additions:
+        if text in position:
+            relabelled += records[position[text]]["label"] != label
+            records[position[text]]["label"] = label
+        else:
+            position[text] = len(records)
+            records.append({"text": text, "label": label})
+    examples = [_Example(f"example {n}", record["label"], record["text"]) for n, record in enumerate(records, 1)]
+    content = _canonical(TEXT, examples)
+    labels = [record["label"] for record in records]
+    details = {"base": base.ref, "source": source, "added": len(records) - base.examples, "relabelled": relabelled}
+    with audit.operation(store, "dataset.extend", base.name, actor=actor, **details) as recorded:
+        existing = _existing(store, hashlib.sha256(content).hexdigest(), base.name)
+        if existing is not None:
+            recorded["unchanged"] = existing.ref
+            return existing
+        blob_id = blobs.put(store, content)
+        version = store.db.execute(
+            "SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (base.name,)
+        ).fetchone()[0]
+        warnings = [f"{relabelled} examples of {base.ref} relabelled by newer feedback"] if relabelled else []
+        _insert(store, DatasetVersion(
+            id=blob_id, name=base.name, version=version, task=TEXT, blob_id=blob_id, source=source,
+            examples=len(records), labels=sorted(set(labels)),
+            split=_split(labels, base.split["validation_fraction"], base.split["seed"]), warnings=warnings,
+            residency=base.residency, created_at=datetime.now(UTC).isoformat(), parent=base.id))
+        recorded.update(id=blob_id, version=version)
+    return _select(store, "id = ?", (blob_id,))[0]
+
+
+def _insert(store: Store, version: DatasetVersion) -> None:
+    row = {column: getattr(version, column) for column in COLUMNS}
+    row.update({column: json.dumps(row[column]) for column in JSON_COLUMNS})
+    store.db.execute(f"INSERT INTO datasets ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                     list(row.values()))
 
 
 def adopt(store: Store, version: DatasetVersion, content: bytes) -> DatasetVersion:
@@ -173,11 +211,7 @@ def adopt(store: Store, version: DatasetVersion, content: bytes) -> DatasetVersi
         raise DatasetError(f"the content sent for dataset {version.ref} does not match its id {version.id[:12]}")
     with audit.operation(store, "dataset.adopt", version.ref, id=version.id):
         blobs.put(store, content)
-        row = {column: getattr(version, column) for column in COLUMNS}
-        row.update({column: json.dumps(row[column]) for column in JSON_COLUMNS})
-        store.db.execute(
-            f"INSERT INTO datasets ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
-        )
+        _insert(store, dataclasses.replace(version, parent=None))  # its parent stays on the appliance that made it
     return get(store, version.ref)
 
 
@@ -350,6 +384,17 @@ def _count(number: int, noun: str) -> str:
 
 
 # -- text files --------------------------------------------------------------------
+
+
+def csv_rows(path: Path, columns: tuple[str, ...]) -> tuple[list[tuple[str, dict[str, str]]], list[str]]:
+    """Every data row of a CSV file that has the named columns, with its place, and the problems met."""
+    collector = _Collector(path.name)
+    try:
+        rows = list(_csv_rows(path.name, _decoded_lines(path, collector, None), collector, columns))
+    except OSError as exc:
+        raise DatasetError(f"cannot read {exc.filename or path}: {exc.strerror}") from exc
+    return rows, collector.problems
+
 
 
 def _read_text(
@@ -666,22 +711,12 @@ def _without(store: Store, version: DatasetVersion, examples: list[_Example], ke
     position = {old: new for new, old in enumerate(kept)}
     split = {**version.split, **{part: [position[i] for i in version.split[part] if i in position]
                                  for part in ("train", "validation")}}
-    row = {
-        **{column: getattr(version, column) for column in COLUMNS},
-        "id": blob_id,
-        "blob_id": blob_id,
-        "version": store.db.execute("SELECT MAX(version) + 1 FROM datasets WHERE name = ?",
-                                    (version.name,)).fetchone()[0],
-        "source": f"{version.ref} without {len(examples) - len(kept)} erased examples",
-        "examples": len(kept),
-        "labels": json.dumps(sorted({examples[index].label for index in kept})),
-        "split": json.dumps(split),
-        "warnings": json.dumps(version.warnings),
-        "created_at": datetime.now(UTC).isoformat(),
-    }
-    store.db.execute(
-        f"INSERT INTO datasets ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
-    )
+    number = store.db.execute("SELECT MAX(version) + 1 FROM datasets WHERE name = ?", (version.name,)).fetchone()[0]
+    _insert(store, dataclasses.replace(
+        version, id=blob_id, blob_id=blob_id, version=number,
+        source=f"{version.ref} without {len(examples) - len(kept)} erased examples", examples=len(kept),
+        labels=sorted({examples[index].label for index in kept}), split=split,
+        created_at=datetime.now(UTC).isoformat()))
     return _select(store, "id = ?", (blob_id,))[0]
 
 

@@ -9,8 +9,10 @@
      │    ├── SchemaTooNew        the database was written by a newer appliance
      │    └── BlobNotFound        no blob with that id
      ├── DatasetError             a dataset file is invalid, or no such dataset version
- ├── ErasureError             a data subject request cannot be carried out as asked
- ├── EvidenceError            a compliance evidence pack cannot be written, or does not verify
+     ├── ErasureError             a data subject request cannot be carried out as asked
+     ├── EvidenceError            a compliance evidence pack cannot be written, or does not verify
+     ├── FeedbackError            true labels that cannot be taken (400)
+     │    └── PredictionNotFound  no prediction with that id, or no longer (404)
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
      ├── JobError                 a job cannot be submitted, start or go on
      │    ├── JobNotFound         no job with that id (404)
@@ -85,6 +87,18 @@ class ErasureError(ApplianceError):
 
 class EvidenceError(ApplianceError):
     """A compliance evidence pack cannot be written, or was changed after it was signed."""
+
+
+class FeedbackError(ApplianceError):
+    """True labels that cannot be attached: unknown labels, too many at once, nothing new to train on."""
+
+    status = 400
+
+
+class PredictionNotFound(FeedbackError):
+    """No prediction with that id: never made, or deleted after its keeping time."""
+
+    status = 404
 
 
 class AuditWriteFailed(ApplianceError):

@@ -82,7 +82,7 @@ def check_params(kind: str, params: dict[str, Any]) -> None:
                "optimize": {"version", "int8", "distill_layers", "max_accuracy_drop", "calibration_size", "metric",
                             "seed"},
                "pipeline": {"source", "dataset", "task", "base", "params", "device", "name", "int8", "distill_layers",
-                            "max_accuracy_drop", "deploy", "canary_percent", "residency", *BURST},
+                            "max_accuracy_drop", "deploy", "canary_percent", "residency", "retrain", *BURST},
                "tune": {"dataset", "base", "params", "device", "name", "budget_s", "metric", "space", "sampler",
                         "int8", "distill_layers", "max_accuracy_drop", "deploy", "canary_percent"}}[kind]
     unknown = sorted(set(params) - allowed)
@@ -98,6 +98,9 @@ def check_params(kind: str, params: dict[str, Any]) -> None:
                        hint="for a pipeline, 'dataset' names the dataset that 'source' is imported as")
     if kind == "tune":
         _check_search(params)
+    if "retrain" in params and (not isinstance(params["retrain"], str) or "source" in params):
+        raise JobError("'retrain' names the served model whose feedback extends 'dataset', and takes no 'source'",
+                       hint='e.g. {"retrain": "tickets", "dataset": "tickets", "canary_percent": 20}')
     training = params.get("params") or {}
     known = {field.name for field in fields(TrainParams)}
     if not isinstance(training, dict):

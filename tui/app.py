@@ -141,6 +141,13 @@ class ApplianceApp(App[None]):
             data = event["data"]
             self.notify(f"drift on {data.get('version')}: {data.get('feature')} PSI {data.get('psi')}",
                         title="drift alert", severity="warning", timeout=15)
+        elif event["topic"] == "deploy" and event["kind"].startswith("autopilot-"):
+            data, decision = event["data"], event["kind"].removeprefix("autopilot-")
+            candidate = f"{event['subject']}:{data.get('candidate')}"
+            what = {"retrain": f"retraining {event['subject']} (job {data.get('job')})",
+                    "promote": f"promoted {candidate}", "rollback": f"rolled back the canary {candidate}"}[decision]
+            self.notify(f"{what}: {data.get('reason')}", title="autopilot", timeout=15,
+                        severity="warning" if decision == "rollback" else "information")
         for listener in self.event_listeners:
             listener(event)
 

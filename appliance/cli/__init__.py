@@ -19,6 +19,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     daemon,
     data,
     doctor,
+    feedback,
     hw,
     jobs,
     keys,

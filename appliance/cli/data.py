@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from appliance import datasets
+from appliance import datasets, feedback
 from appliance.cli.base import cli, daemon_client, opened_store, print_json, progress_bar
 
 
@@ -51,7 +51,7 @@ def data_import(
         version = datasets.get(opened, ref)
         counts = datasets.load(opened, version).counts
     click.echo(f"{'unchanged, already stored as' if unchanged else 'imported as'} {version.ref}")
-    _describe(version, counts)
+    _describe(version, counts, [])
 
 
 @data_group.command("residency")
@@ -97,16 +97,17 @@ def data_show(ref: str, as_json: bool) -> None:
         version = datasets.get(opened, ref)
         counts = {} if version.erased_at else datasets.load(opened, version).counts
         replacement = datasets.get(opened, version.replaced_by).ref if version.replaced_by else None
+        from_predictions = feedback.used_by(opened, version.id)
     if as_json:
-        print_json({**version.summary(), "counts": counts})
+        print_json({**version.summary(), "counts": counts, "from_predictions": from_predictions})
     else:
-        _describe(version, counts)
+        _describe(version, counts, from_predictions)
         if version.erased_at:
             click.echo(f"erased      {version.erased_at} by a data subject request; its content is gone"
                        + (f", the rest is in {replacement}" if replacement else ""))
 
 
-def _describe(version: datasets.DatasetVersion, counts: dict[str, int]) -> None:
+def _describe(version: datasets.DatasetVersion, counts: dict[str, int], from_predictions: list[str]) -> None:
     split = version.split
     click.echo(f"id          {version.id}")
     click.echo(f"task        {version.task}")
@@ -116,6 +117,12 @@ def _describe(version: datasets.DatasetVersion, counts: dict[str, int]) -> None:
     )
     click.echo(f"residency   {version.residency}")
     click.echo(f"source      {version.source}")
+    if version.parent:
+        click.echo(f"extends     {version.parent}")
+    if from_predictions:
+        rest = len(from_predictions) - 5
+        shown = ", ".join(from_predictions[:5]) + (f" and {rest} more" if rest > 0 else "")
+        click.echo(f"feedback    true labels of {len(from_predictions)} predictions: {shown}")
     click.echo(f"created     {version.created_at}")
     if counts:
         click.echo("labels")

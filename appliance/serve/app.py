@@ -64,6 +64,17 @@ class PredictRequest(_Strict):
     instances: list[StrictStr]
 
 
+class Label(_Strict):
+    prediction_id: StrictStr
+    label: StrictStr
+
+
+class FeedbackRequest(_Strict):
+    """True labels for earlier answers, by the prediction ids the server gave."""
+
+    feedback: list[Label] = Field(min_length=1)
+
+
 def _token(authorization: str | None, x_api_key: str | None) -> str | None:
     if x_api_key:
         return x_api_key
@@ -148,7 +159,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         if body.inputs[0].shape not in ([len(texts)], [len(texts), 1]):
             raise BadRequest(f"input 'text' has shape {body.inputs[0].shape} but holds {len(texts)} texts",
                              hint=f"give shape [{len(texts)}]")
-        loaded, probabilities = await runtime.predict(name, texts)
+        loaded, probabilities, ids = await runtime.predict(name, texts)
         wanted = {output.name for output in body.outputs} if body.outputs else {"label", "probabilities"}
         outputs = []
         if "label" in wanted:
@@ -157,14 +168,21 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         if "probabilities" in wanted:
             outputs.append({"name": "probabilities", "datatype": "FP32", "shape": list(probabilities.shape),
                             "data": probabilities.ravel().round(6).tolist()})
-        answer = {"model_name": name, "model_version": str(loaded.version), "outputs": outputs}
+        answer = {"model_name": name, "model_version": str(loaded.version), "outputs": outputs,
+                  "parameters": {"prediction_ids": [prediction_id or None for prediction_id in ids]}}
         return JSONResponse(answer | ({"id": body.id} if body.id is not None else {}))
 
     @app.post("/v1/models/{name}:predict", response_class=JSONResponse)
     async def predict(name: str, _key: ModelKey, body: PredictRequest) -> JSONResponse:
-        loaded, probabilities = await runtime.predict(name, body.instances)
+        loaded, probabilities, ids = await runtime.predict(name, body.instances)
         return JSONResponse({"model": name, "model_version": str(loaded.version),
-                             "predictions": label_scores(loaded.labels, probabilities)})
+                             "predictions": label_scores(loaded.labels, probabilities, ids)})
+
+    @app.post("/v1/feedback")
+    async def post_feedback(key: AnyModelKey, body: FeedbackRequest) -> dict[str, Any]:
+        """True labels for earlier predictions; the key must be allowed to call each prediction's model."""
+        return await runtime.record_feedback([(item.prediction_id, item.label) for item in body.feedback],
+                                             f"apikey:{key.id}", key.may_call)
 
     @app.get("/metrics")
     async def metrics_endpoint(_key: AnyModelKey) -> Response:
@@ -181,7 +199,8 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     @app.exception_handler(ApplianceError)
     async def appliance_error(request: Request, exc: ApplianceError) -> JSONResponse:
         status = getattr(exc, "status", 400)
-        refused(request, status)
+        if not getattr(exc, "counted", False):  # the runtime counted a version's failure itself
+            refused(request, status)
         headers = {"Retry-After": "1"} if status == 503 else None
         if status in (401, 403):
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -218,10 +237,11 @@ def _report_start_failure(task: asyncio.Task[None]) -> None:
         log.error("the server could not open the store, so it stays unready: %s", message)
 
 
-def label_scores(labels: list[str], probabilities: Any) -> list[dict[str, Any]]:
-    """Per text: the most likely label and every label's probability."""
-    return [{"label": labels[int(row.argmax())], "scores": {label: round(float(p), 6) for label, p in zip(labels, row)}}
-            for row in probabilities]
+def label_scores(labels: list[str], probabilities: Any, ids: list[str]) -> list[dict[str, Any]]:
+    """Per text: its prediction id, the most likely label and every label's probability."""
+    return [{"id": prediction_id or None, "label": labels[int(row.argmax())],
+             "scores": {label: round(float(p), 6) for label, p in zip(labels, row)}}
+            for prediction_id, row in zip(ids, probabilities, strict=True)]
 
 
 def describe_error(error: dict[str, Any]) -> str:

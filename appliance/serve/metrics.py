@@ -88,6 +88,13 @@ class Metrics:
                                ["model", "version", "feature"], registry=self.registry)
         self.traffic = Gauge("appliance_traffic_share", "Share of a model's traffic each version gets (0-1).",
                              ["model", "version"], registry=self.registry)
+        self.feedback_accuracy = Gauge("appliance_feedback_accuracy",
+                                       "Share of predictions made in the window that feedback says were right.",
+                                       ["model", "version", "window"], registry=self.registry)
+        self.feedback_count = Gauge("appliance_feedback_labels", "True labels on predictions made in the window.",
+                                    ["model", "version", "window"], registry=self.registry)
+        self.predictions_dropped = Gauge("appliance_predictions_dropped",
+                                         "Predictions not kept because the store fell behind.", registry=self.registry)
 
     def request(self, model: str, version: int | None, status: int, seconds: float | None = None) -> None:
         labels = (model, str(version) if version is not None else "", str(status))
@@ -102,6 +109,15 @@ class Metrics:
     def drift(self, model: str, version: int, scores: dict[str, float]) -> None:
         for feature, value in scores.items():
             self.drift_psi.labels(model, str(version), feature).set(value)
+
+    def quality(self, by_version: list[dict[str, Any]]) -> None:
+        """Live accuracy on feedback (feedback.quality()'s answer) into the gauges."""
+        for entry in by_version:
+            for window, found in entry["windows"].items():
+                labels = (entry["model"], str(entry["version"]), window)
+                self.feedback_count.labels(*labels).set(found["feedback"])
+                if found["accuracy"] is not None:
+                    self.feedback_accuracy.labels(*labels).set(found["accuracy"])
 
     def forget(self, model: str, version: int) -> None:
         """A version left service: its gauges go, its counters stay (they only ever grow)."""

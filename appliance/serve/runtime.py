@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from appliance import auth, events, optimize, registry, store
+from appliance import auth, events, feedback, optimize, registry, store
 from appliance.config import Settings
-from appliance.errors import ApplianceError, BadRequest, ModelNotFound
+from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, ServeError
 from appliance.serve import drift
 from appliance.serve.batching import Batch, Batcher
 from appliance.serve.metrics import Metrics
@@ -33,6 +33,8 @@ from appliance.store import audit, blobs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+PURGE_EVERY_S = 3600.0  # predictions past their keeping time are deleted this often
+QUALITY_EVERY_S = 10.0  # live accuracy on feedback is read from the store this often
 
 
 @dataclass(eq=False)  # identity: a route compares the very versions it holds
@@ -97,6 +99,9 @@ class Runtime:
         self._wanted: dict[str, _Wanted] = {}
         self._poller: asyncio.Task[None] | None = None
         self._verifier: auth.Verifier | None = None
+        self.predictions = feedback.PredictionLog() if settings.serve.keep_predictions_days > 0 else None
+        self._purged_at = 0.0
+        self._quality_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -114,7 +119,10 @@ class Runtime:
             for loaded in route.versions():
                 await loaded.batcher.close()
         if self._store is not None:
-            await self._on_worker(self._store.close)
+            try:
+                await self._on_worker(self._flush_predictions)  # every id handed out can still get its label
+            finally:
+                await self._on_worker(self._store.close)
         self._worker.shutdown(wait=True)
 
     @property
@@ -130,8 +138,9 @@ class Runtime:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def predict(self, model: str, texts: list[str]) -> tuple[Loaded, np.ndarray]:
-        """Class probabilities for texts from the version the model's route picks, counted in the metrics."""
+    async def predict(self, model: str, texts: list[str]) -> tuple[Loaded, np.ndarray, list[str]]:
+        """Class probabilities for texts from the version the model's route picks, counted in the metrics,
+        and a prediction id per text (empty strings when predictions are not kept)."""
         if not texts:
             raise BadRequest("the request holds no texts", hint="send at least one text")
         limit = self.settings.serve.max_instances
@@ -140,9 +149,26 @@ class Runtime:
                              hint="split it into several requests")
         loaded = self.route(model).pick()
         started = time.perf_counter()
-        probabilities = await loaded.predict(texts)  # an error is counted by the handler that answers it
+        try:
+            probabilities = await loaded.predict(texts)
+        except ServeError as exc:
+            if not isinstance(exc, Overloaded):  # the version failed: counted against it, not by the handler
+                self.metrics.request(model, loaded.version, exc.status)
+                exc.counted = True  # type: ignore[attr-defined]
+            raise
         self.metrics.request(model, loaded.version, 200, time.perf_counter() - started)
-        return loaded, probabilities
+        if self.predictions is None:
+            return loaded, probabilities, [""] * len(texts)
+        return loaded, probabilities, self.predictions.add(model, loaded.version, loaded.labels, probabilities, texts)
+
+    async def record_feedback(self, items: list[tuple[str, str]], actor: str,
+                              allowed: Callable[[str], bool] | None = None, source: str = "api") -> dict[str, Any]:
+        """True labels for predictions (of the models `allowed` admits); what waits in memory is written first."""
+        def work() -> dict[str, Any]:
+            self._flush_predictions()
+            return feedback.record(self._store, items, actor=actor, source=source, allowed=allowed)
+
+        return await self._on_worker(work)
 
     def describe(self) -> list[dict[str, Any]]:
         """What serves now, model by model: readiness, the canary share, and each loaded version."""
@@ -180,6 +206,7 @@ class Runtime:
             await asyncio.sleep(self.settings.serve.poll_s)
             try:
                 await self.sync()
+                await self._on_worker(self._keep_records)
             except Exception:
                 log.exception("reading the registry failed; serving goes on with what is loaded")
 
@@ -266,6 +293,26 @@ class Runtime:
             raise ModelNotFound(f"{entry.ref} failed its smoke inference (logits {logits.shape})")
         stored = servable.manifest.get("reference")
         return servable, drift.Histograms.from_json(stored) if stored else None
+
+    def _keep_records(self) -> None:
+        """Write the predictions answered since the last poll; now and then, forget old ones and update the
+        live accuracy in the metrics."""
+        self._flush_predictions()
+        now = time.monotonic()
+        if self.predictions is not None and now - self._purged_at > PURGE_EVERY_S:
+            self._purged_at = now
+            gone = feedback.purge(self._store, self.settings.serve.keep_predictions_days)
+            if gone:
+                log.info("%d predictions older than %g days without feedback deleted", gone,
+                         self.settings.serve.keep_predictions_days)
+        if now - self._quality_at > QUALITY_EVERY_S:
+            self._quality_at = now
+            self.metrics.quality(feedback.quality(self._store))
+
+    def _flush_predictions(self) -> None:
+        if self.predictions is not None:
+            self.predictions.flush(self._store)
+            self.metrics.predictions_dropped.set(self.predictions.dropped)
 
     def _audit(self, action: str, obj: str, details: dict[str, Any]) -> None:
         audit.record(self._store, action, obj, actor="service:serve", **details)

@@ -324,6 +324,36 @@ def _v8_dataset_erasure(db: sqlite_utils.Database) -> None:
     _residency_triggers(db)
 
 
+def _v9_feedback(db: sqlite_utils.Database) -> None:
+    # What the server answered, kept so a true label sent later can be attached to it. The text is customer
+    # data: sealed per row (AES-256-GCM under a key derived from the store secret, the row's id as AAD).
+    db.execute(
+        """CREATE TABLE predictions (
+            id TEXT PRIMARY KEY,             -- given to the caller with the answer
+            model TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            label TEXT NOT NULL,             -- what the model said
+            confidence REAL NOT NULL,
+            text_sealed BLOB NOT NULL,       -- nonce + ciphertext of the input text
+            created_at TEXT NOT NULL
+        )"""
+    )
+    db.execute("CREATE INDEX predictions_by_model ON predictions(model, created_at)")
+    db.execute(
+        """CREATE TABLE feedback (
+            prediction_id TEXT PRIMARY KEY REFERENCES predictions(id) ON DELETE CASCADE,
+            label TEXT NOT NULL,             -- the true label, as someone who knows said
+            correct INTEGER NOT NULL,        -- whether the prediction had it right
+            source TEXT NOT NULL,            -- api | the CSV file it was imported from
+            actor TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            dataset_id TEXT REFERENCES datasets(id)  -- the dataset version it went into, once a retrain used it
+        )"""
+    )
+    # A dataset version made from another one plus feedback names the version it extends.
+    db.execute("ALTER TABLE datasets ADD COLUMN parent TEXT REFERENCES datasets(id)")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -333,6 +363,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v6_burst,
     _v7_tuning,
     _v8_dataset_erasure,
+    _v9_feedback,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -128,6 +128,38 @@ def test_metrics_count_requests_errors_batches_and_queue_per_version(server: Ser
     assert 'appliance_traffic_share{model="tickets",version="2"} 1.0' in text
 
 
+def test_answers_carry_prediction_ids_that_take_true_labels(server: Server) -> None:
+    with server.client() as client:
+        plain = predict(client, [BILLING, SHIPPING]).json()["predictions"]
+        oip = client.post("/v2/models/tickets/infer", json={
+            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [BILLING]}]}).json()
+        ids = [p["id"] for p in plain] + oip["parameters"]["prediction_ids"]
+        assert len(set(ids)) == 3 and all(i.startswith("p_") for i in ids)
+        # At once, before the next poll wrote them: the server writes what waits before it looks.
+        stored = client.post("/v1/feedback", json={"feedback": [
+            {"prediction_id": ids[0], "label": "billing"}, {"prediction_id": ids[1], "label": "technical"}]})
+        assert stored.status_code == 200 and stored.json() == {"accepted": 2, "by_model": {"tickets": 2}}
+        refusals = {
+            "label": client.post("/v1/feedback", json={"feedback": [{"prediction_id": ids[2], "label": "returns"}]}),
+            "id": client.post("/v1/feedback", json={"feedback": [{"prediction_id": "p_00", "label": "billing"}]}),
+            "empty": client.post("/v1/feedback", json={"feedback": []}),
+        }
+        with server.client(server.state.scoped_token) as other_team:
+            refusals["scope"] = other_team.post("/v1/feedback", json={
+                "feedback": [{"prediction_id": ids[2], "label": "billing"}]})
+        server.wait(lambda: 'appliance_feedback_accuracy{model="tickets",version="2",window="1h"}'
+                    in client.get("/metrics").text, 30)
+        text = client.get("/metrics").text
+    assert {name: answer.status_code for name, answer in refusals.items()} == {
+        "label": 400, "id": 404, "empty": 400, "scope": 403}
+    assert "'returns' is not a label of tickets:2" in refusals["label"].json()["error"]
+    assert 'appliance_feedback_labels{model="tickets",version="2",window="24h"}' in text
+    with server.state.open() as opened:
+        [record] = [row for row in audit.rows(opened, action="feedback.add")]
+        assert record["actor"].startswith("apikey:") and json.loads(record["details"])["labels"] == 2
+        assert opened.db.execute("SELECT COUNT(*) FROM feedback").fetchone()[0] == 2
+
+
 def test_traffic_unlike_the_training_data_raises_a_drift_alert(server: Server) -> None:
     strange = [" ".join(["zebra quantum violin"] * 12) + f" {n}" for n in range(45)]  # long, and unseen words
     with server.client() as client:

@@ -313,3 +313,16 @@ def test_the_recording_for_snapshots_has_the_keys_of_the_live_api(served: Daemon
             assert _keys(response.json()) == _keys(answer), key
             if key in NESTED:
                 assert _keys(NESTED[key](response.json())) == _keys(NESTED[key](answer)), key
+
+
+async def test_serving_shows_live_accuracy_and_autopilot_decisions_are_announced(recorded_app: ApplianceApp) -> None:
+    recorded_app.daemon.answers["events"].append(
+        {"seq": 900, "ts": "2026-11-20T14:00:00.000+00:00", "topic": "deploy", "subject": "tickets",
+         "kind": "autopilot-promote", "data": {"candidate": 4, "production": 2,
+                                               "reason": "the candidate is more accurate on feedback"}})
+    async with recorded_app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        found = await settle(pilot, lambda: rows(recorded_app, "#served").get("tickets:4"), message="no versions")
+        assert "95%/41" in found and "90%/212" in rows(recorded_app, "#served")["tickets:2"]
+        await settle(pilot, lambda: "promoted tickets:4" in notices(recorded_app), message="no autopilot notice")
+        assert "more accurate on feedback" in notices(recorded_app)

@@ -1,4 +1,5 @@
-"""Serving: what answers requests, how fast and how well, whether inputs drift; and a box to try a model."""
+"""Serving: what answers requests, how fast and how well (live accuracy on feedback), whether inputs drift;
+and a box to try a model."""
 
 from __future__ import annotations
 
@@ -18,16 +19,17 @@ from tui.widgets import Table, number, percent
 class ServingScreen(ApplianceScreen):
     NAME = "serving"
     TITLE = "Serving"
-    HELP = ("The inference server: its endpoints, and per model version its share of the traffic, requests per "
-            "second, latency (p50 and p99) and error rate over the last minute, and the drift of its inputs from the "
-            "training data (PSI; above 0.2 is worth a look). t puts the cursor in the box to try a prediction.")
+    HELP = ("The inference server: its endpoints, and per model version its variant, share of the traffic, "
+            "requests per second, latency in ms (p50 and p99) and error rate over the last minute, its accuracy on "
+            "the true labels sent back for its predictions of the last day (acc: 90%/212 is 90% of 212 labels), and "
+            "the drift of its inputs from the training data (the worst PSI and its feature: len, tok, lab, con; "
+            "above 0.2 is worth a look). t puts the cursor in the box to try a prediction.")
     BINDINGS: ClassVar = [Binding("t", "try_it", "Try a prediction"), Binding("escape", "leave_box", show=False)]
     AUTO_FOCUS = "#served"
 
     def compose_body(self) -> ComposeResult:
         yield Static("asking the daemon…", id="endpoints", markup=False)
-        yield Table("model", "v", "role", "variant", "share", "req/s", "p50ms", "p99ms", "errors", "drift PSI",
-                    id="served")
+        yield Table("model", "v", "role", "var", "share", "req/s", "p50", "p99", "errs", "acc", "drift", id="served")
         with Horizontal(id="try"):
             yield Label("Try", classes="field")
             yield Select([], prompt="model", id="try-model")
@@ -92,8 +94,13 @@ def _row(model: dict[str, Any], version: dict[str, Any]) -> tuple[str, ...]:
     worst = max(drift, key=drift.get) if drift else None
     return (model["model"], str(version["version"]), version["role"][:4], version["variant"],
             percent(version["traffic_share"]), number(version["requests_per_s"], "{:.2f}"), number(version["p50_ms"]),
-            number(version["p99_ms"]), percent(version["error_rate"], 1),
-            f"{drift[worst]:.2f} {worst}" if worst else "-")
+            number(version["p99_ms"]), percent(version["error_rate"], 1), _live(version.get("feedback")),
+            f"{drift[worst]:.2f} {worst[:3]}" if worst else "-")
+
+
+def _live(found: dict[str, Any] | None) -> str:
+    """Accuracy on feedback over the last day, and on how many labels."""
+    return f"{percent(found['accuracy'])}/{found['feedback']}" if found and found["feedback"] else "-"
 
 
 def _prediction(answer: dict[str, Any]) -> str:

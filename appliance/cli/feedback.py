@@ -1,0 +1,58 @@
+"""`appliance feedback`: true labels for served predictions, and the live accuracy they show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from appliance import feedback
+from appliance.cli.base import cli, daemon_client, opened_store, print_json
+from appliance.store import audit
+
+
+@cli.group("feedback")
+def feedback_group() -> None:
+    """Attach true labels to predictions; see how each served version does on them."""
+
+
+@feedback_group.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def feedback_import(path: Path) -> None:
+    """Attach the labels in PATH, a CSV file with columns prediction_id and label; all of them, or none."""
+    pairs = feedback.read_csv(path)
+    with daemon_client() as api:
+        if api is not None:  # the daemon writes it, audited under the caller's user
+            answer = api.post("/v1/feedback", {"feedback": [{"prediction_id": p, "label": label} for p, label in pairs],
+                                               "source": path.name})
+    if api is None:
+        with opened_store() as opened:
+            answer = feedback.record(opened, pairs, actor=audit.default_actor(), source=path.name)
+    models = ", ".join(f"{model} {count}" for model, count in sorted(answer["by_model"].items()))
+    click.echo(f"{answer['accepted']} labels stored ({models})")
+
+
+@feedback_group.command("show")
+@click.argument("model", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def feedback_show(model: str | None, as_json: bool) -> None:
+    """Live accuracy on feedback by model version over the last hour, day and week, and labels not trained on."""
+    with opened_store() as opened:
+        found = feedback.quality(opened, model)
+        unused = {name: feedback.unused(opened, name) for name in {entry["model"] for entry in found}}
+    if as_json:
+        print_json([{**entry, "unused_labels": unused[entry["model"]]} for entry in found])
+        return
+    if not found:
+        click.echo("no feedback yet: POST /v1/feedback or 'appliance feedback import FILE.csv' adds some")
+        return
+    click.echo(f"{'version':<24} {'last hour':>16} {'last day':>16} {'last week':>16}")
+    for entry in found:
+        cells = [_cell(entry["windows"][window]) for window in feedback.WINDOWS]
+        click.echo(f"{entry['model'] + ':' + str(entry['version']):<24} " + " ".join(f"{cell:>16}" for cell in cells))
+    for name, count in sorted(unused.items()):
+        click.echo(f"{name}: {count} labels not trained on yet")
+
+
+def _cell(window: dict) -> str:
+    return "-" if not window["feedback"] else f"{window['accuracy']:.1%} of {window['feedback']}"
