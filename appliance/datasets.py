@@ -165,33 +165,33 @@ def extend(store: Store, base: DatasetVersion, additions: list[tuple[str, str]],
     """
     if base.task != TEXT:
         raise DatasetError(f"{base.ref} is an {base.task} dataset; only text datasets take feedback")
-    records = [json.loads(line) for line in content(store, base).decode("utf-8").split("\n") if line]
-    position = {record["text"]: index for index, record in enumerate(records)}
+    examples = _examples(TEXT, content(store, base))
+    position = {example.content: index for index, example in enumerate(examples)}
     relabelled = 0
     for text, label in additions:
         if text in position:
-            relabelled += records[position[text]]["label"] != label
-            records[position[text]]["label"] = label
+            earlier = examples[position[text]]
+            relabelled += earlier.label != label
+            examples[position[text]] = dataclasses.replace(earlier, label=label)
         else:
-            position[text] = len(records)
-            records.append({"text": text, "label": label})
-    examples = [_Example(f"example {n}", record["label"], record["text"]) for n, record in enumerate(records, 1)]
-    content = _canonical(TEXT, examples)
-    labels = [record["label"] for record in records]
-    details = {"base": base.ref, "source": source, "added": len(records) - base.examples, "relabelled": relabelled}
+            position[text] = len(examples)
+            examples.append(_Example(text, label, text))
+    canonical = _canonical(TEXT, examples)
+    labels = [example.label for example in examples]
+    details = {"base": base.ref, "source": source, "added": len(examples) - base.examples, "relabelled": relabelled}
     with audit.operation(store, "dataset.extend", base.name, actor=actor, **details) as recorded:
-        existing = _existing(store, hashlib.sha256(content).hexdigest(), base.name)
+        existing = _existing(store, hashlib.sha256(canonical).hexdigest(), base.name)
         if existing is not None:
             recorded["unchanged"] = existing.ref
             return existing
-        blob_id = blobs.put(store, content)
+        blob_id = blobs.put(store, canonical)
         version = store.db.execute(
             "SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (base.name,)
         ).fetchone()[0]
         warnings = [f"{relabelled} examples of {base.ref} relabelled by newer feedback"] if relabelled else []
         _insert(store, DatasetVersion(
             id=blob_id, name=base.name, version=version, task=TEXT, blob_id=blob_id, source=source,
-            examples=len(records), labels=sorted(set(labels)),
+            examples=len(examples), labels=sorted(set(labels)),
             split=_split(labels, base.split["validation_fraction"], base.split["seed"]), warnings=warnings,
             residency=base.residency, created_at=datetime.now(UTC).isoformat(), parent=base.id))
         recorded.update(id=blob_id, version=version)

@@ -252,6 +252,27 @@ def purge(store: Store, keep_days: float) -> int:
     return gone
 
 
+def matching(store: Store, needle: str) -> dict[str, list[str]]:
+    """The predictions whose text or true label contains needle (in any case), by model: for an erasure."""
+    folded, aead, found = needle.casefold(), _cipher(store), {}
+    for prediction_id, model, sealed, label in store.db.execute(
+            "SELECT p.id, p.model, p.text_sealed, f.label FROM predictions p"
+            " LEFT JOIN feedback f ON f.prediction_id = p.id ORDER BY p.id"):
+        if folded in _open(aead, prediction_id, sealed).casefold() or folded in (label or "").casefold():
+            found.setdefault(model, []).append(prediction_id)
+    return found
+
+
+def forget(store: Store, prediction_ids: list[str]) -> int:
+    """Delete predictions and, with them, their feedback (ON DELETE CASCADE); the caller audits."""
+    gone = 0
+    for start in range(0, len(prediction_ids), 500):
+        chunk = prediction_ids[start:start + 500]
+        gone += store.db.execute(f"DELETE FROM predictions WHERE id IN ({', '.join('?' * len(chunk))})",
+                                 chunk).rowcount
+    return gone
+
+
 # -- sealing ---------------------------------------------------------------------------
 
 

@@ -2,8 +2,8 @@
 
 An identifier (an email address, a customer id) is matched as a substring, ignoring
 case, in every erasure source. Each source finds what it holds and erases it; the
-sources are a list (SOURCES) so that stores added later (served texts, feedback) join
-the same request. Datasets are immutable, so a dataset version with matching examples
+sources are a list (SOURCES): dataset examples, and the texts the server answered (kept
+for feedback) with their true labels. Datasets are immutable, so a dataset version with matching examples
 is written again without them as the name's next version, and the old version's blob
 (its chunks and wrapped data key) is deleted; its row stays, marked erased, so runs and
 model lineage still read. The models trained on an erased version are listed for
@@ -24,7 +24,7 @@ import hmac
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from appliance import datasets
+from appliance import datasets, feedback
 from appliance.errors import ErasureError
 from appliance.store import Store, audit, keys
 
@@ -87,8 +87,27 @@ class DatasetExamples:
         return [f"{model}:{version}" for model, version in rows]
 
 
-# Served texts (predictions) and feedback, once stored, become sources here too.
-SOURCES: list[Source] = [DatasetExamples()]
+class ServedTexts:
+    """Texts the server answered and keeps for feedback, with their true labels: matched on text or label.
+
+    They train nothing until a retrain puts their feedback into a dataset version, which DatasetExamples
+    covers, so they affect no model themselves.
+    """
+
+    name = "predictions"
+
+    def find(self, store: Store, identifier: str) -> list[Finding]:
+        return [Finding(self.name, model, len(ids), tuple(ids))
+                for model, ids in sorted(feedback.matching(store, identifier).items())]
+
+    def erase(self, store: Store, finding: Finding) -> dict[str, Any]:
+        return {"model": finding.object, "predictions": feedback.forget(store, list(finding.ids))}
+
+    def affected_models(self, store: Store, findings: list[Finding]) -> list[str]:
+        return []
+
+
+SOURCES: list[Source] = [DatasetExamples(), ServedTexts()]
 
 
 @dataclass(frozen=True)

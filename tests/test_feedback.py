@@ -148,3 +148,17 @@ def test_the_cli_imports_a_labelled_csv_all_or_nothing(opened: Store, tmp_path: 
     assert "tickets:1" in shown and "50.0% of 2" in shown and "tickets: 2 labels not trained on yet" in shown
     with pytest.raises(DatasetError, match="no column 'prediction_id'"):
         feedback.read_csv(tmp_path / "tickets.csv")
+
+
+def test_an_erasure_request_reaches_served_texts_and_their_feedback(opened: Store, tmp_path: Path) -> None:
+    from appliance import privacy
+
+    version = served_version(opened, tmp_path)
+    ids = answer(opened, feedback.PredictionLog(), version, ["mail from Jane.Doe@example.com", "nothing personal"])
+    feedback.record(opened, [(ids[0], "billing"), (ids[1], "shipping")], actor="user:ann")
+    found = privacy.find(opened, "jane.doe@EXAMPLE.com")
+    assert [f.summary() for f in found.findings] == [{"source": "predictions", "object": "tickets", "records": 1}]
+    privacy.erase(opened, "jane.doe@example.com", actor="user:dpo")
+    assert [row[0] for row in opened.db.execute("SELECT id FROM predictions")] == [ids[1]]
+    assert [row[0] for row in opened.db.execute("SELECT prediction_id FROM feedback")] == [ids[1]]
+    assert audit.verify(opened).ok
