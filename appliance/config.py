@@ -92,6 +92,15 @@ class BurstSettings:
 
 
 @dataclass(frozen=True)
+class BackupSettings:
+    """Where online backups of the database go, how often the daemon takes one, and how many are kept."""
+
+    dir: Path | None = None  # default: backups in the state directory
+    every_hours: float = 24.0  # the daemon takes one this often; 0: only `appliance backup now`
+    keep: int = 7  # the newest this many backups in the directory are kept, older ones deleted
+
+
+@dataclass(frozen=True)
 class Settings:
     """The appliance's configuration; derived paths are properties so they cannot drift."""
 
@@ -102,6 +111,7 @@ class Settings:
     serve: ServeSettings = ServeSettings()
     daemon: DaemonSettings = DaemonSettings()
     burst: BurstSettings = BurstSettings()
+    backup: BackupSettings = BackupSettings()
 
     @property
     def db_path(self) -> Path:
@@ -127,6 +137,10 @@ class Settings:
     @property
     def audit_head_path(self) -> Path:
         return self.state_dir / "audit-head.json"
+
+    @property
+    def backup_dir(self) -> Path:
+        return self.backup.dir or self.state_dir / "backups"
 
 
 def _default_state_dir() -> Path:
@@ -156,6 +170,9 @@ _SCHEMA: dict[str, type] = {
         "address": str, "token_file": Path, "ca_file": Path, "fallback_local": bool, "suggest_after_minutes": float,
         "poll_s": float, "python": str,
     }.items()},
+    "backup.dir": Path,
+    "backup.every_hours": float,
+    "backup.keep": int,
 }
 
 
@@ -184,8 +201,14 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
                              if key.startswith("burst.")})
     burst = replace(burst, **{name: _absolute(getattr(burst, name)) for name in ("token_file", "ca_file")
                               if getattr(burst, name) is not None})
+    backup = BackupSettings(**{key.removeprefix("backup."): value for key, value in values.items()
+                               if key.startswith("backup.")})
+    if backup.dir is not None:
+        backup = replace(backup, dir=_absolute(backup.dir))
+    _check_limits("backup", backup, f"{path} or the environment" if path else "the environment",
+                  {"every_hours": (0, 24 * 366), "keep": (1, 10_000)})
     settings = Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model, serve=serve,
-                        daemon=daemon, burst=burst)
+                        daemon=daemon, burst=burst, backup=backup)
     _check_daemon(settings, path)
     _check_burst(burst, path)
     return settings

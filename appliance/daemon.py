@@ -13,6 +13,10 @@ half the cores, and when the served p95 latency goes over `daemon.latency_object
 the running job is paused (checkpointed, requeued) and none starts for a minute. Jobs
 run only inside `daemon.training_hours` when it is set.
 
+Every `backup.every_hours` a thread with its own connection takes an online backup into
+`backup.dir` and keeps the newest `backup.keep` (store/backups.py), audited as
+`backup.created`.
+
 systemd: READY=1 once both servers listen, STATUS= with what runs, WATCHDOG=1 while
 the event loop and the supervisor are alive, STOPPING=1 on SIGTERM. SIGTERM drains:
 the running job checkpoints and is requeued, then the servers stop. SIGHUP re-reads
@@ -45,6 +49,7 @@ import uvloop
 from appliance import api, config, events, jobs, registry, sdnotify, store, users
 from appliance.errors import ApplianceError, DaemonError
 from appliance.serve.metrics import Metrics, quantile_s
+from appliance.store import backups
 from appliance.worker import EXIT_STOPPED
 
 log = logging.getLogger("appliance.daemon")
@@ -54,6 +59,7 @@ BACKGROUND_NICENESS = 10  # training yields the CPU to serving while a model is 
 LATENCY_WINDOW_S = 10.0  # serving latency is judged over windows this long
 LATENCY_MIN_REQUESTS = 20  # fewer requests than this in a window say nothing about latency
 LATENCY_PAUSE_S = 60.0  # after a pause for latency, no job starts for this long
+BACKUP_RETRY_S = 300.0  # after a failed scheduled backup, the next try
 
 
 @dataclass
@@ -251,6 +257,26 @@ class Supervisor:
         return env
 
 
+def take_backups(settings: config.Settings, passphrase: str | None, stop: threading.Event) -> None:
+    """Scheduled online backups until stop is set; a thread with its own connection, so jobs never wait on one."""
+    started = datetime.now(UTC)
+    if backups.due_in_s(settings, started) is None:
+        return
+    with store.open(settings, passphrase) as opened:
+        while True:
+            wait = backups.due_in_s(settings, started) or 0.0
+            if wait <= 0:
+                try:
+                    made, pruned = backups.create(opened, actor="service:backup", scheduled=True)
+                    log.info("backup %s taken (%d bytes); %d old ones deleted", made.path, made.bytes, len(pruned))
+                    wait = 1.0
+                except Exception as exc:  # a full disk must not stop the daemon: say so, try again later
+                    log.error("scheduled backup failed: %s", getattr(exc, "message", exc))
+                    wait = BACKUP_RETRY_S
+            if stop.wait(min(wait, BACKUP_RETRY_S)):  # a manual backup in between moves the next one
+                return
+
+
 def _pump(process: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
     """Move the child's stderr into a queue, line by line, so the supervisor never blocks on it."""
     assert process.stderr is not None
@@ -346,6 +372,8 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
             servers.append(asyncio.create_task(remote.serve()))
         stop_supervisor = threading.Event()
         worker = threading.Thread(target=supervisor.run, args=(stop_supervisor,), name="supervisor")
+        backup_taker = threading.Thread(target=take_backups, args=(settings, passphrase, stop_supervisor),
+                                        name="backups")
         try:
             while not all(server.started for server in listening):
                 if any(task.done() for task in servers):
@@ -356,6 +384,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
                         hint="another program uses that port: stop it, or set serve.port / daemon.tcp_port")
                 await asyncio.sleep(0.05)
             worker.start()
+            backup_taker.start()
             settings.pid_path.write_text(f"{os.getpid()}\n")
             log.info("ready: control API on %s, inference on %s", settings.socket_path, settings.inference_url)
             sdnotify.notify(READY=1, STATUS="idle")
@@ -369,8 +398,9 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
             log.info("stopping: draining the running job")
         finally:
             stop_supervisor.set()
-            if worker.is_alive():
-                await asyncio.to_thread(worker.join)
+            for thread in (worker, backup_taker):
+                if thread.is_alive():
+                    await asyncio.to_thread(thread.join)
             supervisor.close()
             shared.closing.set()
             for server in listening:

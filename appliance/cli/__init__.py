@@ -15,6 +15,7 @@ import click
 
 from appliance.cli import (  # noqa: F401  registers the command groups
     audit,
+    backup,
     daemon,
     data,
     doctor,
