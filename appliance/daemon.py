@@ -46,7 +46,7 @@ from typing import Any
 import uvicorn
 import uvloop
 
-from appliance import api, config, events, jobs, registry, sdnotify, store, users
+from appliance import api, config, events, jobs, registry, sdnotify, store, usage, users
 from appliance.errors import ApplianceError, DaemonError
 from appliance.serve.metrics import Metrics, quantile_s
 from appliance.store import backups
@@ -72,6 +72,7 @@ class Running:
     lines: queue.Queue[str] = field(default_factory=queue.Queue)
     stopping: str | None = None  # cancel | preempted by ... | the daemon is stopping
     signalled_at: float | None = None
+    started: float = field(default_factory=time.monotonic)
 
 
 class Supervisor:
@@ -156,12 +157,15 @@ class Supervisor:
 
     def _watch(self, running: Running, slow: str | None) -> None:
         self._record_lines(running)
-        code = running.process.poll()
-        if code is not None:
+        ended = _reap(running.process)
+        if ended is not None:
+            code, cpu_s = ended
             self._record_lines(running)
             self._ended(running, code)
             self.running = None
             sdnotify.notify(STATUS="idle")
+            usage.record_job(self._store, jobs.get(self._store, running.job.id), cpu_s,
+                             time.monotonic() - running.started)
             return
         job = jobs.get(self._store, running.job.id)
         if running.stopping is None:
@@ -283,6 +287,22 @@ def _pump(process: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
     for line in process.stderr:
         if line.strip():
             lines.put(line.rstrip()[:2000])
+
+
+def _reap(process: subprocess.Popen[str]) -> tuple[int, float] | None:
+    """The exit code and CPU seconds of a child that ended, None while it runs.
+
+    wait4 instead of poll(): the kernel's rusage of the child (its waited-for children
+    included) comes with the reaping and is gone after it.
+    """
+    try:
+        pid, status, rusage = os.wait4(process.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped already by a signal's poll(); its CPU time is lost with it
+        return None if process.returncode is None else (process.returncode, 0.0)
+    if pid == 0:
+        return None
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, rusage.ru_utime + rusage.ru_stime
 
 
 def _exit_reason(code: int) -> str:

@@ -31,6 +31,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     train,
     tui,
     tune,
+    usage,
     users,
 )
 from appliance.cli.base import cli

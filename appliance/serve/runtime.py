@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from appliance import auth, events, optimize, registry, store
+from appliance import auth, events, optimize, registry, store, usage
 from appliance.config import Settings
 from appliance.errors import ApplianceError, BadRequest, ModelNotFound
 from appliance.serve import drift
@@ -97,6 +97,7 @@ class Runtime:
         self._wanted: dict[str, _Wanted] = {}
         self._poller: asyncio.Task[None] | None = None
         self._verifier: auth.Verifier | None = None
+        self.usage = usage.Meter()  # requests per model and caller, written at each poll
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -114,6 +115,7 @@ class Runtime:
             for loaded in route.versions():
                 await loaded.batcher.close()
         if self._store is not None:
+            await self._on_worker(self.usage.flush, self._store)
             await self._on_worker(self._store.close)
         self._worker.shutdown(wait=True)
 
@@ -130,8 +132,8 @@ class Runtime:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def predict(self, model: str, texts: list[str]) -> tuple[Loaded, np.ndarray]:
-        """Class probabilities for texts from the version the model's route picks, counted in the metrics."""
+    async def predict(self, model: str, texts: list[str], caller: str = "-") -> tuple[Loaded, np.ndarray]:
+        """Class probabilities for texts from the version the model's route picks, counted in the metrics and usage."""
         if not texts:
             raise BadRequest("the request holds no texts", hint="send at least one text")
         limit = self.settings.serve.max_instances
@@ -141,7 +143,9 @@ class Runtime:
         loaded = self.route(model).pick()
         started = time.perf_counter()
         probabilities = await loaded.predict(texts)  # an error is counted by the handler that answers it
-        self.metrics.request(model, loaded.version, 200, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.metrics.request(model, loaded.version, 200, elapsed)
+        self.usage.count(model, caller, elapsed)
         return loaded, probabilities
 
     def describe(self) -> list[dict[str, Any]]:
@@ -245,6 +249,7 @@ class Runtime:
         """Which versions should serve, and the API keys; notes when the previous keys were last used."""
         if previous is not None:
             auth.record_use(self._store, previous)
+        self.usage.flush(self._store)
         db = self._store.db
         aliases: dict[str, dict[str, int]] = {}
         for model, alias, version in db.execute("SELECT model, alias, version FROM model_aliases"):

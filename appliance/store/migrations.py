@@ -293,6 +293,23 @@ def _v7_tuning(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v8_usage_accounting(db: sqlite_utils.Database) -> None:
+    """What each user and model used, by day: job CPU and GPU time, inference requests and their compute time."""
+    db.execute(
+        """CREATE TABLE usage (
+            day TEXT NOT NULL,               -- UTC date, YYYY-MM-DD
+            actor TEXT NOT NULL,             -- a job's submitter (user:NAME), or key:NAME for an API key's requests
+            model TEXT NOT NULL,             -- the model name; '-' for a job that made none
+            cpu_s REAL NOT NULL DEFAULT 0,   -- CPU seconds of job processes (user + system)
+            gpu_s REAL NOT NULL DEFAULT 0,   -- wall seconds x GPUs of jobs that ran on CUDA
+            job_attempts INTEGER NOT NULL DEFAULT 0,
+            requests INTEGER NOT NULL DEFAULT 0,     -- inference requests answered
+            compute_s REAL NOT NULL DEFAULT 0,       -- their inference time, batching wait included
+            PRIMARY KEY (day, actor, model)
+        ) WITHOUT ROWID"""
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -301,6 +318,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v5_daemon,
     _v6_burst,
     _v7_tuning,
+    _v8_usage_accounting,
 ]
 LATEST = len(MIGRATIONS)
 
