@@ -75,19 +75,24 @@ class Meter:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
 
-    def count(self, model: str, caller: str, seconds: float) -> None:
+    def count(self, model: str, caller: str, seconds: float, requests: int = 1) -> None:
         with self._lock:
             counts = self._counts[(model, caller)]
-            counts[0] += 1
+            counts[0] += requests
             counts[1] += seconds
 
     def flush(self, store: Store) -> None:
         """Add what was counted since the last flush to the table (on the store's thread)."""
         with self._lock:
             counts, self._counts = self._counts, defaultdict(lambda: [0, 0.0])
-        with transaction(store.db):
+        try:
+            with transaction(store.db):
+                for (model, caller), (requests, seconds) in counts.items():
+                    add(store, caller, model, requests=requests, compute_s=seconds)
+        except Exception:  # a busy or full database: the counts wait for the next poll
             for (model, caller), (requests, seconds) in counts.items():
-                add(store, caller, model, requests=requests, compute_s=seconds)
+                self.count(model, caller, seconds, int(requests))
+            raise
 
 
 def report(store: Store, since: date | None = None, by: str | None = None) -> list[dict[str, Any]]:

@@ -102,7 +102,7 @@ def create(store: Store, progress: Progress = lambda done, total: None, *, actor
 
 def prune(store: Store, *, actor: str | None = None) -> list[Path]:
     """Delete the backups beyond the newest `backup.keep`; the deletion is on the record."""
-    old = [backup.path for backup in list_backups(store.settings)[store.settings.backup.keep:]]
+    old = _files(store.settings)[store.settings.backup.keep:]
     if old:
         with audit.operation(store, "backup.pruned", str(store.settings.backup_dir), actor=actor,
                              deleted=[path.name for path in old], keep=store.settings.backup.keep):
@@ -113,17 +113,19 @@ def prune(store: Store, *, actor: str | None = None) -> list[Path]:
 
 def list_backups(settings: Settings) -> list[Backup]:
     """The backups in the backup directory, newest first."""
+    return [describe(path) for path in _files(settings)]
+
+
+def _files(settings: Settings) -> list[Path]:
+    """The backup files, newest first (their names hold the time they were taken)."""
     directory = settings.backup_dir
     found = [path for path in directory.glob("appliance-*.db") if NAME.fullmatch(path.name)]
-    return [describe(path) for path in sorted(found, key=lambda path: path.name, reverse=True)]
+    return sorted(found, key=lambda path: path.name, reverse=True)
 
 
 def describe(path: Path) -> Backup:
     """What a backup says about itself, read without any key."""
-    match = NAME.fullmatch(path.name)
-    created = (datetime.strptime(match.group(1), STAMP).replace(tzinfo=UTC) if match
-               else datetime.fromtimestamp(path.stat().st_mtime, UTC))
-    backup = Backup(path, created, path.stat().st_size)
+    backup = Backup(path, _taken_at(path), path.stat().st_size)
     try:
         database = store_db.connect_read_only(path)
     except StoreError as exc:
@@ -139,6 +141,12 @@ def describe(path: Path) -> Backup:
         database.conn.close()
 
 
+def _taken_at(path: Path) -> datetime:
+    match = NAME.fullmatch(path.name)
+    return (datetime.strptime(match.group(1), STAMP).replace(tzinfo=UTC) if match
+            else datetime.fromtimestamp(path.stat().st_mtime, UTC))
+
+
 def due_in_s(settings: Settings, since: datetime) -> float | None:
     """Seconds until the next scheduled backup (<= 0: now); None when the schedule is off.
 
@@ -147,8 +155,9 @@ def due_in_s(settings: Settings, since: datetime) -> float | None:
     """
     if not settings.backup.every_hours:
         return None
-    found = list_backups(settings)
-    due = (found[0].created_at if found else since) + timedelta(hours=settings.backup.every_hours)
+    found = _files(settings)
+    last = _taken_at(found[0]) if found else since
+    due = last + timedelta(hours=settings.backup.every_hours)
     return (due - datetime.now(UTC)).total_seconds()
 
 

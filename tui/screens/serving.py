@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -14,13 +15,17 @@ from appliance.errors import ApplianceError
 from tui.screens.base import ApplianceScreen
 from tui.widgets import Table, number, percent
 
+USAGE_DAYS = 7
+
 
 class ServingScreen(ApplianceScreen):
     NAME = "serving"
     TITLE = "Serving"
     HELP = ("The inference server: its endpoints, and per model version its share of the traffic, requests per "
             "second, latency (p50 and p99) and error rate over the last minute, and the drift of its inputs from the "
-            "training data (PSI; above 0.2 is worth a look). t puts the cursor in the box to try a prediction.")
+            "training data (PSI; above 0.2 is worth a look). Below, usage over the last week per day, user (or API "
+            "key) and model: inference requests and seconds, job CPU and GPU hours. t puts the cursor in the box to "
+            "try a prediction.")
     BINDINGS: ClassVar = [Binding("t", "try_it", "Try a prediction"), Binding("escape", "leave_box", show=False)]
     AUTO_FOCUS = "#served"
 
@@ -28,6 +33,7 @@ class ServingScreen(ApplianceScreen):
         yield Static("asking the daemon…", id="endpoints", markup=False)
         yield Table("model", "v", "role", "variant", "share", "req/s", "p50ms", "p99ms", "errors", "drift PSI",
                     id="served")
+        yield Table("day", "user or key", "model", "requests", "infer s", "CPU h", "GPU h", id="usage", cursor=False)
         with Horizontal(id="try"):
             yield Label("Try", classes="field")
             yield Select([], prompt="model", id="try-model")
@@ -51,6 +57,10 @@ class ServingScreen(ApplianceScreen):
             (f"{model['model']}:{version['version']}", _row(model, version))
             for model in models for version in model["versions"])
         self._offer([model["model"] for model in models])
+        since = (datetime.now(UTC).date() - timedelta(days=USAGE_DAYS - 1)).isoformat()
+        self.query_one("#usage", Table).fill(
+            (f"{row['day']} {row['user']} {row['model']}", _usage_row(row))
+            for row in reversed(await self.app.request("GET", "/v1/usage", since=since)))
 
     def _offer(self, names: list[str]) -> None:
         """The models to try, kept as they are while the list does not change (so a choice is not lost)."""
@@ -94,6 +104,11 @@ def _row(model: dict[str, Any], version: dict[str, Any]) -> tuple[str, ...]:
             percent(version["traffic_share"]), number(version["requests_per_s"], "{:.2f}"), number(version["p50_ms"]),
             number(version["p99_ms"]), percent(version["error_rate"], 1),
             f"{drift[worst]:.2f} {worst}" if worst else "-")
+
+
+def _usage_row(row: dict[str, Any]) -> tuple[str, ...]:
+    return (row["day"][5:], row["user"], row["model"], str(row["requests"]), f"{row['inference_hours'] * 3600:.1f}",
+            f"{row['cpu_hours']:.3f}", f"{row['gpu_hours']:.3f}")
 
 
 def _prediction(answer: dict[str, Any]) -> str:
