@@ -18,9 +18,15 @@ def test_a_jobs_cpu_time_lands_on_its_submitter_and_model(daemon: Daemon, tmp_pa
         datasets.import_file(opened, tmp_path / "tickets.csv", name="tickets")
     job_id = submit(daemon, "train", {"dataset": "tickets", "params": TINY, "name": "helpdesk"})
     assert daemon.ended(job_id)["status"] == "finished"
+
+    def usage_by(by: str) -> list[dict]:
+        with daemon.api() as api:
+            return api.get("/v1/usage", params={"by": by}).json()
+
+    # The job records its own end; the supervisor charges it when it reaps the process, a tick later.
+    by_user = daemon.wait(lambda: usage_by("user"), 10, "the job's usage was not recorded")
+    by_model = usage_by("model")
     with daemon.api() as api:
-        by_user = api.get("/v1/usage", params={"by": "user"}).json()
-        by_model = api.get("/v1/usage", params={"by": "model"}).json()
         assert api.get("/v1/usage", params={"by": "nobody"}).status_code == 400
     [charged] = [row for row in by_user if row["user"] == "user:local-admin"]
     assert charged["job_attempts"] == 1 and charged["cpu_hours"] * 3600 > 1.0  # torch alone takes seconds to load
