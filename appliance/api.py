@@ -25,9 +25,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from datetime import date
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,7 +36,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from appliance import auth, config, datasets, events, feedback, jobs, privacy, registry, system, users
+from appliance import auth, config, datasets, events, feedback, jobs, privacy, registry, system, usage, users
 from appliance.errors import ApplianceError, AuthError, BadRequest, DaemonError, DatasetError
 from appliance.serve.app import describe_error, json_error, label_scores
 from appliance.serve.metrics import Metrics, TrafficWindow
@@ -308,9 +309,9 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
                 "models": models}
 
     @app.post("/v1/models/{model}/predict")
-    async def try_prediction(model: str, body: PredictRequest, _user: Viewer) -> dict[str, Any]:
+    async def try_prediction(model: str, body: PredictRequest, user: Viewer) -> dict[str, Any]:
         """Classify texts with the model as it serves (counted like any request); for trying it out."""
-        loaded, probabilities, ids = await _serving(runtime).predict(model, body.texts)
+        loaded, probabilities, ids = await _serving(runtime).predict(model, body.texts, _actor(user))
         return {"model": model, "version": loaded.version, "variant": loaded.variant,
                 "predictions": label_scores(loaded.labels, probabilities, ids)}
 
@@ -329,6 +330,14 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
             for entry in found:
                 entry["unused_labels"] = feedback.unused(store, entry["model"])
         return found
+
+    @app.get("/v1/usage")
+    def usage_report(
+        _user: Viewer, since: date | None = None, by: Literal["user", "model"] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Usage by day (and user and model, or by=user|model): job CPU/GPU hours, inference requests and hours."""
+        with shared.use() as store:
+            return usage.report(store, since, by)
 
     @app.get("/v1/audit")
     def audit_records(

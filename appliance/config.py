@@ -126,6 +126,15 @@ class AutopilotSettings:
 
 
 @dataclass(frozen=True)
+class BackupSettings:
+    """Where online backups of the database go, how often the daemon takes one, and how many are kept."""
+
+    dir: Path | None = None  # default: backups in the state directory
+    every_hours: float = 24.0  # the daemon takes one this often; 0: only `appliance backup now`
+    keep: int = 7  # the newest this many backups in the directory are kept, older ones deleted
+
+
+@dataclass(frozen=True)
 class Settings:
     """The appliance's configuration; derived paths are properties so they cannot drift."""
 
@@ -137,6 +146,7 @@ class Settings:
     daemon: DaemonSettings = DaemonSettings()
     burst: BurstSettings = BurstSettings()
     autopilot: AutopilotSettings = AutopilotSettings()
+    backup: BackupSettings = BackupSettings()
 
     @property
     def db_path(self) -> Path:
@@ -162,6 +172,10 @@ class Settings:
     @property
     def audit_head_path(self) -> Path:
         return self.state_dir / "audit-head.json"
+
+    @property
+    def backup_dir(self) -> Path:
+        return self.backup.dir or self.state_dir / "backups"
 
 
 def _default_state_dir() -> Path:
@@ -193,6 +207,9 @@ _SCHEMA: dict[str, type] = {
     }.items()},
     "autopilot.check_s": float,
     **{f"autopilot.{name}": kind for name, kind in typing.get_type_hints(Policy).items()},
+    "backup.dir": Path,
+    "backup.every_hours": float,
+    "backup.keep": int,
 }
 _MODEL_POLICY = re.compile(r"autopilot\.model\.([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.(\w+)")
 
@@ -222,8 +239,14 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
                              if key.startswith("burst.")})
     burst = replace(burst, **{name: _absolute(getattr(burst, name)) for name in ("token_file", "ca_file")
                               if getattr(burst, name) is not None})
+    backup = BackupSettings(**{key.removeprefix("backup."): value for key, value in values.items()
+                               if key.startswith("backup.")})
+    if backup.dir is not None:
+        backup = replace(backup, dir=_absolute(backup.dir))
+    _check_limits("backup", backup, f"{path} or the environment" if path else "the environment",
+                  {"every_hours": (0, 24 * 366), "keep": (1, 10_000)})
     settings = Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model, serve=serve,
-                        daemon=daemon, burst=burst, autopilot=_autopilot(values, path))
+                        daemon=daemon, burst=burst, autopilot=_autopilot(values, path), backup=backup)
     _check_daemon(settings, path)
     _check_burst(burst, path)
     return settings

@@ -13,6 +13,10 @@ half the cores, and when the served p95 latency goes over `daemon.latency_object
 the running job is paused (checkpointed, requeued) and none starts for a minute. Jobs
 run only inside `daemon.training_hours` when it is set.
 
+Every `backup.every_hours` a thread with its own connection takes an online backup into
+`backup.dir` and keeps the newest `backup.keep` (store/backups.py), audited as
+`backup.created`.
+
 systemd: READY=1 once both servers listen, STATUS= with what runs, WATCHDOG=1 while
 the event loop and the supervisor are alive, STOPPING=1 on SIGTERM. SIGTERM drains:
 the running job checkpoints and is requeued, then the servers stop. SIGHUP re-reads
@@ -42,9 +46,10 @@ from typing import Any
 import uvicorn
 import uvloop
 
-from appliance import api, autopilot, config, events, jobs, registry, sdnotify, store, users
+from appliance import api, autopilot, config, events, jobs, registry, sdnotify, store, usage, users
 from appliance.errors import ApplianceError, DaemonError
 from appliance.serve.metrics import Metrics, quantile_s
+from appliance.store import backups
 from appliance.worker import EXIT_STOPPED
 
 log = logging.getLogger("appliance.daemon")
@@ -54,6 +59,7 @@ BACKGROUND_NICENESS = 10  # training yields the CPU to serving while a model is 
 LATENCY_WINDOW_S = 10.0  # serving latency is judged over windows this long
 LATENCY_MIN_REQUESTS = 20  # fewer requests than this in a window say nothing about latency
 LATENCY_PAUSE_S = 60.0  # after a pause for latency, no job starts for this long
+BACKUP_RETRY_S = 300.0  # after a failed scheduled backup, the next try
 
 
 @dataclass
@@ -66,6 +72,7 @@ class Running:
     lines: queue.Queue[str] = field(default_factory=queue.Queue)
     stopping: str | None = None  # cancel | preempted by ... | the daemon is stopping
     signalled_at: float | None = None
+    started: float = field(default_factory=time.monotonic)
 
 
 class Supervisor:
@@ -152,12 +159,15 @@ class Supervisor:
 
     def _watch(self, running: Running, slow: str | None) -> None:
         self._record_lines(running)
-        code = running.process.poll()
-        if code is not None:
+        ended = _reap(running.process)
+        if ended is not None:
+            code, cpu_s = ended
             self._record_lines(running)
             self._ended(running, code)
             self.running = None
             sdnotify.notify(STATUS="idle")
+            usage.record_job(self._store, jobs.get(self._store, running.job.id), cpu_s,
+                             time.monotonic() - running.started)
             return
         job = jobs.get(self._store, running.job.id)
         if running.stopping is None:
@@ -253,12 +263,48 @@ class Supervisor:
         return env
 
 
+def take_backups(settings: config.Settings, passphrase: str | None, stop: threading.Event) -> None:
+    """Scheduled online backups until stop is set; a thread with its own connection, so jobs never wait on one."""
+    started = datetime.now(UTC)
+    if backups.due_in_s(settings, started) is None:
+        return
+    with store.open(settings, passphrase) as opened:
+        while True:
+            wait = backups.due_in_s(settings, started) or 0.0
+            if wait <= 0:
+                try:
+                    made, pruned = backups.create(opened, actor="service:backup", scheduled=True)
+                    log.info("backup %s taken (%d bytes); %d old ones deleted", made.path, made.bytes, len(pruned))
+                    wait = 1.0
+                except Exception as exc:  # a full disk must not stop the daemon: say so, try again later
+                    log.error("scheduled backup failed: %s", getattr(exc, "message", exc))
+                    wait = BACKUP_RETRY_S
+            if stop.wait(min(wait, BACKUP_RETRY_S)):  # a manual backup in between moves the next one
+                return
+
+
 def _pump(process: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
     """Move the child's stderr into a queue, line by line, so the supervisor never blocks on it."""
     assert process.stderr is not None
     for line in process.stderr:
         if line.strip():
             lines.put(line.rstrip()[:2000])
+
+
+def _reap(process: subprocess.Popen[str]) -> tuple[int, float] | None:
+    """The exit code and CPU seconds of a child that ended, None while it runs.
+
+    wait4 instead of poll(): the kernel's rusage of the child (its waited-for children
+    included) comes with the reaping and is gone after it.
+    """
+    try:
+        pid, status, rusage = os.wait4(process.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped already by a signal's poll(); its CPU time is lost with it
+        return None if process.returncode is None else (process.returncode, 0.0)
+    if pid == 0:
+        return None
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, rusage.ru_utime + rusage.ru_stime
 
 
 def _exit_reason(code: int) -> str:
@@ -348,6 +394,8 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
             servers.append(asyncio.create_task(remote.serve()))
         stop_supervisor = threading.Event()
         worker = threading.Thread(target=supervisor.run, args=(stop_supervisor,), name="supervisor")
+        backup_taker = threading.Thread(target=take_backups, args=(settings, passphrase, stop_supervisor),
+                                        name="backups")
         try:
             while not all(server.started for server in listening):
                 if any(task.done() for task in servers):
@@ -358,6 +406,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
                         hint="another program uses that port: stop it, or set serve.port / daemon.tcp_port")
                 await asyncio.sleep(0.05)
             worker.start()
+            backup_taker.start()
             settings.pid_path.write_text(f"{os.getpid()}\n")
             log.info("ready: control API on %s, inference on %s", settings.socket_path, settings.inference_url)
             sdnotify.notify(READY=1, STATUS="idle")
@@ -371,8 +420,9 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
             log.info("stopping: draining the running job")
         finally:
             stop_supervisor.set()
-            if worker.is_alive():
-                await asyncio.to_thread(worker.join)
+            for thread in (worker, backup_taker):
+                if thread.is_alive():
+                    await asyncio.to_thread(thread.join)
             supervisor.close()
             shared.closing.set()
             for server in listening:

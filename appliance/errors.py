@@ -7,7 +7,8 @@
      │    ├── KeyMismatch         the master key does not open this store
      │    ├── TamperDetected      stored bytes or audit records were changed
      │    ├── SchemaTooNew        the database was written by a newer appliance
-     │    └── BlobNotFound        no blob with that id
+     │    ├── BlobNotFound        no blob with that id
+     │    └── BackupError         a backup cannot be made, fails its check, or cannot be restored now
      ├── DatasetError             a dataset file is invalid, or no such dataset version
      ├── ErasureError             a data subject request cannot be carried out as asked
      ├── EvidenceError            a compliance evidence pack cannot be written, or does not verify
@@ -75,6 +76,10 @@ class SchemaTooNew(StoreError):
 
 class BlobNotFound(StoreError):
     """No blob with that id exists in the store."""
+
+
+class BackupError(StoreError):
+    """A backup cannot be made, fails its end-to-end check, or cannot be restored now."""
 
 
 class DatasetError(ApplianceError):

@@ -15,6 +15,7 @@ import click
 
 from appliance.cli import (  # noqa: F401  registers the command groups
     audit,
+    backup,
     compliance,
     daemon,
     data,
@@ -33,6 +34,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     train,
     tui,
     tune,
+    usage,
     users,
 )
 from appliance.cli.base import cli

@@ -154,12 +154,12 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     # The two inference endpoints answer with a JSONResponse: a returned dict would be validated and encoded
     # again through a response model on every request, which costs more CPU than the HTTP parsing.
     @app.post("/v2/models/{name}/infer", response_class=JSONResponse)
-    async def infer(name: str, _key: ModelKey, body: InferRequest) -> JSONResponse:
+    async def infer(name: str, key: ModelKey, body: InferRequest) -> JSONResponse:
         texts = body.inputs[0].data
         if body.inputs[0].shape not in ([len(texts)], [len(texts), 1]):
             raise BadRequest(f"input 'text' has shape {body.inputs[0].shape} but holds {len(texts)} texts",
                              hint=f"give shape [{len(texts)}]")
-        loaded, probabilities, ids = await runtime.predict(name, texts)
+        loaded, probabilities, ids = await runtime.predict(name, texts, f"key:{key.name}")
         wanted = {output.name for output in body.outputs} if body.outputs else {"label", "probabilities"}
         outputs = []
         if "label" in wanted:
@@ -173,8 +173,8 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         return JSONResponse(answer | ({"id": body.id} if body.id is not None else {}))
 
     @app.post("/v1/models/{name}:predict", response_class=JSONResponse)
-    async def predict(name: str, _key: ModelKey, body: PredictRequest) -> JSONResponse:
-        loaded, probabilities, ids = await runtime.predict(name, body.instances)
+    async def predict(name: str, key: ModelKey, body: PredictRequest) -> JSONResponse:
+        loaded, probabilities, ids = await runtime.predict(name, body.instances, f"key:{key.name}")
         return JSONResponse({"model": name, "model_version": str(loaded.version),
                              "predictions": label_scores(loaded.labels, probabilities, ids)})
 

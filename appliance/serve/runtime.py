@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from appliance import auth, events, feedback, optimize, registry, store
+from appliance import auth, events, feedback, optimize, registry, store, usage
 from appliance.config import Settings
 from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, ServeError
 from appliance.serve import drift
@@ -102,6 +102,7 @@ class Runtime:
         self.predictions = feedback.PredictionLog() if settings.serve.keep_predictions_days > 0 else None
         self._purged_at = 0.0
         self._quality_at = 0.0
+        self.usage = usage.Meter()  # requests per model and caller, written at each poll
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -121,6 +122,7 @@ class Runtime:
         if self._store is not None:
             try:
                 await self._on_worker(self._flush_predictions)  # every id handed out can still get its label
+                await self._on_worker(self.usage.flush, self._store)
             finally:
                 await self._on_worker(self._store.close)
         self._worker.shutdown(wait=True)
@@ -138,8 +140,8 @@ class Runtime:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def predict(self, model: str, texts: list[str]) -> tuple[Loaded, np.ndarray, list[str]]:
-        """Class probabilities for texts from the version the model's route picks, counted in the metrics,
+    async def predict(self, model: str, texts: list[str], caller: str = "-") -> tuple[Loaded, np.ndarray, list[str]]:
+        """Class probabilities for texts from the version the model's route picks, counted in the metrics and usage,
         and a prediction id per text (empty strings when predictions are not kept)."""
         if not texts:
             raise BadRequest("the request holds no texts", hint="send at least one text")
@@ -156,7 +158,9 @@ class Runtime:
                 self.metrics.request(model, loaded.version, exc.status)
                 exc.counted = True  # type: ignore[attr-defined]
             raise
-        self.metrics.request(model, loaded.version, 200, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.metrics.request(model, loaded.version, 200, elapsed)
+        self.usage.count(model, caller, elapsed)
         if self.predictions is None:
             return loaded, probabilities, [""] * len(texts)
         return loaded, probabilities, self.predictions.add(model, loaded.version, loaded.labels, probabilities, texts)
@@ -272,6 +276,7 @@ class Runtime:
         """Which versions should serve, and the API keys; notes when the previous keys were last used."""
         if previous is not None:
             auth.record_use(self._store, previous)
+        self.usage.flush(self._store)
         db = self._store.db
         aliases: dict[str, dict[str, int]] = {}
         for model, alias, version in db.execute("SELECT model, alias, version FROM model_aliases"):

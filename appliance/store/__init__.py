@@ -63,6 +63,7 @@ def _unlocked(settings: Settings, unlock: Callable[[sqlite_utils.Database], tupl
     database = connect(settings)
     try:
         master, secret = unlock(database)
+        keys.note_fingerprint(database, master)  # a store made before the fingerprint was kept
         store_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
     except BaseException:
         database.conn.close()

@@ -193,8 +193,11 @@ class Verification:
     first_bad: int | None = None
 
 
-def verify(store: Store, checkpoint_file: Path | None = None) -> Verification:
-    """Walk the whole chain, then hold its tail against the head file and a checkpoint."""
+def verify(store: Store, checkpoint_file: Path | None = None, *, head_file: bool = True) -> Verification:
+    """Walk the whole chain, then hold its tail against the head file and a checkpoint.
+
+    A backup is checked with head_file=False: the live head is meant to be ahead of it.
+    """
     previous_seq, previous_hash = 0, GENESIS
     hashes: dict[int, str] = {}
     for row in store.db.execute(f"SELECT {', '.join(FIELDS)} FROM audit ORDER BY seq"):
@@ -219,7 +222,7 @@ def verify(store: Store, checkpoint_file: Path | None = None) -> Verification:
         previous_seq, previous_hash = seq, row["hash"]
         hashes[seq] = row["hash"]
 
-    anchors = [("head file", store.settings.audit_head_path)]
+    anchors = [("head file", store.settings.audit_head_path)] if head_file else []
     if checkpoint_file is not None:
         anchors.append(("checkpoint", checkpoint_file))
     for name, path in anchors:

@@ -128,11 +128,25 @@ def transaction(db: sqlite_utils.Database) -> Iterator[None]:
 
 
 def backup(db: sqlite_utils.Database, target: Path, progress: Callable[[int, int], None]) -> None:
-    """Copy the live database to target with SQLite's online backup API."""
+    """Copy the live database to target with SQLite's online backup API, in one step.
+
+    Copied in steps, a backup starts over whenever another connection writes in between
+    (a job's heartbeat every second), so a large store might never finish; one step is one
+    read transaction, a consistent snapshot, and under WAL it holds no writer back.
+    """
     os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     dest = sqlite3.connect(target)
     try:
-        db.conn.backup(dest, pages=256, progress=lambda _status, left, total: progress(total - left, total))
+        db.conn.backup(dest, pages=-1, progress=lambda _status, left, total: progress(total - left, total))
         dest.execute("PRAGMA journal_mode = DELETE")  # a backup is one self-contained file
     finally:
         dest.close()
+    fsync(target)  # durable before the caller renames it into place
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from appliance.config import Settings
 from appliance.errors import KeyMismatch, KeyMissing, StoreError, TamperDetected
-from appliance.store.db import transaction
+from appliance.store.db import fsync, transaction
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -170,13 +170,13 @@ def unlock(db: sqlite_utils.Database, settings: Settings, passphrase: str | None
     """
     master = find(settings, db, passphrase)
     try:
-        return master, _open_secret(db, master)
+        return master, open_secret(db, master)
     except KeyMismatch:
         pending = pending_key_file(settings.key_file)
         if master.source != f"key file {settings.key_file}" or not pending.exists():
             raise
         candidate = read_key_file(pending)
-        secret = _open_secret(db, candidate)
+        secret = open_secret(db, candidate)
         os.replace(pending, settings.key_file)
         fsync_dir(settings.key_file.parent)
         return MasterKey(candidate.material, master.source), secret
@@ -192,7 +192,7 @@ def is_initialised(db: sqlite_utils.Database) -> bool:
     return db.execute("SELECT 1 FROM meta WHERE key = 'store_secret'").fetchone() is not None
 
 
-def _open_secret(db: sqlite_utils.Database, master: MasterKey) -> bytes:
+def open_secret(db: sqlite_utils.Database, master: MasterKey) -> bytes:
     row = db.execute("SELECT value FROM meta WHERE key = 'store_secret'").fetchone()
     if row is None:
         return _create_secret(db, master)
@@ -212,7 +212,21 @@ def _create_secret(db: sqlite_utils.Database, master: MasterKey) -> bytes:
         db.execute("INSERT INTO meta (key, value) VALUES ('store_secret', ?)", (wrap(master, secret, _SECRET_AAD),))
         if master.kdf_params is not None:
             save_kdf_params(db, master.kdf_params)
+        note_fingerprint(db, master)
     return secret
+
+
+def note_fingerprint(db: sqlite_utils.Database, master: MasterKey) -> None:
+    """Keep the fingerprint of the key that wraps the store in meta, so a backup names the key it needs."""
+    if stored_fingerprint(db) != master.fingerprint:
+        with transaction(db):
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('key_fingerprint', ?)", (master.fingerprint,))
+
+
+def stored_fingerprint(db: sqlite_utils.Database) -> str | None:
+    """The fingerprint of the master key that wrapped this store (None if written before it was kept)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'key_fingerprint'").fetchone()
+    return row[0] if row else None
 
 
 def rewrap_all(db: sqlite_utils.Database, old: MasterKey, new: MasterKey) -> int:
@@ -224,8 +238,9 @@ def rewrap_all(db: sqlite_utils.Database, old: MasterKey, new: MasterKey) -> int
             (wrap(new, unwrap(old, wrapped, blob_aad), blob_aad), storage_id),
         )
         count += 1
-    secret = _open_secret(db, old)
+    secret = open_secret(db, old)
     db.execute("UPDATE meta SET value = ? WHERE key = 'store_secret'", (wrap(new, secret, _SECRET_AAD),))
+    note_fingerprint(db, new)
     return count
 
 
@@ -260,9 +275,4 @@ def write_private(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+fsync_dir = fsync  # a directory is made durable the same way as a file

@@ -112,11 +112,12 @@ def info(store: Store) -> dict[str, Any]:
     }
 
 
-def backup(store: Store, target: Path, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
+def backup(store: Store, target: Path, progress: Callable[[int, int], None] = lambda done, total: None, *,
+           action: str = "store.backup", actor: str | None = None, **details: Any) -> int:
     """Copy the live store to target (encrypted as it is) and return its size.
 
     The copy is made under a temporary name and renamed only once the backup is
-    audited, so a failed backup leaves no file that looks complete.
+    audited (as action, with details), so a failed backup leaves no file that looks complete.
     """
     target = target.absolute()
     if target.exists():
@@ -127,8 +128,9 @@ def backup(store: Store, target: Path, progress: Callable[[int, int], None] = la
     try:
         store_db.backup(store.db, partial, progress)
         size = partial.stat().st_size
-        audit.record(store, "store.backup", str(target), bytes=size)
+        audit.record(store, action, str(target), actor=actor, bytes=size, **details)
         os.replace(partial, target)
+        keys.fsync_dir(target.parent)
     finally:
         partial.unlink(missing_ok=True)
     return size

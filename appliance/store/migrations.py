@@ -354,6 +354,23 @@ def _v9_feedback(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE datasets ADD COLUMN parent TEXT REFERENCES datasets(id)")
 
 
+def _v10_usage_accounting(db: sqlite_utils.Database) -> None:
+    """What each user and model used, by day: job CPU and GPU time, inference requests and their compute time."""
+    db.execute(
+        """CREATE TABLE usage (
+            day TEXT NOT NULL,               -- UTC date, YYYY-MM-DD
+            actor TEXT NOT NULL,             -- a job's submitter (user:NAME), or key:NAME for an API key's requests
+            model TEXT NOT NULL,             -- the model name; '-' for a job that made none
+            cpu_s REAL NOT NULL DEFAULT 0,   -- CPU seconds of job processes (user + system)
+            gpu_s REAL NOT NULL DEFAULT 0,   -- wall seconds x GPUs of jobs that ran on CUDA
+            job_attempts INTEGER NOT NULL DEFAULT 0,
+            requests INTEGER NOT NULL DEFAULT 0,     -- inference requests answered
+            compute_s REAL NOT NULL DEFAULT 0,       -- their inference time, batching wait included
+            PRIMARY KEY (day, actor, model)
+        ) WITHOUT ROWID"""
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -364,6 +381,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v7_tuning,
     _v8_dataset_erasure,
     _v9_feedback,
+    _v10_usage_accounting,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -214,6 +214,9 @@ async def test_serving_shows_the_endpoints_and_tries_a_prediction(served: Daemon
         assert result.split(" ", 1)[0] in tickets["labels"]
         await settle(pilot, lambda: any(row[5] not in ("-", "0.00") for row in rows(app, "#served").values()),
                      message="the prediction did not show in the request rate")
+        await settle(pilot, lambda: any(row[1] == "user:local-admin" and row[3] != "0"
+                                        for row in rows(app, "#usage").values()),
+                     message="the prediction was not counted in the usage table")
 
 
 async def test_audit_filters_verifies_and_exports_for_the_operator_alone(served: Daemon, tmp_path: Path) -> None:

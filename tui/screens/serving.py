@@ -3,6 +3,7 @@ and a box to try a model."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -15,6 +16,8 @@ from appliance.errors import ApplianceError
 from tui.screens.base import ApplianceScreen
 from tui.widgets import Table, number, percent
 
+USAGE_DAYS = 7
+
 
 class ServingScreen(ApplianceScreen):
     NAME = "serving"
@@ -23,13 +26,15 @@ class ServingScreen(ApplianceScreen):
             "requests per second, latency in ms (p50 and p99) and error rate over the last minute, its accuracy on "
             "the true labels sent back for its predictions of the last day (acc: 90%/212 is 90% of 212 labels), and "
             "the drift of its inputs from the training data (the worst PSI and its feature: len, tok, lab, con; "
-            "above 0.2 is worth a look). t puts the cursor in the box to try a prediction.")
+            "above 0.2 is worth a look). Below, usage over the last week per day, user (or API key) and model: "
+            "inference requests and seconds, job CPU and GPU hours. t puts the cursor in the box to try a prediction.")
     BINDINGS: ClassVar = [Binding("t", "try_it", "Try a prediction"), Binding("escape", "leave_box", show=False)]
     AUTO_FOCUS = "#served"
 
     def compose_body(self) -> ComposeResult:
         yield Static("asking the daemon…", id="endpoints", markup=False)
         yield Table("model", "v", "role", "var", "share", "req/s", "p50", "p99", "errs", "acc", "drift", id="served")
+        yield Table("day", "user or key", "model", "requests", "infer s", "CPU h", "GPU h", id="usage", cursor=False)
         with Horizontal(id="try"):
             yield Label("Try", classes="field")
             yield Select([], prompt="model", id="try-model")
@@ -53,6 +58,10 @@ class ServingScreen(ApplianceScreen):
             (f"{model['model']}:{version['version']}", _row(model, version))
             for model in models for version in model["versions"])
         self._offer([model["model"] for model in models])
+        since = (datetime.now(UTC).date() - timedelta(days=USAGE_DAYS - 1)).isoformat()
+        self.query_one("#usage", Table).fill(
+            (f"{row['day']} {row['user']} {row['model']}", _usage_row(row))
+            for row in reversed(await self.app.request("GET", "/v1/usage", since=since)))
 
     def _offer(self, names: list[str]) -> None:
         """The models to try, kept as they are while the list does not change (so a choice is not lost)."""
@@ -101,6 +110,11 @@ def _row(model: dict[str, Any], version: dict[str, Any]) -> tuple[str, ...]:
 def _live(found: dict[str, Any] | None) -> str:
     """Accuracy on feedback over the last day, and on how many labels."""
     return f"{percent(found['accuracy'])}/{found['feedback']}" if found and found["feedback"] else "-"
+
+
+def _usage_row(row: dict[str, Any]) -> tuple[str, ...]:
+    return (row["day"][5:], row["user"], row["model"], str(row["requests"]), f"{row['inference_hours'] * 3600:.1f}",
+            f"{row['cpu_hours']:.3f}", f"{row['gpu_hours']:.3f}")
 
 
 def _prediction(answer: dict[str, Any]) -> str:

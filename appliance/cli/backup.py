@@ -1,0 +1,119 @@
+"""`appliance backup`: take, list, check and restore backups of the store (store/backups.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from appliance import client, config, store
+from appliance.cli.base import cli, load_settings, opened_store, print_json, progress_bar
+from appliance.errors import BackupError, StoreError
+from appliance.store import backups
+
+
+@cli.group("backup")
+def backup_group() -> None:
+    """Online backups of the store: taken now or on the daemon's schedule, kept, checked, restored."""
+
+
+@backup_group.command("now")
+def backup_now() -> None:
+    """Take a backup into the backup directory (backup.dir) while the appliance runs."""
+    with opened_store() as opened, progress_bar("backing up") as progress:
+        made, pruned = backups.create(opened, progress)
+    click.echo(f"backup written to {made.path} ({made.bytes / 2**20:.1f} MiB, master key {made.key_fingerprint})")
+    for path in pruned:
+        click.echo(f"deleted {path.name} (backup.keep is {opened.settings.backup.keep})")
+
+
+@backup_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def backup_list(as_json: bool) -> None:
+    """The backups, newest first, with the master key each one needs."""
+    settings = load_settings()
+    found = backups.list_backups(settings)
+    current = _current_fingerprint(settings)
+    if as_json:
+        print_json({"directory": str(settings.backup_dir), "current_key_fingerprint": current,
+                    "backups": [backup.summary() for backup in found]})
+        return
+    click.echo(f"backups in {settings.backup_dir}; the current master key is {current or 'unknown'}")
+    if not found:
+        click.echo("no backups yet: 'appliance backup now' takes one")
+    for backup in found:
+        if backup.problem:
+            click.echo(f"{backup.path.name}  {backup.bytes / 2**20:8.1f} MiB  UNREADABLE: {backup.problem}")
+            continue
+        key = backup.key_fingerprint or "unknown"
+        note = "" if current is None or key == current else "  (needs another key)"
+        click.echo(f"{backup.path.name}  {backup.bytes / 2**20:8.1f} MiB  schema {backup.schema_version}  "
+                   f"{backup.audit_records} audit records  key {key}{note}")
+
+
+@backup_group.command("verify")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def backup_verify(file: Path, as_json: bool) -> None:
+    """Check a backup end to end without touching the store; exit 1 if any check fails."""
+    settings = load_settings()
+    with progress_bar("decrypting blobs") as progress:
+        result = backups.verify(settings, _find(settings, file), os.environ.get("APPLIANCE_PASSPHRASE"), progress)
+    if as_json:
+        print_json({"path": str(result.path), "ok": result.ok,
+                    "checks": [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in result.checks]})
+    else:
+        for name, ok, detail in result.checks:
+            click.echo(f"{'ok' if ok else 'FAILED':6}  {name:9} {detail}")
+        click.echo(f"backup {result.path.name} is {'good' if result.ok else 'NOT usable'}")
+    if not result.ok:
+        sys.exit(1)
+
+
+@backup_group.command("restore")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+def backup_restore(file: Path) -> None:
+    """Replace the store of a stopped appliance with a backup, checked first; the old one is kept aside."""
+    settings = load_settings()
+    _refuse_while_running(settings)
+    with progress_bar("checking the backup") as progress:
+        restored = backups.restore(settings, _find(settings, file), os.environ.get("APPLIANCE_PASSPHRASE"), progress)
+    click.echo(f"restored {restored.backup.name}: the audit chain now ends at record {restored.audit_records}"
+               + (f" (it stood at {restored.abandoned_head} before)" if restored.abandoned_head else ""))
+    if restored.replaced:
+        click.echo(f"the replaced database is kept as {restored.replaced}")
+
+
+def _find(settings: config.Settings, file: Path) -> Path:
+    """A path as given, or the name of a backup in the backup directory."""
+    in_dir = settings.backup_dir / file
+    return in_dir if not file.exists() and file.parent == Path(".") and in_dir.exists() else file
+
+
+def _current_fingerprint(settings: config.Settings) -> str | None:
+    try:
+        with store.open_read_only(settings, os.environ.get("APPLIANCE_PASSPHRASE")) as opened:
+            return opened.master.fingerprint
+    except StoreError:
+        return None
+
+
+def _refuse_while_running(settings: config.Settings) -> None:
+    """A restore under a running daemon would be undone by it, or worse: refuse while one answers or lives."""
+    pid = _daemon_pid(settings)
+    if client.daemon_running(settings) or pid is not None:
+        raise BackupError(
+            "the appliance is running"
+            + (f" (daemon pid {pid})" if pid else f" (it answers on {settings.socket_path})"),
+            hint="stop it first ('appliance stop' or 'systemctl stop appliance'), then restore; nothing was changed")
+
+
+def _daemon_pid(settings: config.Settings) -> int | None:
+    try:
+        pid = int(settings.pid_path.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"appliance" in cmdline else None

@@ -1,0 +1,55 @@
+"""`appliance usage`: who and which model used what, by day (the chargeback)."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from datetime import date
+
+import click
+
+from appliance import usage
+from appliance.cli.base import cli, opened_store, print_json
+from appliance.store import audit
+
+HEADINGS = {"day": "day", "user": "user", "model": "model", "cpu_hours": "CPU h", "gpu_hours": "GPU h",
+            "job_attempts": "jobs", "requests": "requests", "inference_hours": "inference h"}
+
+
+@cli.command("usage")
+@click.option("--since", help="From this day on: 2026-11-01, or an age: 7d, 12h.")
+@click.option("--by", type=click.Choice(usage.BY), help="Sum by user or by model (default: both).")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def usage_command(since: str | None, by: str | None, as_csv: bool, as_json: bool) -> None:
+    """CPU and GPU hours of jobs and inference requests and hours, per day, user and model."""
+    with opened_store() as opened:
+        rows = usage.report(opened, _day(since), by)
+    if as_json:
+        print_json(rows)
+    elif as_csv:
+        columns = list(rows[0]) if rows else ["day", *(usage.BY if by is None else [by]), *list(HEADINGS)[3:]]
+        writer = csv.DictWriter(sys.stdout, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    elif not rows:
+        click.echo("no usage recorded" + (f" since {since}" if since else ""))
+    else:
+        columns = list(rows[0])
+        widths = {column: max(len(HEADINGS[column]), *(len(_cell(row[column])) for row in rows)) for column in columns}
+        click.echo("  ".join(HEADINGS[column].ljust(widths[column]) for column in columns).rstrip())
+        for row in rows:
+            click.echo("  ".join(_cell(row[column]).ljust(widths[column]) for column in columns).rstrip())
+
+
+def _cell(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _day(text: str | None) -> date | None:
+    if text is None:
+        return None
+    try:
+        return audit.parse_since(text).date()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from exc

@@ -1,0 +1,310 @@
+"""Backups of the store in one directory: taken online, kept N, checked end to end, restored.
+
+A backup is SQLite's online copy of the database (lifecycle.backup), so its blobs stay
+as encrypted as they are in the store and it opens only with the master key that wrapped
+the store when it was taken; the fingerprint of that key is in its meta table, so a
+backup older than a key rotation can say which key it needs.
+
+verify() reads a backup without touching the live store: SQLite's integrity check, the
+schema version, the store secret unwrapped by the master key, every blob decrypted
+(streamed, one chunk at a time) and the audit chain walked.
+
+restore() replaces the database of a stopped appliance. The audit head file outside the
+database vouches for the live chain, which is ahead of the restored one; a restore is a
+rewind the operator chose, so the restored chain gets a `backup.restored` record naming
+the head it abandons, and that record's signed head replaces the head file. The copy is
+prepared beside the database and renamed over it; the replaced database (with its -wal)
+is kept aside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from appliance import store as store_pkg
+from appliance.config import Settings
+from appliance.errors import BackupError, KeyMismatch, StoreError, TamperDetected
+from appliance.store import Store, anchor, audit, blobs, keys, lifecycle, migrations
+from appliance.store import db as store_db
+
+NAME = re.compile(r"appliance-(\d{8}T\d{6}\.\d{6}Z)\.db")
+STAMP = "%Y%m%dT%H%M%S.%fZ"
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Backup:
+    """A backup file as a listing shows it; what could not be read from it is None, with the reason."""
+
+    path: Path
+    created_at: datetime
+    bytes: int
+    schema_version: int | None = None
+    key_fingerprint: str | None = None
+    audit_records: int | None = None
+    problem: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "path": str(self.path), "created_at": self.created_at.isoformat()}
+
+
+@dataclass
+class Verification:
+    """Each check of a backup with its outcome; ok only if every one passed."""
+
+    path: Path
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(passed for _, passed, _ in self.checks)
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{name}: {detail}" for name, passed, detail in self.checks if not passed]
+
+    def add(self, name: str, passed: bool, detail: str) -> bool:
+        self.checks.append((name, passed, detail))
+        return passed
+
+
+@dataclass(frozen=True)
+class Restored:
+    backup: Path
+    audit_records: int  # in the restored chain, the restore's own record included
+    abandoned_head: int | None  # the live chain's head seq that the restore rewound from
+    replaced: Path | None  # where the database it replaced was kept
+
+
+# -- taking and keeping ------------------------------------------------------------
+
+
+def create(store: Store, progress: Progress = lambda done, total: None, *, actor: str | None = None,
+           scheduled: bool = False) -> tuple[Backup, list[Path]]:
+    """Take a backup into the backup directory, then delete the oldest beyond `backup.keep`."""
+    directory = private_dir(store.settings.backup_dir)
+    target = directory / f"appliance-{datetime.now(UTC).strftime(STAMP)}.db"
+    lifecycle.backup(store, target, progress, action="backup.created", actor=actor, scheduled=scheduled,
+                     key_fingerprint=store.master.fingerprint)
+    return describe(target), prune(store, actor=actor)
+
+
+def prune(store: Store, *, actor: str | None = None) -> list[Path]:
+    """Delete the backups beyond the newest `backup.keep`; the deletion is on the record."""
+    old = _files(store.settings)[store.settings.backup.keep:]
+    if old:
+        with audit.operation(store, "backup.pruned", str(store.settings.backup_dir), actor=actor,
+                             deleted=[path.name for path in old], keep=store.settings.backup.keep):
+            for path in old:
+                path.unlink(missing_ok=True)
+    return old
+
+
+def list_backups(settings: Settings) -> list[Backup]:
+    """The backups in the backup directory, newest first."""
+    return [describe(path) for path in _files(settings)]
+
+
+def _files(settings: Settings) -> list[Path]:
+    """The backup files, newest first (their names hold the time they were taken)."""
+    directory = settings.backup_dir
+    found = [path for path in directory.glob("appliance-*.db") if NAME.fullmatch(path.name)]
+    return sorted(found, key=lambda path: path.name, reverse=True)
+
+
+def describe(path: Path) -> Backup:
+    """What a backup says about itself, read without any key."""
+    backup = Backup(path, _taken_at(path), path.stat().st_size)
+    try:
+        database = store_db.connect_read_only(path)
+    except StoreError as exc:
+        return dataclasses.replace(backup, problem=exc.message)
+    try:
+        return dataclasses.replace(
+            backup, schema_version=migrations.current_version(database),
+            key_fingerprint=keys.stored_fingerprint(database),
+            audit_records=database.execute("SELECT COALESCE(MAX(seq), 0) FROM audit").fetchone()[0])
+    except sqlite3.DatabaseError as exc:
+        return dataclasses.replace(backup, problem=f"not a readable appliance database: {exc}")
+    finally:
+        database.conn.close()
+
+
+def _taken_at(path: Path) -> datetime:
+    match = NAME.fullmatch(path.name)
+    return (datetime.strptime(match.group(1), STAMP).replace(tzinfo=UTC) if match
+            else datetime.fromtimestamp(path.stat().st_mtime, UTC))
+
+
+def due_in_s(settings: Settings, since: datetime) -> float | None:
+    """Seconds until the next scheduled backup (<= 0: now); None when the schedule is off.
+
+    The next one is due `every_hours` after the newest backup, or after `since` (the
+    daemon's start) when there is none yet.
+    """
+    if not settings.backup.every_hours:
+        return None
+    found = _files(settings)
+    last = _taken_at(found[0]) if found else since
+    due = last + timedelta(hours=settings.backup.every_hours)
+    return (due - datetime.now(UTC)).total_seconds()
+
+
+def private_dir(directory: Path) -> Path:
+    """The backup directory, created 0700; one that others may enter is refused."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if directory.stat().st_mode & 0o077:
+        raise BackupError(f"the backup directory {directory} is open to other users (mode "
+                          f"{directory.stat().st_mode & 0o777:04o})", hint=f"run 'chmod 700 {directory}'")
+    return directory
+
+
+# -- checking ------------------------------------------------------------------------
+
+
+def verify(settings: Settings, path: Path, passphrase: str | None = None,
+           progress: Progress = lambda done, total: None) -> Verification:
+    """Check a backup end to end, reading only the backup file and the master key.
+
+    A backup the current master key does not open raises KeyMismatch naming the key it needs.
+    """
+    result = Verification(path)
+    if not path.is_file():
+        raise BackupError(f"there is no backup file {path}", hint="'appliance backup list' shows the backups")
+    try:
+        database = store_db.connect_read_only(path)
+    except StoreError as exc:
+        result.add("sqlite", False, exc.message)
+        return result
+    try:
+        _check(settings, database, path, passphrase, progress, result)
+    except sqlite3.DatabaseError as exc:
+        result.add("sqlite", False, f"the file is damaged: {exc}")
+    finally:
+        database.conn.close()
+    return result
+
+
+def _check(settings: Settings, database: sqlite_utils.Database, path: Path, passphrase: str | None,
+           progress: Progress, result: Verification) -> None:
+    integrity = [row[0] for row in database.execute("PRAGMA integrity_check")]
+    if not result.add("integrity", integrity == ["ok"], "; ".join(integrity[:5])):
+        return
+    version = migrations.current_version(database)
+    if not result.add("schema", 0 < version <= migrations.LATEST,
+                      f"version {version}" + ("" if version <= migrations.LATEST
+                                              else f", newer than this appliance knows ({migrations.LATEST})")):
+        return
+    if not keys.is_initialised(database):
+        result.add("key", False, "the backup holds no store secret")
+        return
+    opened = _unlocked(settings, database, path, passphrase)
+    result.add("key", True, f"the master key {opened.master.fingerprint} opens the store secret")
+    total = database.execute("SELECT COALESCE(SUM(size), 0) FROM blobs").fetchone()[0]
+    done, bad = 0, []
+    for blob_id, size in database.execute("SELECT id, size FROM blobs ORDER BY id").fetchall():
+        try:
+            for chunk in blobs.get(opened, blob_id):
+                done += len(chunk)
+                progress(done, total)
+        except TamperDetected as exc:
+            bad.append(exc.message)
+            done += size
+    count = database.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
+    result.add("blobs", not bad, "; ".join(bad) if bad else f"all {count} decrypt and match their ids ({total} bytes)")
+    chain = audit.verify(opened, head_file=False)
+    result.add("audit", chain.ok, chain.problem or f"the chain of {chain.records} records is intact")
+
+
+def _unlocked(settings: Settings, database: sqlite_utils.Database, path: Path, passphrase: str | None) -> Store:
+    """The backup as a read-only store under the current master key, or KeyMismatch naming the key it needs."""
+    master = keys.find(settings, database, passphrase)
+    try:
+        secret = keys.open_secret(database, master)
+    except KeyMismatch:
+        needed = keys.stored_fingerprint(database) or "unknown (the backup predates key fingerprints)"
+        raise KeyMismatch(
+            f"the backup {path.name} needs the master key {needed}; the current master key is "
+            f"{master.fingerprint} ({master.source}), so it cannot be read",
+            hint="the key was rotated after this backup: give the key it needs (APPLIANCE_KEYS_FILE for a key file, "
+                 "APPLIANCE_PASSPHRASE for a passphrase) or choose a newer backup; nothing was changed",
+        ) from None
+    store_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
+    return Store(database, settings, master, store_id, secret, read_only=True)
+
+
+# -- restoring -----------------------------------------------------------------------
+
+
+def restore(settings: Settings, path: Path, passphrase: str | None = None, progress: Progress = lambda d, t: None,
+            *, actor: str | None = None) -> Restored:
+    """Replace the database of a stopped appliance with a verified backup; the caller checked that none runs."""
+    path = path.absolute()
+    checked = verify(settings, path, passphrase, progress)
+    if not checked.ok:
+        raise BackupError(f"the backup {path.name} failed its check: {'; '.join(checked.problems)}",
+                          hint="nothing was changed; 'appliance backup list' shows the other backups")
+    staging = settings.state_dir / "restore.partial"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a restore that was interrupted
+    staging.mkdir(mode=0o700, parents=True)
+    try:
+        staged = dataclasses.replace(settings, state_dir=staging)
+        _copy_private(path, staged.db_path)
+        abandoned = anchor.read_head(settings.audit_head_path)
+        stamp = datetime.now(UTC).strftime(STAMP)
+        replaced = settings.db_path.with_name(f"{settings.db_path.name}.replaced-{stamp}")
+        with store_pkg.open(staged, passphrase) as restored:  # migrates a backup of an older schema
+            head = restored.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+            audit.record(
+                restored, "backup.restored", str(settings.db_path), actor=actor, backup=str(path),
+                backup_head={"seq": head[0], "hash": head[1]} if head else None,
+                abandoned_head=({"seq": abandoned.seq, "hash": abandoned.hash, "store_id": abandoned.store_id}
+                                if abandoned else None),
+                replaced=str(replaced) if settings.db_path.exists() else None)
+            records = restored.db.execute("SELECT MAX(seq) FROM audit").fetchone()[0]
+        store_db.fsync(staged.db_path)  # closing folded the WAL in
+        kept = _set_aside(settings.db_path, replaced)
+        os.replace(staged.db_path, settings.db_path)
+        keys.fsync_dir(settings.state_dir)
+        # The restored chain's head, signed when its record was written, now vouches for the store.
+        os.replace(staged.audit_head_path, settings.audit_head_path)
+        keys.fsync_dir(settings.state_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Restored(path, records, abandoned.seq if abandoned else None, kept)
+
+
+def _copy_private(source: Path, target: Path) -> None:
+    with source.open("rb") as src, os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
+def _set_aside(database: Path, aside: Path) -> Path | None:
+    """Keep the database being replaced, with its -wal and -shm, under another name; None if there was none.
+
+    The database is linked first, so there is always a file at its name; the -wal must go
+    before the new database arrives, or SQLite would replay it onto the wrong file.
+    """
+    kept = None
+    if database.exists():
+        os.link(database, aside)
+        kept = aside
+    for suffix in ("-wal", "-shm"):
+        journal = database.with_name(database.name + suffix)
+        if journal.exists():
+            os.replace(journal, aside.with_name(aside.name + suffix))
+    return kept
+

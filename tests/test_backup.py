@@ -1,0 +1,106 @@
+"""Backups as an operator uses them: taken, kept N, checked end to end, refused when they cannot be used."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from appliance import config
+from appliance.store import Store, audit, backups
+from tests.conftest import run_cli
+from tests.daemon import Daemon
+
+
+def _names(settings: config.Settings) -> list[str]:
+    return [backup.path.name for backup in backups.list_backups(settings)]
+
+
+def test_retention_keeps_the_newest_n_in_a_private_directory(opened: Store) -> None:
+    opened.settings = dataclasses.replace(opened.settings, backup=config.BackupSettings(keep=2))
+    made = [backups.create(opened)[0].path for _ in range(3)]
+    assert _names(opened.settings) == [made[2].name, made[1].name]  # newest first; the oldest is gone
+    assert not made[0].exists()
+    assert stat.S_IMODE(opened.settings.backup_dir.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in made[1:])
+    pruned = [row for row in audit.rows(opened) if row["action"] == "backup.pruned"]
+    assert len(pruned) == 1 and made[0].name in pruned[0]["details"]
+    assert sum(row["action"] == "backup.created" for row in audit.rows(opened)) == 3
+
+
+def test_verify_passes_then_names_the_blob_chunk_whose_byte_was_flipped(opened: Store, tickets: str) -> None:
+    made, _ = backups.create(opened)
+    good = run_cli("backup", "verify", made.path.name)  # a name in the backup directory is enough
+    assert good.returncode == 0, good.stderr
+    assert "blobs" in good.stdout and f"backup {made.path.name} is good" in good.stdout
+
+    blob_id = opened.db.execute("SELECT id FROM blobs").fetchone()[0]
+    with sqlite3.connect(made.path) as db:
+        rowid, data = db.execute("SELECT c.rowid, c.data FROM blob_chunks c JOIN blobs b USING (storage_id)"
+                                 " WHERE b.id = ? AND c.idx = 0", (blob_id,)).fetchone()
+        db.execute("UPDATE blob_chunks SET data = ? WHERE rowid = ?", (bytes([data[0] ^ 1]) + data[1:], rowid))
+    bad = run_cli("backup", "verify", str(made.path))
+    assert bad.returncode == 1
+    assert "FAILED  blobs" in bad.stdout and f"blob {blob_id}: chunk 0 of 1 was changed" in bad.stdout
+    assert "ok      integrity" in bad.stdout and "ok      audit" in bad.stdout  # it names what is wrong, only that
+    assert "NOT usable" in bad.stdout
+
+    before = opened.settings.db_path.read_bytes()
+    refused = run_cli("backup", "restore", str(made.path))
+    assert refused.returncode == 1 and "failed its check" in refused.stderr and "nothing was changed" in refused.stderr
+    assert opened.settings.db_path.read_bytes() == before
+
+
+def test_a_backup_from_before_a_key_rotation_names_the_key_it_needs(opened: Store, tmp_path: Path) -> None:
+    old_key = tmp_path / "old.key"
+    shutil.copy(opened.settings.key_file, old_key)
+    old = opened.master.fingerprint
+    made, _ = backups.create(opened)
+    opened.close()
+    run_cli("keys", "rotate", check=True)
+    new = run_cli("keys", "status", check=True).stdout
+
+    verified = run_cli("backup", "verify", str(made.path))
+    assert verified.returncode == 1
+    assert f"needs the master key {old}" in verified.stderr and "the current master key is" in verified.stderr
+    assert "nothing was changed" in verified.stderr and "Traceback" not in verified.stderr
+    listing = run_cli("backup", "list", check=True).stdout
+    assert f"key {old}  (needs another key)" in listing
+    current = listing.split("the current master key is ")[1].split()[0]
+    assert current != old and current in new
+
+    restored = run_cli("backup", "restore", str(made.path))
+    assert restored.returncode == 1 and f"needs the master key {old}" in restored.stderr
+    assert run_cli("audit", "verify").returncode == 0  # the live store is as it was
+
+    with_old_key = run_cli("backup", "verify", str(made.path), env={"APPLIANCE_KEYS_FILE": str(old_key)})
+    assert with_old_key.returncode == 0, with_old_key.stdout + with_old_key.stderr
+
+
+@pytest.mark.parametrize("daemon", [{"APPLIANCE_BACKUP_EVERY_HOURS": "0.0003", "APPLIANCE_BACKUP_KEEP": "2"}],
+                         indirect=True)
+def test_the_daemon_takes_scheduled_backups_and_a_restore_waits_for_it_to_stop(daemon: Daemon) -> None:
+    settings = daemon.settings
+    daemon.wait(lambda: _pruned(daemon), 60, "the daemon took no three scheduled backups")
+    assert len(_names(settings)) == 2  # kept 2 of them
+
+    refused = daemon.cli("backup", "restore", _names(settings)[0])
+    assert refused.returncode == 1
+    assert "the appliance is running" in refused.stderr and "nothing was changed" in refused.stderr
+    assert not (settings.state_dir / "restore.partial").exists()
+    assert "backup.restored" not in daemon.cli("audit", "list").stdout
+
+    daemon.stop()
+    restored = daemon.cli("backup", "restore", _names(settings)[0])
+    assert restored.returncode == 0, restored.stderr
+    assert daemon.cli("audit", "verify").returncode == 0
+
+
+def _pruned(daemon: Daemon) -> bool:
+    with sqlite3.connect(daemon.settings.db_path) as db:
+        actions = [row[0] for row in db.execute("SELECT action FROM audit WHERE actor = 'service:backup'")]
+    return actions.count("backup.created") >= 3 and "backup.pruned" in actions
