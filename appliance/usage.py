@@ -1,6 +1,6 @@
 """Usage accounting, the chargeback an owner asks for: who and which model used what, by day.
 
-Two sources fill the `usage` table (schema 8), one row per UTC day, actor and model:
+Two sources fill the `usage` table (schema 10), one row per UTC day, actor and model:
 
 - jobs: when an attempt's child process ends, the supervisor adds its CPU time (user +
   system, from the kernel's rusage of the reaped child, its own waited-for children

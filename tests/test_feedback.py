@@ -162,3 +162,17 @@ def test_an_erasure_request_reaches_served_texts_and_their_feedback(opened: Stor
     assert [row[0] for row in opened.db.execute("SELECT id FROM predictions")] == [ids[1]]
     assert [row[0] for row in opened.db.execute("SELECT prediction_id FROM feedback")] == [ids[1]]
     assert audit.verify(opened).ok
+
+
+def test_the_compliance_report_lists_the_served_texts_kept_and_feedback_lineage(opened: Store, tmp_path: Path) -> None:
+    from appliance.compliance import evidence
+
+    version = served_version(opened, tmp_path)
+    ids = answer(opened, feedback.PredictionLog(), version, ["kept one", "kept two"])
+    feedback.record(opened, [(ids[0], "billing")], actor="user:ann")
+    feedback.extend_dataset(opened, "tickets", actor="user:ann")
+    facts = evidence.collect(opened)
+    [served] = facts["served_texts"]
+    assert (served["model"], served["kept"], served["labelled"], served["keep_days"]) == ("tickets", 2, 1, 30.0)
+    extended = next(d for d in facts["datasets"] if d["ref"] == "tickets:2")
+    assert extended["parent"] == datasets.get(opened, "tickets:1").id and extended["from_predictions"] == 1

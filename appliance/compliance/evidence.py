@@ -1,7 +1,8 @@
 """The facts an auditor asks for, read from the store as it is now: one JSON-ready dict.
 
 Everything comes from the store's own tables and its audit log, nothing from memory
-or configuration alone: datasets and where each was used, model lineage, every transfer
+or configuration alone: datasets and where each was used, the served texts kept for
+feedback, model lineage, every transfer
 off the box (the burst's `burst.send` records), the key's history and the key in force,
 users and API keys, erasures, the audit chain's verification with a freshly signed head,
 and the encryption settings with the modes of the files that hold them.
@@ -18,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from appliance import auth, datasets, privacy, registry, users
+from appliance import auth, datasets, feedback, privacy, registry, users
 from appliance.store import Store, anchor, audit, blobs, keys, migrations
 from appliance.train import runs
 
@@ -33,6 +34,7 @@ def collect(store: Store) -> dict[str, Any]:
         "appliance_version": metadata.version("appliance"),
         "store": _store(store),
         "datasets": _datasets(store),
+        "served_texts": _served_texts(store),
         "lineage": _lineage(store),
         "transfers": _transfers(store),
         "refused_transfers": [_record(row) for row in audit.rows(store, action="burst.refused")],
@@ -66,11 +68,21 @@ def _datasets(store: Store) -> list[dict[str, Any]]:
             "task": version.task, "examples": version.examples, "labels": len(version.labels),
             "bytes": blobs.size(store, version.blob_id) if version.blob_id else None,
             "residency": version.residency, "source": version.source, "created_at": version.created_at,
-            "erased_at": version.erased_at, "replaced_by": version.replaced_by,
+            "erased_at": version.erased_at, "replaced_by": version.replaced_by, "parent": version.parent,
+            "from_predictions": len(feedback.used_by(store, version.id)),
             "used_by": {use: sorted(used_by[version.id][use]) for use in ("runs", "studies", "models", "bursts")},
         }
         for version in datasets.list_versions(store)
     ]
+
+
+def _served_texts(store: Store) -> list[dict[str, Any]]:
+    """Customer texts the server answered and keeps (sealed) for feedback, per model, and for how long."""
+    return [{"model": model, "kept": kept, "labelled": labelled, "oldest": oldest,
+             "keep_days": store.settings.serve.keep_predictions_days}
+            for model, kept, labelled, oldest in store.db.execute(
+                "SELECT p.model, COUNT(*), COUNT(f.prediction_id), MIN(p.created_at) FROM predictions p"
+                " LEFT JOIN feedback f ON f.prediction_id = p.id GROUP BY p.model ORDER BY p.model")]
 
 
 def _lineage(store: Store) -> dict[str, Any]:
