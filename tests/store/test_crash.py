@@ -24,7 +24,8 @@ with store.open(config.load()) as opened:
     while True:
         print("putting", flush=True)
         blob_id = blobs.put(opened, (os.urandom(1 << 20) for _ in range(24)))
-        print("done", blob_id, flush=True)
+        sys.stdout.write(f"done {blob_id}\\n")  # one write: with PYTHONUNBUFFERED, print's pieces could be cut apart
+        sys.stdout.flush()
 """
 
 PUT_AND_GET_LARGE = """
