@@ -62,10 +62,9 @@ def judge(production: feedback.Evidence, candidate: feedback.Evidence, policy: P
         "production": {"feedback": production.feedback, "correct": production.correct,
                        "accuracy": production.accuracy},
         "candidate": {"feedback": candidate.feedback, "correct": candidate.correct, "accuracy": candidate.accuracy}}
-    requests = candidate_counts.latency[-1] + sum(count for status, count in candidate_counts.by_status.items()
-                                                  if not status.startswith("2"))
+    errors = sum(count for status, count in candidate_counts.by_status.items() if not status.startswith("2"))
+    requests = candidate_counts.latency[-1] + errors  # the latency histogram counts the answered ones
     if requests >= GUARD_MIN_REQUESTS:
-        errors = sum(count for status, count in candidate_counts.by_status.items() if not status.startswith("2"))
         zero = Counts.zero().latency
         p95 = {"production": estimate_quantile_s(zero, production_counts.latency, 0.95),
                "candidate": estimate_quantile_s(zero, candidate_counts.latency, 0.95)}
@@ -147,7 +146,7 @@ class Autopilot:
                         counts.get((model, str(production)), Counts.zero()),
                         counts.get((model, str(candidate)), Counts.zero()))
         if verdict.decision == "wait":
-            self._note(model, verdict.reason)
+            log.debug("%s: canary of version %d goes on: %s", model, candidate, verdict.reason)
             return
         ref = f"{model}:{candidate}"
         details = {"reason": verdict.reason, "production": production, "candidate": candidate, **verdict.evidence}
