@@ -121,8 +121,7 @@ class Runtime:
                 await loaded.batcher.close()
         if self._store is not None:
             try:
-                await self._on_worker(self._flush_predictions)  # every id handed out can still get its label
-                await self._on_worker(self.usage.flush, self._store)
+                await self._on_worker(self._flush)  # every id handed out can still get its label
             finally:
                 await self._on_worker(self._store.close)
         self._worker.shutdown(wait=True)
@@ -276,7 +275,6 @@ class Runtime:
         """Which versions should serve, and the API keys; notes when the previous keys were last used."""
         if previous is not None:
             auth.record_use(self._store, previous)
-        self.usage.flush(self._store)
         db = self._store.db
         aliases: dict[str, dict[str, int]] = {}
         for model, alias, version in db.execute("SELECT model, alias, version FROM model_aliases"):
@@ -300,9 +298,9 @@ class Runtime:
         return servable, drift.Histograms.from_json(stored) if stored else None
 
     def _keep_records(self) -> None:
-        """Write the predictions answered since the last poll; now and then, forget old ones and update the
-        live accuracy in the metrics."""
-        self._flush_predictions()
+        """Write what was counted and answered since the last poll; now and then, forget old predictions and
+        update the live accuracy in the metrics."""
+        self._flush()
         now = time.monotonic()
         if self.predictions is not None and now - self._purged_at > PURGE_EVERY_S:
             self._purged_at = now
@@ -313,6 +311,11 @@ class Runtime:
         if now - self._quality_at > QUALITY_EVERY_S:
             self._quality_at = now
             self.metrics.quality(feedback.quality(self._store))
+
+    def _flush(self) -> None:
+        """Write the two in-memory buffers: the predictions answered and the usage counted."""
+        self._flush_predictions()
+        self.usage.flush(self._store)
 
     def _flush_predictions(self) -> None:
         if self.predictions is not None:
