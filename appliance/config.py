@@ -45,7 +45,7 @@ class ServeSettings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     max_batch_size: int = 32  # texts per inference
-    max_delay_ms: float = 5.0  # how long the first text of a batch waits for company
+    max_delay_ms: float = 5.0  # while the model is busy, how long the first text of a batch waits for company
     max_queue: int = 1024  # texts waiting before new requests get 503 + Retry-After
     max_body_bytes: int = 1_048_576  # bigger requests get 413
     max_instances: int = 256  # texts per request

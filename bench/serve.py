@@ -25,14 +25,16 @@ texts, one text per request:
   in-process threads     also b, without batching: one OpenVINO infer request per client
                          thread, one text per call; it shows what batching buys here
 
-The client: C workers each send requests back to back, each on its own httpx.AsyncClient
-with one keep-alive connection. One shared pool of 64 connections would be the obvious
-choice, but httpcore walks its whole pool on every request (encode/httpx#3215): measured
-here at about 10 ms of client CPU per request against 2 ms, and the client shares the
-machine with the server under test. `--client raw` speaks bare HTTP/1.1 on asyncio
-streams instead, the same requests for about 0.1 ms: the difference between the two runs is
-what the client's own CPU costs the HTTP systems. The in-process systems get the same
-workers, awaiting the batcher or a thread instead of a socket. Every point runs a
+The client: C workers each send requests back to back, each on its own keep-alive
+connection, speaking bare HTTP/1.1 on asyncio streams. It is a load generator, kept as
+cheap as wrk or oha are for the same reason: it shares the machine with the server under
+test, and whatever CPU it burns comes out of the HTTP systems' share and never out of
+the in-process ones'. It costs about 0.1 ms per request. `--client httpx` uses one
+httpx.AsyncClient per worker instead (one shared pool of 64 connections would be the
+obvious choice, but httpcore walks its whole pool on every request, encode/httpx#3215):
+about 1.5-2 ms of client CPU per request, so the difference between the two runs is what
+a heavier client on the same cores costs the HTTP systems. The in-process systems get
+the same workers, awaiting the batcher or a thread instead of a socket. Every point runs a
 warm-up, then a measured window: throughput is the requests completed in the window per
 second, latency their p50 and p99 as the client saw them, tokenisation included. Texts
 cycle through the validation split in the same order for every system, and each
@@ -150,8 +152,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each window (default 1)")
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
                         help="concurrent clients per point, comma-separated (default 1,8,64)")
-    parser.add_argument("--client", choices=("httpx", "raw"), default="httpx",
-                        help="httpx, one AsyncClient per client (default); raw: bare HTTP/1.1 on asyncio streams")
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                        help="raw: bare HTTP/1.1 on asyncio streams (default); httpx: one AsyncClient per client")
     parser.add_argument("--dir", type=Path, help="state directory to use and keep; a model deployed in it is reused")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch, 3 s windows, 0.5 s warm-up")
     parser.add_argument("--naive-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -390,10 +392,10 @@ def http_session(base_url: str, token: str) -> Session:
 
 
 def raw_session(base_url: str, token: str) -> Session:
-    """Each client its own connection, spoken to in bare HTTP/1.1 on asyncio streams: the same requests reach the server.
+    """Each client its own connection, spoken to in bare HTTP/1.1 on asyncio streams: the default load generator.
 
-    For --client raw: a client that costs a fraction of httpx's CPU, to show how much of the gap to the in-process
-    batcher is the client's when both share the machine.
+    The same requests reach the server as from httpx, for a fraction of its CPU, which on a small box is the
+    server's CPU too.
     """
     host, port = base_url.removeprefix("http://").split(":")
     head = (f"POST /v1/models/{MODEL}:predict HTTP/1.1\r\nHost: {host}:{port}\r\nX-API-Key: {token}\r\n"

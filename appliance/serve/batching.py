@@ -1,12 +1,15 @@
 """Dynamic batching: texts from concurrent requests share one inference, off the event loop.
 
 Requests add their texts to a queue on the event loop. A collector task closes a batch
-when it holds `max_batch_size` texts or its first text has waited `max_delay_ms`, and
-hands it to a dispatcher thread. That thread sorts the batch by length, cuts it where
-lengths jump (so short texts are not padded to a long one), tokenises each piece and
-starts it on one of OpenVINO's asynchronous infer requests; it blocks only when every
-infer request is busy, which is the backpressure. Results come back on OpenVINO's
-threads and are handed to the event loop, which never waits on inference.
+when it holds `max_batch_size` texts, or when an infer request is free to take it and
+either the model is idle or the batch's first text has waited `max_delay_ms`. So a lone
+request starts at once; while an inference runs, the next batch gathers company; and
+while every infer request is busy a batch could not start anyway, so it keeps filling:
+under load batches grow on their own instead of queueing small. The batch goes to a
+dispatcher thread, which sorts it by length, cuts it
+where lengths jump (so short texts are not padded to a long one), tokenises each piece
+and starts it on one of OpenVINO's asynchronous infer requests. Results come back on
+OpenVINO's threads and are handed to the event loop, which never waits on inference.
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ class _Request:
     remaining: int = 0
 
 
+@dataclass
+class _Flight:
+    """A closed batch between the collector and its last answer; it holds one of the inference slots."""
+
+    items: list[tuple[_Request, int]]
+    pieces: int = 0  # set by the dispatcher before it starts the first piece
+
+
 @dataclass(frozen=True)
 class Batch:
     """One finished inference, for the metrics and the drift monitor (called on an OpenVINO thread)."""
@@ -69,11 +80,13 @@ class Batcher:
         self._max_batch, self._max_delay = max_batch_size, max_delay_ms / 1000
         self._max_queue = max_queue
         self.on_batch = on_batch or (lambda batch: None)
-        self._infer = ov.AsyncInferQueue(compiled, max(2, compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        slots = max(2, compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        self._infer = ov.AsyncInferQueue(compiled, slots)
         self._infer.set_callback(self._done)
+        self._slots = asyncio.Semaphore(slots)  # batches in flight; made here, used only on the event loop
         self._pending: list[tuple[_Request, int]] = []
         self._arrived = asyncio.Event()
-        self._batches: queue.SimpleQueue[list[tuple[_Request, int]] | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[_Flight | None] = queue.SimpleQueue()
         self._in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._collector: asyncio.Task[None] | None = None
@@ -110,45 +123,54 @@ class Batcher:
     async def _collect(self) -> None:
         while True:
             await self._arrived.wait()
-            deadline = time.monotonic() + self._max_delay
+            # With nothing in flight the model is idle: waiting for company would only add latency.
+            deadline = time.monotonic() + (self._max_delay if self._in_flight else 0.0)
             while len(self._pending) < self._max_batch and time.monotonic() < deadline:
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), deadline - time.monotonic())
                 except TimeoutError:
                     break
+            await self._slots.acquire()  # texts that arrive meanwhile join this batch
             batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
             self._in_flight += len(batch)
             if not self._pending:
                 self._arrived.clear()
-            self._batches.put(batch)
+            self._batches.put(_Flight(batch))
 
     def _dispatch(self) -> None:
         """The dispatcher thread: cut by length, tokenise, start; blocks while every infer request is busy."""
-        while (batch := self._batches.get()) is not None:
-            for piece in _pieces(batch):
+        while (flight := self._batches.get()) is not None:
+            pieces = _pieces(flight.items)
+            flight.pieces = len(pieces)
+            for piece in pieces:
                 try:
                     encodings = self._tokenizer.encode_batch([request.texts[index] for request, index in piece])
                     feeds = optimize.feeds(encodings, self._names)
-                    self._infer.start_async(feeds, (piece, encodings, feeds["input_ids"].size))
+                    self._infer.start_async(feeds, (flight, piece, encodings, feeds["input_ids"].size))
                 except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
-                    self._answer(piece, None, exc)
+                    self._answer(flight, piece, None, exc)
 
     def _done(self, request: ov.InferRequest, userdata: tuple) -> None:
-        piece, encodings, padded = userdata
+        flight, piece, encodings, padded = userdata
         logits = request.get_output_tensor(0).data.copy()
-        self._answer(piece, logits, None)
+        self._answer(flight, piece, logits, None)
         try:
             self.on_batch(Batch(encodings, logits, padded, request.latency / 1000))  # device time, not queueing
         except Exception:
             log.exception("recording a batch failed")
 
-    def _answer(self, piece: list[tuple[_Request, int]], logits: np.ndarray | None, error: Exception | None) -> None:
+    def _answer(self, flight: _Flight, piece: list[tuple[_Request, int]], logits: np.ndarray | None,
+                error: Exception | None) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._deliver, piece, logits, error)
+            self._loop.call_soon_threadsafe(self._deliver, flight, piece, logits, error)
 
-    def _deliver(self, piece: list[tuple[_Request, int]], logits: np.ndarray | None, error: Exception | None) -> None:
+    def _deliver(self, flight: _Flight, piece: list[tuple[_Request, int]], logits: np.ndarray | None,
+                 error: Exception | None) -> None:
         self._in_flight -= len(piece)
+        flight.pieces -= 1
+        if not flight.pieces:
+            self._slots.release()
         for row, (request, index) in enumerate(piece):
             if request.future.done():
                 continue

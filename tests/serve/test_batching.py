@@ -68,3 +68,39 @@ def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: opt
         await batcher.close()
 
     asyncio.run(scenario())
+
+
+def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: optimize.Servable) -> None:
+    """With no delay allowed, a text still waits for a free infer request, and the ones behind it ride along."""
+    batches: list[batching.Batch] = []
+
+    async def scenario() -> list[np.ndarray]:
+        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=0,
+                                   on_batch=batches.append)
+        batcher.start()
+        requests = []
+        for index in range(40):  # one text at a time, each after the event loop has had its turn
+            requests.append(asyncio.ensure_future(batcher.infer([f"where is parcel {index}"])))
+            await asyncio.sleep(0)
+        answers = await asyncio.gather(*requests)
+        await batcher.close()
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert all(answer.shape == (1, 3) for answer in answers)
+    assert sum(len(batch.encodings) for batch in batches) == 40
+    assert len(batches) <= 10  # one inference per text would be 40
+    assert all(len(batch.encodings) <= 16 for batch in batches)
+
+
+def test_a_lone_request_does_not_wait_for_company(servable: optimize.Servable) -> None:
+    """The delay is for gathering texts while the model is busy; an idle model starts a lone text at once."""
+
+    async def scenario() -> np.ndarray:
+        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=30_000)
+        batcher.start()
+        answer = await asyncio.wait_for(batcher.infer(["where is my parcel"]), timeout=15)
+        await batcher.close()
+        return answer
+
+    assert asyncio.run(scenario()).shape == (1, 3)
