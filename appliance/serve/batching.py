@@ -123,6 +123,9 @@ class Batcher:
     async def _collect(self) -> None:
         while True:
             await self._arrived.wait()
+            if not self._pending:  # an empty request: no batch, so no inference slot taken
+                self._arrived.clear()
+                continue
             # With nothing in flight the model is idle: waiting for company would only add latency.
             deadline = time.monotonic() + (self._max_delay if self._in_flight else 0.0)
             while len(self._pending) < self._max_batch and time.monotonic() < deadline:
