@@ -179,10 +179,16 @@ def version_labels(store: Store, model: str, version: int) -> list[str]:
 # -- what feedback says ----------------------------------------------------------------
 
 
+# The queries over feedback say CROSS JOIN, which makes SQLite walk feedback and look each prediction up by id.
+# Left to itself, with no statistics, it walks every prediction of the model and probes feedback for each: that
+# grows with traffic (every answer is kept for `serve.keep_predictions_days`), while feedback is the labelled few.
+
+
 def evidence(store: Store, model: str, version: int, since: str | None = None) -> Evidence:
     """Feedback on a version's predictions made since a time (ISO), or ever."""
     row = store.db.execute(
-        "SELECT COUNT(*), COALESCE(SUM(f.correct), 0) FROM feedback f JOIN predictions p ON p.id = f.prediction_id"
+        "SELECT COUNT(*), COALESCE(SUM(f.correct), 0)"
+        " FROM feedback f CROSS JOIN predictions p ON p.id = f.prediction_id"
         " WHERE p.model = ? AND p.version = ? AND p.created_at >= ?", (model, version, since or "")).fetchone()
     return Evidence(*row)
 
@@ -191,7 +197,7 @@ def quality(store: Store, model: str | None = None) -> list[dict[str, Any]]:
     """Live accuracy on feedback by model version, over the last hour, day and week (by prediction time)."""
     now = datetime.now(UTC)
     versions = store.db.execute(
-        "SELECT DISTINCT p.model, p.version FROM feedback f JOIN predictions p ON p.id = f.prediction_id"
+        "SELECT DISTINCT p.model, p.version FROM feedback f CROSS JOIN predictions p ON p.id = f.prediction_id"
         + (" WHERE p.model = ?" if model else "") + " ORDER BY p.model, p.version", (model,) if model else ()
     ).fetchall()
     answer = []
@@ -207,7 +213,7 @@ def quality(store: Store, model: str | None = None) -> list[dict[str, Any]]:
 def unused(store: Store, model: str) -> int:
     """Labels on a model's predictions that no dataset version holds yet."""
     return store.db.execute(
-        "SELECT COUNT(*) FROM feedback f JOIN predictions p ON p.id = f.prediction_id"
+        "SELECT COUNT(*) FROM feedback f CROSS JOIN predictions p ON p.id = f.prediction_id"
         " WHERE p.model = ? AND f.dataset_id IS NULL", (model,)).fetchone()[0]
 
 
@@ -221,7 +227,7 @@ def extend_dataset(store: Store, model: str, actor: str) -> datasets.DatasetVers
     trained_on = datasets.get(store, runs.get(store, served.run_id).dataset_id)
     base = datasets.get(store, trained_on.name)  # the newest: it already holds earlier feedback
     rows = store.db.execute(
-        "SELECT p.id, p.text_sealed, f.label FROM feedback f JOIN predictions p ON p.id = f.prediction_id"
+        "SELECT p.id, p.text_sealed, f.label FROM feedback f CROSS JOIN predictions p ON p.id = f.prediction_id"
         " WHERE p.model = ? AND f.dataset_id IS NULL ORDER BY f.created_at", (model,)).fetchall()
     if not rows:
         raise FeedbackError(f"there is no new feedback on {model} to train on",
