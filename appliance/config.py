@@ -153,6 +153,11 @@ class Settings:
         return self.state_dir / "appliance.db"
 
     @property
+    def wal_path(self) -> Path:
+        """SQLite's write-ahead log beside the database: where a put's bytes go before the checkpoint."""
+        return self.db_path.with_name(self.db_path.name + "-wal")
+
+    @property
     def socket_path(self) -> Path:
         return self.daemon.socket or self.state_dir / "appliance.sock"
 

@@ -174,7 +174,7 @@ def _audit(store: Store) -> dict[str, Any]:
 def _encryption(store: Store) -> dict[str, Any]:
     settings = store.settings
     files = [(settings.state_dir, 0o700), (settings.db_path, 0o600), (settings.audit_head_path, 0o644),  # public
-             (settings.db_path.with_name(settings.db_path.name + "-wal"), 0o600),
+             (settings.wal_path, 0o600),
              (settings.db_path.with_name(settings.db_path.name + "-shm"), 0o600)]
     if store.master.source.startswith("key file"):
         files.append((settings.key_file, 0o600))

@@ -57,7 +57,6 @@ def put(store: Store, source: Source) -> str:
         digest.update(plain)
         return len(plain), sealer.encrypt(_nonce(index), plain, _chunk_aad(storage_id, index, last))
 
-    wal = store.settings.db_path.with_name(store.settings.db_path.name + "-wal")
     try:
         with transaction(store.db):
             # The worker seals the next chunk while this thread writes this one, and the disk
@@ -70,7 +69,7 @@ def put(store: Store, source: Source) -> str:
                     (storage_id, index, sealed),
                 )
                 if count % WRITEBACK_EVERY == 0:
-                    start_writeback(wal)
+                    start_writeback(store.settings.wal_path)
             blob_id = digest.hexdigest()
             if exists(store, blob_id):
                 raise _AlreadyStored

@@ -94,8 +94,7 @@ def info(store: Store) -> dict[str, Any]:
     def scalar(sql: str) -> Any:
         return db.execute(sql).fetchone()[0]
 
-    path = store.settings.db_path
-    wal = path.with_name(path.name + "-wal")
+    path, wal = store.settings.db_path, store.settings.wal_path
     return {
         "path": str(path),
         "store_id": store.store_id,
