@@ -49,10 +49,17 @@ class ServeSettings:
     max_queue: int = 1024  # texts waiting before new requests get 503 + Retry-After
     max_body_bytes: int = 1_048_576  # bigger requests get 413
     max_instances: int = 256  # texts per request
+    max_text_chars: int = 20_000  # characters per text; a longer one gets 413
+    rate_limit_per_s: float = 1000.0  # texts per second per API key (token bucket); over it, 429 + Retry-After; 0: off
+    rate_limit_burst: int = 2000  # texts a key may send at once before the rate applies
+    header_timeout_s: float = 10.0  # a connection that has not sent its request line and headers by then is closed
+    body_timeout_s: float = 30.0  # a request body that has not fully arrived by then gets 408
+    max_connections: int = 512  # open connections at once; more are refused with 503
     poll_s: float = 1.0  # how often deploys, rollbacks and API keys are picked up
     drift_window: int = 500  # texts per drift comparison
     drift_threshold: float = 0.2  # PSI above this raises an alert
     keep_predictions_days: float = 30.0  # answered texts (sealed) wait this long for a true label; 0: none kept
+    keep_predictions_mb: float = 1024.0  # and per model at most this much of them; the oldest go first
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ class DaemonSettings:
     tcp_port: int = 0  # the control API also on TCP with TLS; 0: the unix socket only
     tcp_host: str = "127.0.0.1"
     memory_max: str = "80%"  # systemd's MemoryMax= for the service (install.sh applies it): 12G, 80%, infinity
+    import_dir: Path | None = None  # the one folder the daemon imports named files from (set by root); None: uploads only
+    max_upload_mb: float = 2048.0  # a dataset uploaded through the control API may be this large
 
     def allows_jobs_at(self, moment: dt.time) -> bool:
         """Whether jobs may run at this time of day (a window may wrap past midnight)."""
@@ -142,6 +151,7 @@ class Settings:
     key_file: Path
     config_file: Path | None
     base_model: Path  # the model `appliance train` starts from unless told otherwise
+    base_models_dir: Path | None = None  # other base models a job may name (a folder of model folders, set by root)
     serve: ServeSettings = ServeSettings()
     daemon: DaemonSettings = DaemonSettings()
     burst: BurstSettings = BurstSettings()
@@ -193,10 +203,13 @@ _SCHEMA: dict[str, type] = {
     "state_dir": Path,
     "keys.file": Path,
     "train.base_model": Path,
+    "train.base_models_dir": Path,
     **{f"serve.{name}": kind for name, kind in {
         "host": str, "port": int, "tls": bool, "tls_cert": Path, "tls_key": Path, "max_batch_size": int,
         "max_delay_ms": float, "max_queue": int, "max_body_bytes": int, "max_instances": int, "poll_s": float,
-        "drift_window": int, "drift_threshold": float, "keep_predictions_days": float,
+        "drift_window": int, "drift_threshold": float, "keep_predictions_days": float, "keep_predictions_mb": float,
+        "max_text_chars": int, "rate_limit_per_s": float, "rate_limit_burst": int, "header_timeout_s": float,
+        "body_timeout_s": float, "max_connections": int,
     }.items()},
     "daemon.socket": Path,
     "daemon.stop_timeout_s": float,
@@ -206,6 +219,8 @@ _SCHEMA: dict[str, type] = {
     "daemon.tcp_port": int,
     "daemon.tcp_host": str,
     "daemon.memory_max": str,
+    "daemon.import_dir": Path,
+    "daemon.max_upload_mb": float,
     **{f"burst.{name}": kind for name, kind in {
         "address": str, "token_file": Path, "ca_file": Path, "fallback_local": bool, "suggest_after_minutes": float,
         "poll_s": float, "python": str,
@@ -233,13 +248,14 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
     state_dir = _absolute(values.get("state_dir") or _default_state_dir())
     key_file = _absolute(values.get("keys.file") or state_dir / "master.key")
     base_model = _absolute(values.get("train.base_model") or _bundled_base_model())
+    base_models_dir = _absolute(values["train.base_models_dir"]) if "train.base_models_dir" in values else None
     serve = ServeSettings(**{key.removeprefix("serve."): value for key, value in values.items()
                              if key.startswith("serve.")})
     _check_serve(serve, path)
     daemon = DaemonSettings(**{key.removeprefix("daemon."): value for key, value in values.items()
                                if key.startswith("daemon.")})
-    if daemon.socket is not None:
-        daemon = replace(daemon, socket=_absolute(daemon.socket))
+    daemon = replace(daemon, **{name: _absolute(getattr(daemon, name)) for name in ("socket", "import_dir")
+                                if getattr(daemon, name) is not None})
     burst = BurstSettings(**{key.removeprefix("burst."): value for key, value in values.items()
                              if key.startswith("burst.")})
     burst = replace(burst, **{name: _absolute(getattr(burst, name)) for name in ("token_file", "ca_file")
@@ -250,7 +266,8 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
         backup = replace(backup, dir=_absolute(backup.dir))
     _check_limits("backup", backup, f"{path} or the environment" if path else "the environment",
                   {"every_hours": (0, 24 * 366), "keep": (1, 10_000)})
-    settings = Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model, serve=serve,
+    settings = Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model,
+                        base_models_dir=base_models_dir, serve=serve,
                         daemon=daemon, burst=burst, autopilot=_autopilot(values, path), backup=backup)
     _check_daemon(settings, path)
     _check_burst(burst, path)
@@ -297,7 +314,7 @@ def _check_daemon(settings: Settings, path: Path | None) -> None:
                           hint=f"set 'daemon.socket' in {where} to a shorter path, e.g. /run/appliance/api.sock")
     _check_limits("daemon", settings.daemon, where, {
         "stop_timeout_s": (1, 86400), "heartbeat_timeout_s": (1, 86400), "latency_objective_ms": (0, 60000),
-        "tcp_port": (0, 65535)})
+        "tcp_port": (0, 65535), "max_upload_mb": (1, 2**20)})
     if not re.fullmatch(r"\d+(\.\d+)?%|\d+[KMGT]?|infinity", settings.daemon.memory_max):
         raise ConfigError(f"'daemon.memory_max' in {where} is {settings.daemon.memory_max!r}",
                           hint="give a size such as \"12G\" (K, M, G, T), a share of RAM such as \"80%\", or \"infinity\"")
@@ -330,7 +347,9 @@ def _check_serve(serve: ServeSettings, path: Path | None) -> None:
     _check_limits("serve", serve, where, {
         "port": (1, 65535), "max_batch_size": (1, 4096), "max_delay_ms": (0, 1000), "max_queue": (1, 10**6),
         "max_body_bytes": (1024, 2**30), "max_instances": (1, 10**5), "poll_s": (0.05, 3600),
-        "drift_window": (10, 10**7), "drift_threshold": (0, 10)})
+        "drift_window": (10, 10**7), "drift_threshold": (0, 10), "keep_predictions_mb": (1, 2**24),
+        "max_text_chars": (16, 10**7), "rate_limit_per_s": (0, 10**7), "rate_limit_burst": (1, 10**8),
+        "header_timeout_s": (0.1, 3600), "body_timeout_s": (0.1, 3600), "max_connections": (1, 10**6)})
     if (serve.tls_cert is None) != (serve.tls_key is None):
         raise ConfigError(f"'serve.tls_cert' and 'serve.tls_key' in {where} go together",
                           hint="give both, or neither for a self-signed certificate")

@@ -10,6 +10,7 @@
      │    ├── BlobNotFound        no blob with that id
      │    └── BackupError         a backup cannot be made, fails its check, or cannot be restored now
      ├── DatasetError             a dataset file is invalid, or no such dataset version
+ ├── ConfinementError         a file named outside the folders the daemon may read, through a link, or not plain
      ├── ErasureError             a data subject request cannot be carried out as asked
      ├── EvidenceError            a compliance evidence pack cannot be written, or does not verify
      ├── FeedbackError            true labels that cannot be taken (400)
@@ -32,6 +33,7 @@
      └── ServeError               the inference server cannot answer this request
           ├── ModelNotFound       no model of that name is being served (404)
           ├── BadRequest          the request body is malformed or out of bounds (400, 413)
+          ├── RateLimited         this API key sent more than its rate; retry after a while (429)
           └── Overloaded          too much is queued already; retry later (503)
 
 Foreign errors (sqlite3, InvalidTag, OSError) are translated where they enter, with
@@ -84,6 +86,10 @@ class BackupError(StoreError):
 
 class DatasetError(ApplianceError):
     """A dataset file cannot be imported as it is, or the dataset version asked for does not exist."""
+
+
+class ConfinementError(ApplianceError):
+    """A client named a file the daemon may not read: outside its configured folders, a link, or not a plain file."""
 
 
 class ErasureError(ApplianceError):
@@ -196,6 +202,16 @@ class BadRequest(ServeError):
     """The request body is malformed or out of bounds."""
 
     status = 400
+
+
+class RateLimited(ServeError):
+    """The API key sent more texts than its rate allows; the client should retry after `retry_after_s`."""
+
+    status = 429
+
+    def __init__(self, message: str, *, retry_after_s: float, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after_s = retry_after_s
 
 
 class Overloaded(ServeError):
