@@ -24,10 +24,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from importlib import metadata
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -36,17 +35,22 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from appliance import auth, config, datasets, events, feedback, jobs, privacy, registry, system, usage, users
-from appliance.errors import ApplianceError, AuthError, BadRequest, DaemonError, DatasetError
-from appliance.serve.app import describe_error, json_error, label_scores
+from appliance import auth, config, datasets, events, feedback, jobs, privacy, registry, sources, system, usage, users
+from appliance.errors import ApplianceError, AuthError, BadRequest, DaemonError
+from appliance.serve.app import label_scores
 from appliance.serve.metrics import Metrics, TrafficWindow
 from appliance.serve.runtime import Runtime
 from appliance.store import Store, audit
 from appliance.train import runs, studies
+from appliance.web import BodyLimit, describe_error, json_error
 
 EVENTS_POLL_S = 0.5
 READ_AUDIT_S = 600.0
+REFUSALS_WINDOW_S = 60.0  # refusals of one source and caller are written once, then counted for this long
+REFUSALS_TRACKED = 10_000  # sources and callers tracked at once; more are counted together
 HARDWARE_TIMEOUT_S = 120.0
+MAX_JSON_BYTES = 1 << 20  # every body but a dataset upload
+UPLOAD_PATH = "/v1/datasets"
 
 
 class SharedStore:
@@ -56,6 +60,7 @@ class SharedStore:
         self.store = store
         self._lock = threading.Lock()
         self._reads: dict[tuple[str, str], float] = {}  # (user id, endpoint) -> when last audited
+        self._refusals: dict[tuple[str, str], _Refusals] = {}  # (source, caller) -> refusals of this window
         self.closing = threading.Event()  # set as the daemon stops: open event streams end rather than hold it up
 
     @contextmanager
@@ -73,6 +78,54 @@ class SharedStore:
         self._reads[(user.id, endpoint)] = now
         audit.record(store, "api.read", f"GET {endpoint}", actor=_actor(user))
 
+    def note_refusal(self, store: Store, who: str, source: str, request: Request, reason: str) -> None:
+        """Audit a refused call: the first of a source and caller in a window at once, the rest as one count.
+
+        Probing stays on the record (who, from where, what, why, how often) without a row per request, so a
+        flood of bad tokens cannot grow the audit log without bound.
+        """
+        key = (source, who) if len(self._refusals) < REFUSALS_TRACKED else ("many sources", "many callers")
+        found = self._refusals.get(key)
+        now = time.monotonic()
+        if found is not None and now - found.since < REFUSALS_WINDOW_S:
+            found.count += 1
+            if len(found.requests) < 10:
+                found.requests.add(_route(request))
+            return
+        if found is not None:
+            _write_refusals(store, key, found)
+        self._refusals[key] = _Refusals(now)
+        audit.record(store, "api.refused", f"{request.method} {request.url.path[:200]}", actor=who, source=source,
+                     reason=reason)
+
+    def flush_refusals(self, store: Store, *, everything: bool = False) -> None:
+        """Write the counts of windows that ended (all of them as the daemon stops)."""
+        now = time.monotonic()
+        for key, found in list(self._refusals.items()):
+            if everything or now - found.since >= REFUSALS_WINDOW_S:
+                del self._refusals[key]
+                _write_refusals(store, key, found)
+
+
+@dataclass
+class _Refusals:
+    """Refusals of one source and caller after the first one of a window, not yet written."""
+
+    since: float
+    count: int = 0
+    requests: set[str] = field(default_factory=set)
+
+
+def _write_refusals(store: Store, key: tuple[str, str], found: _Refusals) -> None:
+    if found.count:
+        audit.record(store, "api.refused", ", ".join(sorted(found.requests)), actor=key[1], source=key[0],
+                     repeated=found.count, window_s=REFUSALS_WINDOW_S)
+
+
+def _route(request: Request) -> str:
+    route = request.scope.get("route")
+    return f"{request.method} {getattr(route, 'path', None) or request.url.path[:200]}"
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -89,15 +142,28 @@ class ApiKeyRequest(_Strict):
     models: list[str] = Field(default_factory=lambda: [auth.ALL_MODELS])
 
 
-class ImportRequest(_Strict):
-    path: str = Field(description="a file or folder on this machine that the daemon's user can read")
-    name: str
-    task: str = datasets.TEXT
-    text_column: str = "text"
-    label_column: str = "label"
+class ImportOptions(_Strict):
+    """How to read a dataset and what to call it; the file itself comes as the body or from daemon.import_dir."""
+
+    name: str = Field(pattern=datasets.NAME.pattern, description="the dataset's name; new content becomes its next version")
+    task: Literal["text-classification", "image-classification"] = datasets.TEXT
+    text_column: str = Field("text", min_length=1, max_length=200, description="CSV column or JSON field of the text")
+    label_column: str = Field("label", min_length=1, max_length=200, description="... and of the label")
     validation_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = 13
-    residency: str = Field(datasets.LOCAL_ONLY, description="local-only | burst-allowed (may go to the Ray cluster)")
+    seed: int = Field(13, ge=0, le=2**32 - 1)
+    residency: Literal["local-only", "burst-allowed"] = Field(
+        datasets.LOCAL_ONLY, description="local-only, or burst-allowed: may go (encrypted) to the Ray cluster")
+
+
+class UploadOptions(ImportOptions):
+    filename: str = Field(min_length=1, max_length=255, description=(
+        "the file's name: .csv or .jsonl for texts; an image folder is sent as an uncompressed .tar of its class"
+        " folders"))
+
+
+class ImportDirRequest(ImportOptions):
+    file: str = Field(min_length=1, max_length=255, description=(
+        "a file or folder inside daemon.import_dir, by its name relative to that folder; links are refused"))
 
 
 class ResidencyRequest(_Strict):
@@ -140,9 +206,8 @@ def _caller(role: str) -> Callable[..., users.User]:
                 user = users.authenticate(store, token)
                 users.require(user, role)
             except AuthError as exc:
-                who = _actor(user) if user else "anonymous"
-                audit.record(store, "api.refused", f"{request.method} {request.url.path}", actor=who,
-                             reason=exc.message)
+                shared.note_refusal(store, _actor(user) if user else "anonymous", _source(request), request,
+                                    exc.message)
                 raise
             if request.method == "GET":
                 shared.note_read(store, user, request)
@@ -158,8 +223,13 @@ Admin = Annotated[users.User, Depends(_caller("admin"))]
 
 def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtime: Runtime | None = None) -> FastAPI:
     """The ASGI app; `status` gives the daemon's own view (pid, servers, the running job), `runtime` what serves."""
-    app = FastAPI(title="appliance control", version=metadata.version("appliance"), docs_url=None, redoc_url=None)
+    app = FastAPI(title="appliance control", version=metadata.version("appliance"), docs_url=None, redoc_url=None,
+                  openapi_url=None)
     settings = shared.store.settings
+    upload_limit = int(settings.daemon.max_upload_mb * 2**20)
+    app.add_middleware(BodyLimit, limit=lambda scope: upload_limit if scope["path"] == UPLOAD_PATH else MAX_JSON_BYTES,
+                       hint=f"a dataset may be up to daemon.max_upload_mb ({settings.daemon.max_upload_mb:g} MiB);"
+                            " any other request at most 1 MiB")
     traffic = TrafficWindow(runtime.metrics if runtime else Metrics())
     hardware_report: dict[str, Any] = {}
     system.load(settings.state_dir)  # primes the CPU share, which is measured between calls
@@ -169,6 +239,11 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
     @app.get("/v1/health")
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(_user: Viewer) -> JSONResponse:
+        """The API's description, for any signed-in user: only health is open to all."""
+        return JSONResponse(app.openapi())
 
     @app.get("/v1/status")
     def daemon_status(_user: Viewer) -> dict[str, Any]:
@@ -218,18 +293,22 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
         with shared.use() as store:
             return [version.summary() for version in datasets.list_versions(store)]
 
-    @app.post("/v1/datasets", status_code=201)
-    def import_dataset(body: ImportRequest, user: Operator) -> dict[str, Any]:
-        """Check and store a file the daemon can read; an unchanged file answers with the version it already is."""
-        with shared.use() as store:
-            known = {version.id for version in datasets.list_versions(store)}
-            try:
-                version = datasets.import_file(store, Path(body.path), **body.model_dump(exclude={"path"}),
-                                               actor=_actor(user))
-            except OSError as exc:  # the daemon runs as its own user, who may not read the caller's files
-                raise DatasetError(f"the daemon cannot read {body.path}: {exc.strerror}",
-                                   hint="make it readable by the appliance's user, or copy it where it can read") from exc
-        return {**version.summary(), "unchanged": version.id in known}
+    @app.post(UPLOAD_PATH, status_code=201, openapi_extra=_UPLOAD_BODY)
+    async def upload_dataset(
+        request: Request, user: Operator, options: Annotated[UploadOptions, Query()]
+    ) -> dict[str, Any]:
+        """Check and store the file in the body (a folder of images as a tar); an unchanged file answers with
+        the version it already is. The daemon reads nothing but the bytes sent."""
+        data = bytearray()
+        async for chunk in request.stream():  # BodyLimit stops it at daemon.max_upload_mb
+            data += chunk
+        source = sources.Upload(options.filename, bytes(data), folder=options.task == datasets.IMAGE)
+        return await asyncio.to_thread(_import, shared, source, options, user)
+
+    @app.post("/v1/datasets/import-dir", status_code=201)
+    def import_from_dir(body: ImportDirRequest, user: Operator) -> dict[str, Any]:
+        """Check and store a file or folder that root put in daemon.import_dir, named relative to it."""
+        return _import(shared, sources.ImportDir(settings, body.file), body, user)
 
     @app.get("/v1/runs")
     def list_runs(_user: Viewer) -> list[dict[str, Any]]:
@@ -420,9 +499,26 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
     return app
 
 
+def _import(shared: SharedStore, source: sources.Source, options: ImportOptions, user: users.User) -> dict[str, Any]:
+    fields = options.model_dump(exclude={"filename", "file"})
+    with shared.use() as store:
+        known = {version.id for version in datasets.list_versions(store)}
+        version = datasets.import_data(store, source, **fields, actor=_actor(user))
+    return {**version.summary(), "unchanged": version.id in known}
+
+
+_UPLOAD_BODY = {"requestBody": {"required": True, "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
 def _quality(shared: SharedStore) -> list[dict[str, Any]]:
     with shared.use() as store:
         return feedback.quality(store)
+
+
+def _source(request: Request) -> str:
+    """Where a call came from: an address over TCP; over the unix socket, the socket (its group is the gate)."""
+    return request.client.host if request.client and request.client.host else "local socket"
 
 
 def _actor(user: users.User) -> str:

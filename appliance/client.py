@@ -8,17 +8,21 @@ the same calls awaited, serves the TUI's event loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
 
-from appliance import config
+from appliance import config, sources
 from appliance.errors import ApplianceError, DaemonUnreachable, Forbidden, JobNotFound, Unauthenticated
 
 TIMEOUT_S = 30.0
+UPLOAD_TIMEOUT_S = 3600.0  # the daemon checks a large upload (every image decoded) before it answers
+UPLOAD_CHUNK = 1 << 20
 EVENTS_SILENCE_S = 10.0  # the daemon sends a keep-alive every half second: this much silence means it is gone
 _BY_STATUS: dict[int, type[ApplianceError]] = {401: Unauthenticated, 403: Forbidden, 404: JobNotFound}
 
@@ -49,6 +53,12 @@ class Client:
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return self._request("POST", path, json=body or {})
+
+    def upload(self, path: Path, options: dict[str, Any], sent: Callable[[int], None] = lambda size: None) -> Any:
+        """Import a local file (or image folder) by sending its bytes: the daemon never opens a path of ours."""
+        params, chunks = _upload(path, options, sent)
+        return self._request("POST", "/v1/datasets", params=params, content=chunks,
+                             headers={"Content-Type": "application/octet-stream"}, timeout=UPLOAD_TIMEOUT_S)
 
     def events(self, after: int = 0, subject: str | None = None) -> Iterator[dict[str, Any]]:
         """Server-sent events as dicts (seq, topic, subject, kind, data), until the caller stops reading."""
@@ -87,6 +97,17 @@ class AsyncClient:
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return await self._request("POST", path, json=body or {})
 
+    async def upload(self, path: Path, options: dict[str, Any]) -> Any:
+        """Client.upload, with the file read off the event loop."""
+        params, chunks = _upload(path, options, lambda size: None)
+
+        async def body() -> AsyncIterator[bytes]:
+            while chunk := await asyncio.to_thread(next, chunks, b""):
+                yield chunk
+
+        return await self._request("POST", "/v1/datasets", params=params, content=body(),
+                                   headers={"Content-Type": "application/octet-stream"}, timeout=UPLOAD_TIMEOUT_S)
+
     async def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]:
         """Server-sent events as dicts, until the caller stops reading or the daemon goes away (DaemonError)."""
         try:
@@ -115,6 +136,20 @@ def _http(settings: config.Settings, token: str | None) -> httpx.Client:
 def _options(token: str | None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return {"base_url": "http://appliance", "headers": headers, "timeout": TIMEOUT_S}
+
+
+def _upload(path: Path, options: dict[str, Any], sent: Callable[[int], None]) -> tuple[dict[str, Any], Iterator[bytes]]:
+    """The upload's query (the options and the file's name) and its body: the file, or the folder as a tar."""
+    if path.is_dir():
+        return {**options, "filename": path.name + sources.TAR_SUFFIX}, sources.tar_stream(path, sent)
+
+    def chunks() -> Iterator[bytes]:
+        with path.open("rb") as file:
+            while chunk := file.read(UPLOAD_CHUNK):
+                sent(len(chunk))
+                yield chunk
+
+    return {**options, "filename": path.name}, chunks()
 
 
 def _event_params(after: int, subject: str | None) -> dict[str, Any]:

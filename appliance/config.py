@@ -318,12 +318,24 @@ def _check_daemon(settings: Settings, path: Path | None) -> None:
     if not re.fullmatch(r"\d+(\.\d+)?%|\d+[KMGT]?|infinity", settings.daemon.memory_max):
         raise ConfigError(f"'daemon.memory_max' in {where} is {settings.daemon.memory_max!r}",
                           hint="give a size such as \"12G\" (K, M, G, T), a share of RAM such as \"80%\", or \"infinity\"")
+    for name, folder in (("daemon.import_dir", settings.daemon.import_dir),
+                         ("train.base_models_dir", settings.base_models_dir)):
+        if folder is not None and (_within(settings.state_dir, folder) or _within(folder, settings.state_dir)
+                                   or _within(settings.key_file, folder)):
+            raise ConfigError(f"'{name}' in {where} is {folder}, which holds or lies in the state directory"
+                              f" {settings.state_dir} or the key file",
+                              hint="a folder clients may name files in must hold nothing of the appliance's own")
     if settings.daemon.training_hours:
         try:
             _window(settings.daemon.training_hours)
         except ValueError:
             raise ConfigError(f"'daemon.training_hours' in {where} is {settings.daemon.training_hours!r}",
                               hint="write it as HH:MM-HH:MM, e.g. \"22:00-06:00\", or leave it empty") from None
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """Whether path is folder or lies inside it, links resolved."""
+    return path.resolve().is_relative_to(folder.resolve())
 
 
 def _check_limits(section: str, values: object, where: str, limits: dict[str, tuple[float, float]]) -> None:

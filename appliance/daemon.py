@@ -49,7 +49,7 @@ import uvloop
 from appliance import api, autopilot, config, events, jobs, registry, sdnotify, store, usage, users
 from appliance.errors import ApplianceError, DaemonError
 from appliance.serve.metrics import Metrics, quantile_s
-from appliance.store import backups
+from appliance.store import audit, backups
 from appliance.worker import EXIT_STOPPED
 
 log = logging.getLogger("appliance.daemon")
@@ -332,6 +332,8 @@ class _Server(uvicorn.Server):
 def run(settings: config.Settings, passphrase: str | None) -> None:
     """Run the daemon until SIGTERM or SIGINT; raises ApplianceError when it cannot start."""
     with store.open(settings, passphrase) as opened:
+        if problem := audit.divergence(opened):
+            raise DaemonError(f"refusing to start: {problem}", hint=audit.REWIND_HINT)
         users.local_admin_token(opened, settings.cli_token_path)
         for job_id in jobs.recover(opened):
             log.warning("job %s was running when the previous daemon stopped; it is queued again", job_id)
@@ -355,6 +357,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
 
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
+    diverged: str | None = None
     metrics = Metrics()
     supervisor = Supervisor(settings, passphrase, metrics)
     started_at, started = datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic()
@@ -413,9 +416,13 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
             watchdog = sdnotify.watchdog_interval()
             while not stopping.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), timeout=watchdog or 1.0)
+                    await asyncio.wait_for(stopping.wait(), timeout=min(watchdog or 1.0, 1.0))
                 if watchdog and worker.is_alive() and time.monotonic() - supervisor.last_tick < 60:
                     sdnotify.notify(WATCHDOG=1)
+                await asyncio.to_thread(_flush_refusals, shared)
+                if diverged := await asyncio.to_thread(_divergence, shared):
+                    log.error("stopping: %s", diverged)
+                    break
             sdnotify.notify(STOPPING=1, STATUS="stopping: the running job checkpoints")
             log.info("stopping: draining the running job")
         finally:
@@ -425,10 +432,28 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
                     await asyncio.to_thread(thread.join)
             supervisor.close()
             shared.closing.set()
+            await asyncio.to_thread(_flush_refusals, shared, everything=True)
             for server in listening:
                 server.should_exit = True
             await asyncio.gather(*servers, return_exceptions=True)
+    if diverged:
+        raise DaemonError(f"stopped: {diverged}", hint=audit.REWIND_HINT)
     log.info("stopped")
+
+
+def _divergence(shared: api.SharedStore) -> str | None:
+    """How the audit log disagrees with its anchor (someone cut it or put an older database back), or None."""
+    with shared.use() as opened:
+        return audit.divergence(opened)
+
+
+def _flush_refusals(shared: api.SharedStore, *, everything: bool = False) -> None:
+    """Put the counted refusals of the control API on the record; a full disk is logged, not fatal."""
+    try:
+        with shared.use() as opened:
+            shared.flush_refusals(opened, everything=everything)
+    except ApplianceError as exc:
+        log.error("refused calls not recorded: %s", exc.message)
 
 
 def _bind(path: Path) -> socket.socket:

@@ -1,8 +1,9 @@
 """Dataset versions: a file or folder turned into checked, hashed, encrypted training data.
 
-import_file() reads a CSV or JSONL file of texts, or a folder of class subfolders of
-images, checks every example and reports the problems together, each with the file
-and line (or image) it is on. What passes is normalised to one canonical form (JSON
+import_data() reads a CSV or JSONL file of texts, or a folder of class subfolders of
+images, from a source (sources.py: a local path, a name inside daemon.import_dir, or an
+upload), checks every example and reports the problems together, each with the file
+and line, column or image it is on, never with what the file holds. What passes is normalised to one canonical form (JSON
 lines of text and label in file order; an uncompressed tar of label/file entries with
 fixed metadata) whose SHA-256 is both the version's id and its blob id, so the same
 data is one version however often it is imported. The train/validation split is
@@ -26,12 +27,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
-from appliance import archive
-from appliance.errors import DatasetError
+from appliance import archive, sources
+from appliance.errors import ConfinementError, DatasetError
 from appliance.store import Store, audit, blobs
 
 TEXT = "text-classification"
@@ -106,9 +107,14 @@ JSON_COLUMNS = ("labels", "split", "warnings")
 # -- importing ---------------------------------------------------------------------
 
 
-def import_file(
+def import_file(store: Store, path: str | Path, **options: Any) -> DatasetVersion:
+    """import_data() from a file or folder the calling user named (the CLI without a daemon, tests, benchmarks)."""
+    return import_data(store, sources.LocalPath(Path(path)), **options)
+
+
+def import_data(
     store: Store,
-    path: str | Path,
+    source: sources.Source,
     *,
     name: str,
     task: str = TEXT,
@@ -122,20 +128,20 @@ def import_file(
     actor: str | None = None,
     progress: Progress | None = None,
 ) -> DatasetVersion:
-    """Check a file or folder and store it as the next version of the named dataset.
+    """Check a source's examples and store them as the next version of the named dataset.
 
     Identical content under the same name returns the version that already holds it, residency unchanged
-    (set_residency() changes it).
+    (set_residency() changes it). Messages and the audit record name places (file, line, column), never
+    what the file holds.
     """
-    path = Path(path)
-    details: dict[str, Any] = {"source": str(path.resolve()), "task": task, "residency": residency}
+    details: dict[str, Any] = {"source": source.origin, "task": task, "residency": residency}
     try:
-        _check_request(path, name, task, validation_fraction)
+        _check_request(source, name, task, validation_fraction)
         _check_residency(residency)
-        examples, warnings = _read(path, task, (text_column, label_column), max_text_chars, min_per_class, progress)
+        examples, warnings = _read(source, task, (text_column, label_column), max_text_chars, min_per_class, progress)
         content = _canonical(task, examples)
         existing = _existing(store, hashlib.sha256(content).hexdigest(), name)
-    except DatasetError:
+    except (DatasetError, ConfinementError):
         # A refusal is audited too: operation() writes the "failed" record and re-raises.
         with audit.operation(store, ACTION, name, actor=actor, **details):
             raise
@@ -148,7 +154,7 @@ def import_file(
             "SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (name,)
         ).fetchone()[0]
         _insert(store, DatasetVersion(
-            id=blob_id, name=name, version=version, task=task, blob_id=blob_id, source=details["source"],
+            id=blob_id, name=name, version=version, task=task, blob_id=blob_id, source=source.origin,
             examples=len(labels), labels=sorted(set(labels)), split=_split(labels, validation_fraction, seed),
             warnings=warnings, residency=residency, created_at=datetime.now(UTC).isoformat()))
         recorded.update(id=blob_id, version=version, examples=len(labels), warnings=len(warnings))
@@ -236,47 +242,46 @@ def _check_residency(residency: str) -> None:
 
 
 def _read(
-    path: Path,
+    source: sources.Source,
     task: str,
     columns: tuple[str, str],
     max_text_chars: int,
     min_per_class: int,
     progress: Progress | None,
 ) -> tuple[list[_Example], list[str]]:
-    """Every example of the file or folder, checked, and the warnings; raise with all the problems found."""
-    collector = _Collector(path.name)
+    """Every example of the source, checked, and the warnings; raise with all the problems found."""
+    collector = _Collector(source.name)
     try:
         if task == IMAGE:
-            _read_images(path, collector, progress)
+            _read_images(source, collector, progress)
         else:
-            _read_text(path, collector, progress, columns, max_text_chars)
+            _read_text(source, collector, progress, columns, max_text_chars)
     except OSError as exc:
-        raise DatasetError(f"cannot read {exc.filename or path}: {exc.strerror}") from exc
+        raise DatasetError(f"cannot read {source.name}: {exc.strerror}") from exc
     return collector.examples, collector.finish(min_per_class)
 
 
-def _check_request(path: Path, name: str, task: str, validation_fraction: float) -> None:
+def _check_request(source: sources.Source, name: str, task: str, validation_fraction: float) -> None:
     """Refuse arguments that cannot work before reading anything."""
     if not NAME.fullmatch(name):
         raise DatasetError(
-            f"{name!r} is not a usable dataset name",
+            f"{name[:80]!r} is not a usable dataset name",
             hint="use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
         )
     if task not in TASKS:
-        raise DatasetError(f"unknown task {task!r}", hint=f"use one of: {', '.join(TASKS)}")
+        raise DatasetError(f"unknown task {task[:80]!r}", hint=f"use one of: {', '.join(TASKS)}")
     if not 0 < validation_fraction < 1:
         raise DatasetError(
             f"validation fraction {validation_fraction} is not between 0 and 1", hint="0.2 is a good start"
         )
-    if not path.exists():
-        raise DatasetError(f"{path}: no such file or folder")
-    if task == IMAGE and not path.is_dir():
+    folder = source.is_folder()
+    if task == IMAGE and not folder:
         raise DatasetError(
-            f"{path} is not a folder", hint="image datasets are a folder with one subfolder of images per class"
+            f"{source.name} is not a folder", hint="image datasets are a folder with one subfolder of images per class"
         )
-    if task == TEXT and (path.is_dir() or path.suffix.lower() not in TEXT_SUFFIXES):
+    if task == TEXT and (folder or Path(source.name).suffix.lower() not in TEXT_SUFFIXES):
         raise DatasetError(
-            f"{path} is not a CSV or JSONL file",
+            f"{source.name} is not a CSV or JSONL file",
             hint="text datasets are .csv (with a header row) or .jsonl; a folder of images needs"
             " --task image-classification",
         )
@@ -327,10 +332,7 @@ class _Collector:
             self._duplicates.append(example.where)
         else:
             kind = "text" if isinstance(example.content, str) else "image"
-            self.problem(
-                f"{example.where}: labelled {example.label!r}, but the same {kind} at {earlier.where}"
-                f" is labelled {earlier.label!r}"
-            )
+            self.problem(f"{example.where}: the same {kind} as {earlier.where}, with another label")
 
     def finish(self, min_per_class: int) -> list[str]:
         """Raise with every problem found, else return the warnings to keep with the version."""
@@ -350,14 +352,14 @@ class _Collector:
         places: dict[str, list[str]] = {}
         for example in self.examples:
             places.setdefault(example.label, []).append(example.where)
-        for label, where in sorted(places.items()):
+        for where in places.values():
             if len(where) < min_per_class:
                 self.problem(
-                    f"class {label!r} has {_count(len(where), 'example')} ({_listing(where)}),"
-                    f" fewer than the {min_per_class} each class needs"
+                    f"{_listing(where)}: {'the only example' if len(where) == 1 else 'the only examples'} of"
+                    f" {'its' if len(where) == 1 else 'their'} label, fewer than the {min_per_class} each label needs"
                 )
         if len(places) < 2:
-            found = f"every example is labelled {next(iter(places))!r}" if places else "no examples found"
+            found = "every example has the same label" if places else "no examples found"
             self.problem(f"{self.source}: {found}; a classifier needs at least two classes")
 
 
@@ -390,51 +392,50 @@ def csv_rows(path: Path, columns: tuple[str, ...]) -> tuple[list[tuple[str, dict
     """Every data row of a CSV file that has the named columns, with its place, and the problems met."""
     collector = _Collector(path.name)
     try:
-        rows = list(_csv_rows(path.name, _decoded_lines(path, collector, None), collector, columns))
+        with path.open("rb") as file:
+            rows = list(_csv_rows(path.name, _decoded_lines(path.name, file, 0, collector, None), collector, columns))
     except OSError as exc:
-        raise DatasetError(f"cannot read {exc.filename or path}: {exc.strerror}") from exc
+        raise DatasetError(f"cannot read {path.name}: {exc.strerror}") from exc
     return rows, collector.problems
 
 
-
 def _read_text(
-    path: Path, collector: _Collector, progress: Progress | None, columns: tuple[str, str], max_chars: int
+    source: sources.Source, collector: _Collector, progress: Progress | None, columns: tuple[str, str],
+    max_chars: int,
 ) -> None:
     """Every row of a CSV or JSONL file, checked and collected; columns are (text, label)."""
-    lines = _decoded_lines(path, collector, progress)
-    if path.suffix.lower() == ".csv":
-        rows = _csv_rows(path.name, lines, collector, columns)
-    else:
-        rows = _jsonl_rows(path.name, lines, collector)
-    for where, fields in rows:
-        example = _text_example(where, fields, columns, max_chars)
-        if isinstance(example, str):
-            collector.problem(example)
+    with source.open() as file:
+        lines = _decoded_lines(source.name, file, source.size() if progress else 0, collector, progress)
+        if source.name.lower().endswith(".csv"):
+            rows = _csv_rows(source.name, lines, collector, columns)
         else:
-            collector.add(example)
+            rows = _jsonl_rows(source.name, lines, collector)
+        for where, fields in rows:
+            example = _text_example(where, fields, columns, max_chars)
+            if isinstance(example, str):
+                collector.problem(example)
+            else:
+                collector.add(example)
 
 
-def _decoded_lines(path: Path, collector: _Collector, progress: Progress | None) -> Iterator[str]:
-    """The file's lines as text; a bad byte is reported with its line and position, then replaced."""
-    total = path.stat().st_size
+def _decoded_lines(
+    name: str, file: BinaryIO, total: int, collector: _Collector, progress: Progress | None
+) -> Iterator[str]:
+    """The file's lines as text; a bad byte is reported with its line and column, then replaced."""
     done = reported = 0
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, 1):
-            done += len(raw)
-            if number == 1:
-                raw = raw.removeprefix(codecs.BOM_UTF8)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                collector.problem(
-                    f"{path.name} line {number}: not valid UTF-8"
-                    f" (byte 0x{raw[exc.start]:02x} at position {exc.start + 1})"
-                )
-                line = raw.decode("utf-8", errors="replace")
-            yield line
-            if progress is not None and done - reported >= PROGRESS_STEP:
-                progress(done, total)
-                reported = done
+    for number, raw in enumerate(file, 1):
+        done += len(raw)
+        if number == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            collector.problem(f"{name} line {number} column {exc.start + 1}: not valid UTF-8")
+            line = raw.decode("utf-8", errors="replace")
+        yield line
+        if progress is not None and done - reported >= PROGRESS_STEP:
+            progress(done, max(done, total))
+            reported = done
     if progress is not None:
         progress(done, max(done, total))
 
@@ -451,8 +452,8 @@ def _csv_rows(
     missing = [column for column in columns if column not in header]
     if missing:
         raise DatasetError(
-            f"{name} line {header_line}: no column {' or '.join(map(repr, missing))}"
-            f" (columns found: {', '.join(header)})",
+            f"{name} line {header_line}: no column {' or '.join(repr(column[:80]) for column in missing)}"
+            f" among the header's {_count(len(header), 'column')}",
             hint="name the columns with --text-column and --label-column;"
             " the first line must name the columns, separated by commas",
         )
@@ -503,7 +504,7 @@ def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str], 
     """The row as an example, or the problem that stops it being one."""
     for column in columns:
         if column not in fields:
-            return f"{where}: no field {column!r} (fields found: {', '.join(fields) or 'none'})"
+            return f"{where}: no field {column[:80]!r} (the object has {_count(len(fields), 'field')})"
     text = _as_text(fields[columns[0]])
     label = _as_text(fields[columns[1]], numbers=True)
     if text is None or label is None:
@@ -531,40 +532,34 @@ def _as_text(value: object, *, numbers: bool = False) -> str | None:
 # -- image folders -----------------------------------------------------------------
 
 
-def _read_images(root: Path, collector: _Collector, progress: Progress | None) -> None:
-    """Every image in the class subfolders of root, labelled by its subfolder and checked."""
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
-        raise DatasetError(
-            f"{root.name} has no class folders",
-            hint=f"put each class's images in a subfolder named after it, e.g. {root.name}/cats/1.png",
-        )
-    stray = sorted(p.name for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
-    if stray:
-        collector.warnings.append(f"ignored {_count(len(stray), 'file')} outside class folders: {_listing(stray)}")
-    files = [
-        file
-        for folder in classes
-        for file in sorted(folder.rglob("*"))
-        if file.is_file() and not any(part.startswith(".") for part in file.relative_to(root).parts)
-    ]
-    sizes = [file.stat().st_size for file in files]
-    total, done = sum(sizes), 0
-    for file, size in zip(files, sizes):
-        entry = file.relative_to(root).as_posix()
-        where = f"{root.name}/{entry}"
-        if size > MAX_IMAGE_BYTES:
-            collector.problem(f"{where}: {size / 2**20:.1f} MiB, over the {MAX_IMAGE_BYTES // 2**20} MiB limit")
+def _read_images(source: sources.Source, collector: _Collector, progress: Progress | None) -> None:
+    """Every image in the class subfolders of the source, labelled by its subfolder and checked."""
+    done, total = 0, source.size() if progress else 0
+    stray: list[str] = []
+    for image in source.images():
+        where = f"{source.name}/{image.entry}"
+        label, slash, _rest = image.entry.partition("/")
+        if not slash:
+            stray.append(image.entry)
+        elif image.size > MAX_IMAGE_BYTES:
+            collector.problem(f"{where}: {image.size / 2**20:.1f} MiB, over the {MAX_IMAGE_BYTES // 2**20} MiB limit")
         else:
-            content = file.read_bytes()
+            content = image.read()
             unreadable = _image_problem(content)
             if unreadable:
                 collector.problem(f"{where}: not a readable image ({unreadable})")
             else:
-                collector.add(_Example(where, entry.split("/", 1)[0], content, entry))
-        done += size
+                collector.add(_Example(where, label, content, image.entry))
+        done += image.size
         if progress is not None:
-            progress(done, total)
+            progress(done, max(done, total))
+    if not collector.examples and not collector.problem_count:
+        raise DatasetError(
+            f"{source.name} has no class folders with images",
+            hint=f"put each class's images in a subfolder named after it, e.g. {source.name}/cats/1.png",
+        )
+    if stray:
+        collector.warnings.append(f"ignored {_count(len(stray), 'file')} outside class folders: {_listing(stray)}")
 
 
 def _image_problem(content: bytes) -> str | None:
@@ -574,8 +569,10 @@ def _image_problem(content: bytes) -> str | None:
             image.verify()  # checks structure and checksums
         with Image.open(io.BytesIO(content)) as image:
             image.load()  # decodes every pixel: catches a truncated file that verify() lets through
+    except UnidentifiedImageError:
+        return "not a format Pillow knows"
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        return str(exc) or type(exc).__name__
+        return str(exc).split(" <")[0] or type(exc).__name__  # no object reprs
     return None
 
 

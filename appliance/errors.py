@@ -16,6 +16,7 @@
      ├── FeedbackError            true labels that cannot be taken (400)
      │    └── PredictionNotFound  no prediction with that id, or no longer (404)
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
+ │    └── AuditDiverged       the log no longer reaches its anchored head (cut or rolled back): nothing is written
      ├── JobError                 a job cannot be submitted, start or go on
      │    ├── JobNotFound         no job with that id (404)
      │    └── StudyNotFound       no hyperparameter search with that id (404)
@@ -114,6 +115,13 @@ class PredictionNotFound(FeedbackError):
 
 class AuditWriteFailed(ApplianceError):
     """The audit record could not be written, so the operation was not carried out."""
+
+
+class AuditDiverged(AuditWriteFailed):
+    """The audit log disagrees with its anchored head (records cut off, an older database put back): the appliance
+    writes nothing until an admin accepts the rewind or restores a verified backup."""
+
+    status = 503
 
 
 class JobError(ApplianceError):

@@ -237,8 +237,7 @@ def _alias_version(store: Store, model: str, alias: str) -> int | None:
 def _newest(store: Store, model: str) -> int:
     row = store.db.execute("SELECT MAX(version) FROM model_versions WHERE model = ?", (model,)).fetchone()
     if row[0] is None:
-        known = [r[0] for r in store.db.execute("SELECT DISTINCT model FROM model_versions ORDER BY model")]
-        raise RegistryError(f"no model named {model!r}", hint=f"known models: {', '.join(known) or 'none yet'}")
+        raise RegistryError(f"no model named {model[:80]!r}", hint="'appliance models list' shows the models")
     return row[0]
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from appliance import burst, config, datasets, feedback, jobs, pipeline, registry, store
+from appliance import burst, config, datasets, feedback, jobs, pipeline, registry, sources, store
 from appliance.errors import ApplianceError, JobError
 from appliance.store import Store
 from appliance.train.params import TrainParams
@@ -96,9 +96,9 @@ def import_step(job: Job) -> str:
         version = (feedback.extend_dataset(job.store, model, actor=job.actor) if feedback.unused(job.store, model)
                    else datasets.get(job.store, _required(job, "dataset")))
     elif source:
-        version = datasets.import_file(
-            job.store, Path(source), name=job.params["dataset"], task=job.params.get("task", datasets.TEXT),
-            residency=job.params.get("residency", datasets.LOCAL_ONLY), actor=job.actor,
+        version = datasets.import_data(  # a name inside daemon.import_dir, never a path
+            job.store, sources.ImportDir(job.store.settings, source), name=job.params["dataset"],
+            task=job.params.get("task", datasets.TEXT), residency=job.params.get("residency", datasets.LOCAL_ONLY), actor=job.actor,
         )
     else:
         version = datasets.get(job.store, _required(job, "dataset"))

@@ -163,7 +163,8 @@ def trained(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Traine
 def daemon(
     tiny_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> Iterator[Daemon]:
-    """A fresh daemon; a test may add settings with indirect parametrisation: {"APPLIANCE_...": value}."""
+    """A fresh daemon, with the tickets in tmp_path and in its import_dir; a test may add settings with indirect
+    parametrisation: {"APPLIANCE_...": value}."""
     env = environment(tmp_path / "var", tiny_base, **getattr(request, "param", {}))
     for name, value in env.items():
         if name.startswith("APPLIANCE_"):
@@ -171,6 +172,7 @@ def daemon(
     settings = config.load()
     lifecycle.init(settings).close()
     write_tickets(tmp_path / "tickets.csv")
+    write_tickets(settings.daemon.import_dir / "tickets.csv")
     running = Daemon(env, settings)
     running.start()
     yield running

@@ -1,4 +1,7 @@
-"""The real daemon as a subprocess on a temporary state directory: how tests start, ask and stop it."""
+"""The real daemon as a subprocess on a temporary state directory: how tests start, ask and stop it.
+
+Its daemon.import_dir is the folder `import` beside the state directory.
+"""
 
 from __future__ import annotations
 
@@ -45,6 +48,12 @@ class Daemon:
         return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.settings.socket_path)),
                             base_url="http://appliance", headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
+    def upload(self, path: Path, **options: Any) -> httpx.Response:
+        """Import a local file the way the CLI does: its bytes in the body, the options in the query."""
+        with self.api() as api:
+            return api.post("/v1/datasets", params={"filename": path.name, **options}, content=path.read_bytes(),
+                            headers={"Content-Type": "application/octet-stream"})
+
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "appliance", *args], env=self.env, capture_output=True, check=False,
                               text=True, timeout=300)
@@ -81,7 +90,10 @@ class Daemon:
 def environment(state_dir: Path, tiny_base: Path, **extra: str) -> dict[str, str]:
     """The daemon's environment: its own state directory, socket and ports, the tiny base model, quick polling."""
     short = Path(tempfile.mkdtemp(prefix="apl-", dir="/tmp"))  # a unix socket path must stay under 108 bytes
+    imports = state_dir.parent / "import"  # what root would let the daemon read by name: daemon.import_dir
+    imports.mkdir(parents=True, exist_ok=True)
     return {**os.environ, "APPLIANCE_STATE_DIR": str(state_dir), "APPLIANCE_DAEMON_SOCKET": str(short / "s"),
+            "APPLIANCE_DAEMON_IMPORT_DIR": str(imports),
             "APPLIANCE_SERVE_PORT": str(free_port()), "APPLIANCE_SERVE_POLL_S": "0.2",
             "APPLIANCE_TRAIN_BASE_MODEL": str(tiny_base), "APPLIANCE_DAEMON_STOP_TIMEOUT_S": "60",
             "APPLIANCE_DAEMON_TCP_PORT": str(free_port()), "HF_HUB_OFFLINE": "1", **extra}

@@ -342,7 +342,7 @@ def test_cancel_of_a_burst_job_stops_the_ray_job(burst_env: None, daemon: Daemon
     assert daemon.env["APPLIANCE_BURST_ADDRESS"] == ray_head.address
     source = daemon.settings.state_dir.parent / "tickets.csv"
     with daemon.api() as api:
-        imported = api.post("/v1/datasets", json={"path": str(source), "name": "tickets", "residency": "burst-allowed"})
+        imported = daemon.upload(source, name="tickets", residency="burst-allowed")
         assert imported.status_code == 201 and imported.json()["residency"] == "burst-allowed", imported.text
         answer = api.post("/v1/jobs", json={"kind": "train", "params": {
             "dataset": "tickets", "burst": True,

@@ -132,19 +132,19 @@ GOOD = _csv(ROWS)[len("text,label\n") :]
         (
             "customers.csv",
             b"text,label\n" + GOOD.encode() + b'"caf\xe9 au lait",billing\n',
-            "customers.csv line 10: not valid UTF-8 (byte 0xe9 at position 5)",
+            "customers.csv line 10 column 5: not valid UTF-8",
         ),
         ("customers.csv", "text,label\n" + GOOD + '"   ",billing\n', "customers.csv line 10: empty text"),
         ("customers.csv", "text,label\n" + GOOD + '"where is it",\n', "customers.csv line 10: missing label"),
         (
             "customers.csv",
             "message,category\n" + GOOD,
-            "customers.csv line 1: no column 'text' or 'label' (columns found: message, category)",
+            "customers.csv line 1: no column 'text' or 'label' among the header's 2 columns",
         ),
         (
             "customers.csv",
             "text,label\n" + GOOD + '"please call me",callback\n',
-            "class 'callback' has 1 example (customers.csv line 10)",
+            "customers.csv line 10: the only example of its label, fewer than the 2 each label needs",
         ),
         (
             "customers.csv",
@@ -157,7 +157,7 @@ GOOD = _csv(ROWS)[len("text,label\n") :]
         (
             "customers.jsonl",
             _jsonl(ROWS) + '{"body": "hi", "label": "billing"}\n',
-            "customers.jsonl line 9: no field 'text' (fields found: body, label)",
+            "customers.jsonl line 9: no field 'text' (the object has 2 fields)",
         ),
         ("customers.jsonl", _jsonl(ROWS) + '{"text": "hi", "label": null}\n', "customers.jsonl line 9: missing label"),
         ("customers.jsonl", _jsonl(ROWS) + '{"text": 7, "label": "b"}\n', "customers.jsonl line 9: the text is not"),
@@ -197,7 +197,7 @@ def test_the_same_text_with_another_label_is_an_error_naming_both_lines(opened: 
     with pytest.raises(DatasetError) as error:
         datasets.import_file(opened, _write(tmp_path, "t.csv", content), name="tickets")
     assert error.value.message == (
-        "t.csv line 10: labelled 'shipping', but the same text at t.csv line 2 is labelled 'billing'"
+        "t.csv line 10: the same text as t.csv line 2, with another label"
     )
 
 
@@ -278,7 +278,7 @@ def test_an_image_folder_imports_and_loads(opened: Store, tmp_path: Path) -> Non
 def test_an_image_folder_needs_class_folders(opened: Store, tmp_path: Path) -> None:
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "1.png").write_bytes(_png((1, 2, 3)))
-    with pytest.raises(DatasetError, match="flat has no class folders"):
+    with pytest.raises(DatasetError, match="flat has no class folders with images"):
         datasets.import_file(opened, tmp_path / "flat", name="flat", task="image-classification")
 
 
@@ -335,6 +335,6 @@ def test_the_cli_reports_a_bad_file_without_a_traceback(tmp_path: Path) -> None:
     path = _write(tmp_path, "t.csv", b"text,label\n" + GOOD.encode() + b"caf\xe9,billing\n")
     result = run_cli("data", "import", str(path), "--name", "tickets")
     assert result.returncode == 1
-    assert "error: t.csv line 10: not valid UTF-8" in result.stderr
+    assert "error: t.csv line 10 column 4: not valid UTF-8" in result.stderr
     assert "Traceback" not in result.stderr
     assert run_cli("data", "show", "tickets").returncode == 1

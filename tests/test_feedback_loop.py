@@ -108,7 +108,7 @@ def canary_until_decided(daemon: Daemon, traffic: Traffic, words: dict[str, list
 def test_a_shift_is_caught_retrained_canaried_and_promoted_and_a_worse_candidate_is_rolled_back(
     daemon: Daemon, tmp_path: Path,
 ) -> None:
-    first = submit(daemon, "pipeline", {"source": str(tmp_path / "tickets.csv"), "dataset": "tickets",
+    first = submit(daemon, "pipeline", {"source": "tickets.csv", "dataset": "tickets",
                                         "params": FAST, "int8": False})
     assert daemon.ended(first)["status"] == "finished"
     with daemon.api() as api:

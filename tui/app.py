@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from textual import work
@@ -42,6 +43,8 @@ class Daemon(Protocol):
     async def get(self, path: str, **params: Any) -> Any: ...
 
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Any: ...
+
+    async def upload(self, path: Path, options: dict[str, Any]) -> Any: ...
 
     def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
 
@@ -93,8 +96,15 @@ class ApplianceApp(App[None]):
 
     async def request(self, method: str, path: str, body: dict[str, Any] | None = None, **params: Any) -> Any:
         """Ask the daemon; whether it answered, and whether it took the token, shows on the status line."""
+        return await self._asked(self.daemon.get(path, **params) if method == "GET" else self.daemon.post(path, body))
+
+    async def upload(self, path: Path, options: dict[str, Any]) -> Any:
+        """Send a local file (or image folder) for import: the daemon reads only the bytes it is sent."""
+        return await self._asked(self.daemon.upload(path, options))
+
+    async def _asked(self, asking: Awaitable[Any]) -> Any:
         try:
-            answer = await (self.daemon.get(path, **params) if method == "GET" else self.daemon.post(path, body))
+            answer = await asking
         except (DaemonUnreachable, Unauthenticated) as exc:
             self._lost(exc)
             raise

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 import click
 
@@ -74,6 +76,26 @@ def show_verification(result: audit.Verification) -> None:
             click.echo(f"first bad record: {result.first_bad}", err=True)
 
 
+@audit_group.command("accept-rewind")
+@click.option("--reason", required=True, help="Why the log is shorter or older than its anchor; kept in the record.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def audit_accept_rewind(reason: str, yes: bool) -> None:
+    """Accept that the audit log was cut or an older database put back: audited, then the appliance writes again."""
+    with opened_store() as opened:
+        problem = audit.divergence(opened)
+        if problem is None:
+            click.echo("the audit log agrees with its head file: there is no rewind to accept")
+            return
+        click.echo(problem, err=True)
+        if not yes:
+            click.confirm("Record this rewind as accepted, and let the appliance write again?", abort=True)
+        accepted = audit.accept_rewind(opened, reason)
+    lost = accepted["abandoned_head"]
+    click.echo("rewind accepted and recorded as audit.rewind_accepted"
+               + (f"; records after {accepted['log_tail']['seq'] if accepted['log_tail'] else 0} up to {lost['seq']}"
+                  " are gone for good" if lost else ""))
+
+
 @audit_group.command("export")
 @click.option("--format", "fmt", type=click.Choice(["jsonl"]), default="jsonl", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
@@ -85,7 +107,7 @@ def audit_export(fmt: str, output: Path | None) -> None:
             for line in lines:
                 click.echo(line)
         else:
-            with output.open("x") as f:
+            with _new_private(output) as f:
                 for line in lines:
                     f.write(line + "\n")
         audit.record(opened, "audit.export", str(output or "stdout"), format=fmt)
@@ -101,6 +123,14 @@ def audit_checkpoint(output: Path | None) -> None:
     if output is None:
         click.echo(text, nl=False)
     else:
-        with output.open("x") as f:
+        with _new_private(output) as f:
             f.write(text)
         click.echo(f"checkpoint of record {head.seq} written to {output}", err=True)
+
+
+def _new_private(path: Path) -> TextIO:
+    """A new file only its owner can read (an export holds who did what); an existing one is never overwritten."""
+    try:
+        return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w")
+    except FileExistsError:
+        raise click.ClickException(f"{path} already exists; exports never overwrite a file") from None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from appliance import datasets, feedback
+from appliance import datasets, feedback, sources
 from appliance.cli.base import cli, daemon_client, opened_store, print_json, progress_bar
 
 
@@ -39,8 +39,17 @@ def data_import(
     options = {"name": name, "task": task, "text_column": text_column, "label_column": label_column,
                "validation_fraction": validation_fraction, "seed": seed, "residency": residency}
     with daemon_client() as api:
-        if api is not None:  # the daemon reads the file, so the import is audited under the caller's user
-            answer = api.post("/v1/datasets", {"path": str(path.resolve()), **options})
+        if api is not None:  # the file's bytes go to the daemon, which audits the import under the caller's user
+            total = sources.LocalPath(path).size()
+            with progress_bar(f"sending {path.name}") as progress:
+                done = 0
+
+                def sent(size: int) -> None:
+                    nonlocal done
+                    done += size
+                    progress(done, total, "checking" if done >= total else None)
+
+                answer = api.upload(path, options, sent)
             ref, unchanged = f"{answer['name']}:{answer['version']}", answer["unchanged"]
     with opened_store() as opened:
         if api is None:

@@ -1,8 +1,8 @@
 """`appliance quickstart`: from a fresh clone to a served model, on embedded defaults.
 
 It creates the master key and the store on first use, starts the daemon if none runs,
-and submits one pipeline job: import the sample dataset that ships with the appliance,
-fine-tune the bundled base model on it, optimise the result for this box (OpenVINO,
+sends the sample dataset that ships with the appliance to it for import, and submits
+one pipeline job: fine-tune the bundled base model on the sample, optimise the result for this box (OpenVINO,
 INT8 under the accuracy guard) and deploy it. Then it prints the endpoint, an example
 `curl` and a live prediction from the running server. Running it again reuses what the
 first run made: the key, the daemon, the finished job and the API key it created.
@@ -91,9 +91,10 @@ def _pipeline_job(api: client.Client) -> dict[str, Any]:
             click.echo(f"reusing job {job['id']} ({job['status']})")
             return job
     with resources.as_file(resources.files("appliance.samples") / "support_tickets.csv") as sample:
-        job = api.post("/v1/jobs", {"kind": "pipeline", "params": {
-            "source": str(sample), "dataset": SAMPLE_NAME, "name": SAMPLE_NAME}})
-    click.echo(f"job {job['id']} queued: import the sample, fine-tune, optimise, deploy")
+        imported = api.upload(sample, {"name": SAMPLE_NAME})  # the daemon reads only the bytes it is sent
+    click.echo(f"sample data {'already stored as' if imported['unchanged'] else 'imported as'} {imported['ref']}")
+    job = api.post("/v1/jobs", {"kind": "pipeline", "params": {"dataset": SAMPLE_NAME, "name": SAMPLE_NAME}})
+    click.echo(f"job {job['id']} queued: fine-tune, optimise, deploy")
     return job
 
 

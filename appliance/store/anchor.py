@@ -83,8 +83,8 @@ def sign(store: Store, seq: int, chain_hash: str) -> Head:
     return Head(store.store_id, seq, chain_hash, signature, unsigned.public_key)
 
 
-def write_head(store: Store, head: Head) -> None:
-    """Replace the head file atomically, never moving it backwards.
+def write_head(store: Store, head: Head, *, backwards: bool = False) -> None:
+    """Replace the head file atomically, never moving it backwards unless a rewind is being recorded.
 
     Several processes write audit records; the lock and the comparison keep a slow
     writer from replacing a newer head with an older one.
@@ -92,7 +92,8 @@ def write_head(store: Store, head: Head) -> None:
     path = store.settings.audit_head_path
     with _locked(path.with_name(path.name + ".lock")):
         current = read_head(path)
-        if current is not None and current.store_id == head.store_id and current.seq >= head.seq:
+        if (not backwards and current is not None and current.store_id == head.store_id
+                and current.seq >= head.seq):
             return
         _write_json_atomically(path, asdict(head))
 
@@ -111,7 +112,8 @@ def read_head(path: Path) -> Head | None:
 
 def _write_json_atomically(path: Path, data: dict) -> None:
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w") as f:
+    temporary.unlink(missing_ok=True)
+    with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         json.dump(data, f, indent=2)
         f.write("\n")
         f.flush()

@@ -7,6 +7,14 @@ Records are written in the same transaction as the change they describe
 each commit the signed head is written outside the database (anchor.py); verify()
 walks the chain and compares its tail with that anchor and, optionally, an exported
 checkpoint, and names the first bad record.
+
+Every write first holds the chain's tail against the anchor (divergence()). A tail that
+ends before the record the anchor vouches for, or holds another record there, means the
+log was cut or an older copy of the database was put back: then nothing is written
+(AuditDiverged), the daemon refuses to start or serve, and verify() keeps failing, until an
+admin accepts the rewind in the open (accept_rewind(): an audited record of what was lost)
+or restores a verified backup (recorded the same way). New records therefore never reuse
+the numbers of lost ones, and no key revoked in the lost part can come back quietly.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from appliance.errors import AuditWriteFailed
+from appliance.errors import AuditDiverged, AuditWriteFailed
 from appliance.store import Store, anchor, keys
 from appliance.store.db import transaction
 
@@ -73,9 +81,12 @@ def record(store: Store, action: str, object: str, *, actor: str | None = None, 
         pass
 
 
-def _append(store: Store, actor: str, action: str, object: str, outcome: str, details: dict) -> None:
+def _append(store: Store, actor: str, action: str, object: str, outcome: str, details: dict,
+            *, rewind: bool = False) -> None:
     try:
         last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        if not rewind and (problem := divergence(store)):
+            raise AuditDiverged(f"nothing was written: {problem}", hint=REWIND_HINT)
         seq, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS)
         row = {
             "seq": seq,
@@ -100,10 +111,10 @@ def _append(store: Store, actor: str, action: str, object: str, outcome: str, de
         ) from exc
 
 
-def _move_anchor(store: Store) -> None:
+def _move_anchor(store: Store, *, backwards: bool = False) -> None:
     last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
     try:
-        anchor.write_head(store, anchor.sign(store, last[0], last[1]))
+        anchor.write_head(store, anchor.sign(store, last[0], last[1]), backwards=backwards)
     except OSError as exc:
         # The record is committed; the next write moves the anchor. verify() tolerates a lagging head.
         log.warning("audit head file %s not updated: %s", store.settings.audit_head_path, exc.strerror)
@@ -117,6 +128,62 @@ def _hash(row: dict[str, Any]) -> str:
 def _mac(store: Store, chain_hash: str) -> str:
     key = keys.derive(store.secret, "appliance audit hmac")
     return hmac.new(key, chain_hash.encode(), hashlib.sha256).hexdigest()
+
+
+# -- the anchor ----------------------------------------------------------------------
+
+REWIND_HINT = ("if the rewind was meant (an older copy put back on purpose), an admin accepts it with"
+               " 'appliance audit accept-rewind --reason TEXT', which records what was lost; else restore a verified"
+               " backup ('appliance backup restore') and find out who changed the database")
+
+
+def divergence(store: Store) -> str | None:
+    """How the chain's tail disagrees with the head file that vouches for it, or None when it does not.
+
+    A head that lags behind the tail is fine (the head is written just after each commit); one that vouches
+    for a record the log no longer has, or has with another hash, is not. So is a missing or forged head
+    once the log holds records.
+    """
+    path = store.settings.audit_head_path
+    last = store.db.execute("SELECT seq FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    last_seq = last[0] if last else 0
+    head = anchor.read_head(path)
+    if head is None:
+        return None if last_seq == 0 else f"the audit head file {path} is missing, so a cut-off tail cannot be ruled out"
+    if not head.is_signed_by(anchor.public_key(store)) or head.store_id != store.store_id:
+        return f"the audit head file {path} is not signed by this store (forged, damaged or from another store)"
+    if head.seq > last_seq:
+        return (f"the audit log was rewound: its head file vouches for record {head.seq}, the log ends at"
+                f" {last_seq} ({head.seq - last_seq} records lost, or an older copy of the database put back)")
+    found = store.db.execute("SELECT hash FROM audit WHERE seq = ?", (head.seq,)).fetchone()
+    if found is None or found[0] != head.hash:
+        return (f"the audit log was rewritten: record {head.seq} differs from the one its head file vouches for"
+                " (an older copy of the database put back, then written to)")
+    return None
+
+
+def accept_rewind(store: Store, reason: str, actor: str | None = None) -> dict[str, Any]:
+    """Accept in the open that the log no longer reaches its anchored head: one record says what was lost,
+    then the head moves back to it. Raises when there is nothing to accept."""
+    problem = divergence(store)
+    if problem is None:
+        raise AuditWriteFailed("the audit log agrees with its head file: there is no rewind to accept",
+                               hint="'appliance audit verify' checks the whole chain")
+    head = anchor.read_head(store.settings.audit_head_path)
+    last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    details = {"problem": problem, "reason": reason,
+               "abandoned_head": {"seq": head.seq, "hash": head.hash} if head and head.seq > 0 else None,
+               "log_tail": {"seq": last[0], "hash": last[1]} if last else None}
+    record_rewind(store, "audit.rewind_accepted", store.store_id, actor=actor, **details)
+    return details
+
+
+def record_rewind(store: Store, action: str, object: str, *, actor: str | None = None, **details: Any) -> None:
+    """A record written past a divergence on purpose (an accepted rewind, a restored backup), after which the head
+    file vouches for this log and no longer for the one it replaced."""
+    with transaction(store.db):
+        _append(store, actor or default_actor(), action, object, "ok", details, rewind=True)
+    _move_anchor(store, backwards=True)
 
 
 # -- reading -----------------------------------------------------------------------
@@ -235,7 +302,8 @@ def verify(store: Store, checkpoint_file: Path | None = None, *, head_file: bool
 def check(store: Store, checkpoint_file: Path | None = None, actor: str | None = None) -> Verification:
     """verify(), with its outcome put on the record, so the log shows when it was last checked and by whom."""
     result = verify(store, checkpoint_file)
-    record(store, "audit.verify", store.store_id, actor=actor, ok=result.ok, first_bad=result.first_bad)
+    if divergence(store) is None:  # a log that diverged from its anchor takes no record, this one neither
+        record(store, "audit.verify", store.store_id, actor=actor, ok=result.ok, first_bad=result.first_bad)
     return result
 
 
@@ -264,6 +332,9 @@ def _check_anchor(
         return (f"the {name} {path} is missing, so a cut-off tail cannot be ruled out", None)
     if not head.is_signed_by(anchor.public_key(store)) or head.store_id != store.store_id:
         return (f"the {name} {path} is not signed by this store (forged, damaged or from another store)", None)
+    if (head.seq > last or hashes.get(head.seq) != head.hash) and name == "checkpoint" and \
+            _lost_in_rewind(store, head.seq):
+        return None  # it vouches for a record a rewind recorded in the log gave up, in the open
     if head.seq > last:
         return (
             f"the log is truncated: the {name} vouches for record {head.seq}, the log ends at {last}",
@@ -272,3 +343,15 @@ def _check_anchor(
     if hashes.get(head.seq) != head.hash:
         return (f"record {head.seq} differs from the one the {name} vouches for (replaced)", head.seq)
     return None
+
+
+def _lost_in_rewind(store: Store, seq: int) -> bool:
+    """Whether record seq was lost in a rewind the log itself records (an accepted rewind, a restored backup)."""
+    for (details,) in store.db.execute(
+        "SELECT details FROM audit WHERE action IN ('audit.rewind_accepted', 'backup.restored') AND outcome = 'ok'"
+    ):
+        found = json.loads(details)
+        kept, abandoned = found.get("log_tail") or found.get("backup_head"), found.get("abandoned_head")
+        if abandoned and (kept["seq"] if kept else 0) < seq <= abandoned["seq"]:
+            return True
+    return False

@@ -266,7 +266,7 @@ def restore(settings: Settings, path: Path, passphrase: str | None = None, progr
         replaced = settings.db_path.with_name(f"{settings.db_path.name}.replaced-{stamp}")
         with store_pkg.open(staged, passphrase) as restored:  # migrates a backup of an older schema
             head = restored.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-            audit.record(
+            audit.record_rewind(  # a rewind by choice: the head moves to this log
                 restored, "backup.restored", str(settings.db_path), actor=actor, backup=str(path),
                 backup_head={"seq": head[0], "hash": head[1]} if head else None,
                 abandoned_head=({"seq": abandoned.seq, "hash": abandoned.hash, "store_id": abandoned.store_id}

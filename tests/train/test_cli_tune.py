@@ -55,7 +55,7 @@ def test_tune_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) ->
 @pytest.mark.slow
 def test_a_tune_job_hands_its_best_trial_to_register_and_optimise(daemon: Daemon, tmp_path: Path) -> None:
     with daemon.api() as api:
-        assert api.post("/v1/datasets", json={"path": str(tmp_path / "tickets.csv"), "name": "tickets"}).is_success
+        assert daemon.upload(tmp_path / "tickets.csv", name="tickets").is_success
         refused = api.post("/v1/jobs", json={"kind": "tune", "params": {"dataset": "tickets", "budget_s": 0}})
         assert refused.status_code == 400 and "budget_s" in refused.json()["error"]
     narrowing = {"learning_rate": {"low": 1e-3, "high": 1e-2}, "epochs": {"low": 3, "high": 4}, "max_length": 32}
@@ -86,7 +86,7 @@ def test_a_tune_job_hands_its_best_trial_to_register_and_optimise(daemon: Daemon
 @pytest.mark.slow
 def test_a_search_killed_with_the_daemon_resumes_its_study_after_a_restart(daemon: Daemon, tmp_path: Path) -> None:
     with daemon.api() as api:
-        assert api.post("/v1/datasets", json={"path": str(tmp_path / "tickets.csv"), "name": "tickets"}).is_success
+        assert daemon.upload(tmp_path / "tickets.csv", name="tickets").is_success
     narrowing = {"learning_rate": {"low": 1e-3, "high": 1e-2}, "epochs": {"low": 3, "high": 6}, "batch_size": [8, 16],
                  "max_length": 32, "lora": False}
     job_id = submit(daemon, "tune", {"dataset": "tickets", "budget_s": 40, "params": {**TINY, "checkpoint_every": 2},

@@ -33,7 +33,7 @@ def served(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     lifecycle.init(settings).close()
     running = Daemon(env, settings)
     running.start()
-    job = submit(running, "pipeline", {"source": str(write_tickets(root / "tickets.csv")), "dataset": "tickets",
+    job = submit(running, "pipeline", {"source": write_tickets(settings.daemon.import_dir / "t.csv").name, "dataset": "tickets",
                                        "params": TINY})
     assert running.ended(job)["status"] == "finished"
     running.wait(lambda: _serves(running), 120, "the deployed model was not loaded")
@@ -76,10 +76,11 @@ class RecordedDaemon:
         return self._answer(f"GET {path}")
 
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        if path == "/v1/datasets":
-            raise ApplianceError("tickets.csv: 2 problems\n  tickets.csv line 3: empty text\n  tickets.csv line 7: 1"
-                                 " field, but the header has 2", hint="fix them and import again; nothing was stored")
         return self._answer(f"POST {path}")
+
+    async def upload(self, path: Path, options: dict[str, Any]) -> Any:
+        raise ApplianceError("tickets.csv: 2 problems\n  tickets.csv line 3: empty text\n  tickets.csv line 7: 1"
+                             " field, but the header has 2", hint="fix them and import again; nothing was stored")
 
     async def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]:
         for event in self.answers["events"]:

@@ -85,7 +85,7 @@ class _Files(DirectoryTree):
 
 
 class ImportDialog(FormDialog[dict[str, Any]]):
-    """Pick a file (or an image folder), name it, import it; the daemon checks every line and says where."""
+    """Pick a file (or an image folder), name it, send it; the daemon checks every line and says where."""
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
@@ -130,14 +130,17 @@ class ImportDialog(FormDialog[dict[str, Any]]):
         except ValueError:
             self.show_problem("the validation share is a number between 0 and 1, such as 0.2")
             return
-        body = {"path": str(Path(path).expanduser().resolve()), "name": name,
-                "task": self.query_one("#task", Select).value, "validation_fraction": fraction,
-                "text_column": self.query_one("#text_column", Input).value.strip() or "text",
-                "label_column": self.query_one("#label_column", Input).value.strip() or "label"}
-        self.show_problem("importing… the daemon checks every line")
+        options = {"name": name, "task": self.query_one("#task", Select).value, "validation_fraction": fraction,
+                   "text_column": self.query_one("#text_column", Input).value.strip() or "text",
+                   "label_column": self.query_one("#label_column", Input).value.strip() or "label"}
+        chosen = Path(path).expanduser()
+        if not chosen.exists():
+            self.show_problem(f"{chosen}: no such file or folder")
+            return
+        self.show_problem("sending and importing… the daemon checks every line")
         self.query_one("#submit", Button).disabled = True
         try:
-            answer = await self.app.request("POST", "/v1/datasets", body)
+            answer = await self.app.upload(chosen, options)
         except ApplianceError as exc:
             self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
             return

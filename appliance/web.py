@@ -1,0 +1,67 @@
+"""What both HTTP APIs share at their edge: JSON error bodies, and a bound on every request body.
+
+Every error either API sends is `{"error": what happened, "hint": how to fix it}`. A body
+is counted as it arrives, whether it declares a Content-Length or comes chunked, so no
+client, signed in or not, can make a server hold more than the route's limit in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"],
+                "properties": {"error": {"type": "string"}, "hint": {"type": "string"}}}
+
+
+def json_error(status: int, message: str, hint: str | None, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": message} | ({"hint": hint} if hint else {})
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def describe_error(error: dict[str, Any]) -> str:
+    """One pydantic validation error as 'where: what'."""
+    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
+    return f"{where}: {error.get('msg', 'invalid')}"
+
+
+class BodyLimit:
+    """413 for a body over its route's limit, by Content-Length or by counting a streamed body."""
+
+    def __init__(self, app: ASGIApp, limit: Callable[[Scope], int], hint: str) -> None:
+        self.app, self.limit, self.hint = app, limit, hint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit(scope)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._too_large(limit, scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._too_large(limit, scope, receive, send)
+
+    async def _too_large(self, limit: int, scope: Scope, receive: Receive, send: Send) -> None:
+        response = json_error(413, f"the request body is over the limit of {limit} bytes", self.hint)
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    """A streamed body passed the limit."""
