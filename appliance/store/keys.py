@@ -115,12 +115,19 @@ def read_key_file(path: Path) -> MasterKey:
 
 
 def _read_key(path: Path) -> bytes:
+    fix = ("a key file holds one line: 32 random bytes in base64, as 'appliance keys init' writes it (a raw 32-byte"
+           f" file converts with: base64 -w0 < RAW > {path.name}); give the right file with keys.file")
     try:
-        material = base64.b64decode(path.read_bytes().strip(), validate=True)
-    except (ValueError, OSError) as exc:
-        raise StoreError(f"cannot read the master key from {path}: {exc}") from exc
+        text = path.read_bytes().strip()
+    except OSError as exc:
+        raise StoreError(f"cannot read the master key file {path}: {exc.strerror}") from exc
+    try:
+        material = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise StoreError(f"the master key file {path} is not base64 text", hint=fix) from None
     if len(material) != KEY_BYTES:
-        raise StoreError(f"{path} does not hold a 256-bit key (base64 of 32 bytes)")
+        raise StoreError(f"the master key file {path} holds {len(material)} bytes, not a 256-bit key (32 bytes)",
+                         hint=fix)
     return material
 
 

@@ -1,0 +1,166 @@
+"""Attacks an insider with a valid low-privilege token would try, against the real daemon, and what they get.
+
+Each test is one attack from the security review: what the attacker sends, what comes back, and what the
+owner finds afterwards in the log, the audit trail and the backups.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import httpx
+import pytest
+
+from appliance import datasets, store, users
+from appliance.store import audit
+from tests.conftest import run_cli
+from tests.daemon import Daemon
+
+
+@pytest.fixture
+def operator(daemon: Daemon) -> str:
+    with store.open(daemon.settings) as opened:
+        return users.add(opened, "mallory", "operator")[1]
+
+
+def _secrets(daemon: Daemon) -> dict[str, str]:
+    """What the attacker is after, as text that would show up if any of it leaked."""
+    return {"master key": daemon.settings.key_file.read_text().strip(),
+            "admin token": daemon.settings.cli_token_path.read_text().strip(),
+            "passwd": Path("/etc/passwd").read_text().splitlines()[0]}
+
+
+def _evidence(daemon: Daemon, answers: list[httpx.Response]) -> dict[str, str]:
+    """Everything the attacker or a viewer could read afterwards: answers, the log, the audit export, a backup."""
+    assert run_cli("backup", "now", env=daemon.env).returncode == 0
+    backup = max(daemon.settings.backup_dir.glob("*"), key=lambda path: path.stat().st_mtime)
+    return {"answers": "\n".join(f"{answer.status_code} {answer.text}" for answer in answers),
+            "daemon log": (daemon.settings.state_dir / "daemon.log").read_text(errors="replace"),
+            "audit export": run_cli("audit", "export", env=daemon.env).stdout,
+            "backup": backup.read_bytes().decode("latin-1")}
+
+
+def test_an_operator_cannot_read_any_file_of_the_daemon_through_an_import(
+    daemon: Daemon, operator: str, tmp_path: Path
+) -> None:
+    secrets = _secrets(daemon)
+    imports = daemon.settings.daemon.import_dir
+    targets = {"key": daemon.settings.key_file, "token": daemon.settings.cli_token_path, "passwd": Path("/etc/passwd")}
+    names: list[str] = []
+    for label, target in targets.items():
+        for suffix in (*datasets.TEXT_SUFFIXES, ".CSV", ""):
+            (imports / f"{label}{suffix}").symlink_to(target)  # root's folder, but an operator dropped links in it
+            names.append(f"{label}{suffix}")
+        (imports / f"{label}-folder").symlink_to(target.parent)
+        names += [f"{label}-folder", f"{label}-folder/{target.name}", str(target), f"../var/{target.name}",
+                  f"./{label}.csv", f"tickets.csv/../{label}.csv", f"../../../../..{target}"]
+    answers = []
+    with daemon.api(operator) as api:
+        for name in names:
+            for task in datasets.TASKS:
+                answers.append(api.post("/v1/datasets/import-dir", json={"file": name, "name": "loot", "task": task}))
+                answers.append(api.post("/v1/jobs", json={"kind": "pipeline", "params": {
+                    "source": name, "dataset": "loot", "task": task}}))
+        for target in targets.values():  # the request that used to work: a path in the body
+            answers.append(api.post("/v1/datasets", json={"path": str(target), "name": "loot"}))
+    imports_refused = [answer for answer in answers if answer.request.url.path.endswith("import-dir")]
+    assert imports_refused and all(answer.status_code == 400 for answer in imports_refused), \
+        {answer.status_code for answer in imports_refused}
+    assert all(answer.status_code < 500 for answer in answers)
+    with daemon.api() as api:
+        assert not [version for version in api.get("/v1/datasets").json() if version["name"] == "loot"]
+    daemon.wait(lambda: not _active_jobs(daemon), 120, "refused pipeline jobs did not end")
+    for where, text in _evidence(daemon, answers).items():
+        for what, secret in secrets.items():
+            assert secret not in text, f"the {what} leaked into the {where}"
+
+
+def test_a_bad_upload_is_named_by_place_never_by_content(daemon: Daemon, operator: str, tmp_path: Path) -> None:
+    """An operator sends a file the daemon cannot parse: the error says where, and echoes nothing of it."""
+    secret = "sk-live-4f9a0c2e7b1d"
+    cases = {"header.csv": f"{secret},{secret}-label\nhello,billing\n",
+             "labels.csv": f"text,label\nhello,{secret}\nworld,{secret}\n",
+             "clash.csv": f"text,label\n{secret},a\n{secret},b\nx,a\ny,b\n",
+             "fields.jsonl": f'{{"{secret}": "hello", "label": "a"}}\n',
+             "bytes.csv": b"text,label\n" + secret.encode() + b"\xff\xfe,a\n"}
+    answers = []
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        answer = daemon.upload(path, name="leaky")
+        assert answer.status_code == 400 and name in answer.json()["error"], answer.text
+        answers.append(answer)
+    daemon.stop()
+    log = (daemon.settings.state_dir / "daemon.log").read_text()
+    audit_rows = run_cli("audit", "export", env=daemon.env).stdout
+    for text in (*(answer.text for answer in answers), log, audit_rows):
+        assert secret not in text
+
+
+def test_an_upload_over_the_limit_is_refused_whole_even_when_chunked(daemon: Daemon, tmp_path: Path) -> None:
+    limit = int(daemon.settings.daemon.max_upload_mb * 2**20)
+
+    def chunks():
+        sent = 0
+        while sent <= limit:
+            yield b"x" * (1 << 20)
+            sent += 1 << 20
+
+    with daemon.api() as api:
+        chunked = api.post("/v1/datasets", params={"name": "big", "filename": "big.csv"}, content=chunks())
+        declared = api.post("/v1/jobs", content=b"{" + b" " * (2 << 20) + b"}",
+                            headers={"Content-Type": "application/json"})
+        datasets_now = api.get("/v1/datasets").json()
+    assert chunked.status_code == 413 and declared.status_code == 413
+    assert "daemon.max_upload_mb" in chunked.json()["hint"]
+    assert not [version for version in datasets_now if version["name"] == "big"]
+
+
+@pytest.mark.parametrize("daemon", [{"APPLIANCE_DAEMON_MAX_UPLOAD_MB": "4"}], indirect=True)
+def test_the_upload_limit_is_the_configured_one(daemon: Daemon) -> None:
+    with daemon.api() as api:
+        answer = api.post("/v1/datasets", params={"name": "big", "filename": "big.csv"}, content=b"x" * (5 << 20))
+    assert answer.status_code == 413 and "4 MiB" in answer.json()["hint"]
+
+
+def test_a_flood_of_bad_tokens_leaves_a_count_not_a_row_each(daemon: Daemon) -> None:
+    for n in range(300):
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.settings.socket_path)),
+                          base_url="http://appliance", headers={"Authorization": f"Bearer apu_nope_{n}"}) as api:
+            assert api.get("/v1/jobs").status_code == 401
+    daemon.stop()
+    with store.open(daemon.settings) as opened:
+        refused = audit.rows(opened, action="api.refused")
+    assert len(refused) == 2, [row["object"] for row in refused]
+    assert sum(json.loads(row["details"]).get("repeated", 1) for row in refused) == 300
+
+
+def test_a_daemon_whose_audit_log_is_cut_under_it_stops_and_will_not_start_again(daemon: Daemon) -> None:
+    with daemon.api() as api:
+        key = api.post("/v1/api-keys", json={"name": "shop"}).json()
+    assert run_cli("api-keys", "revoke", key["id"], env=daemon.env).returncode == 0
+    conn = sqlite3.connect(daemon.settings.db_path)
+    conn.execute("DROP TRIGGER IF EXISTS audit_no_delete")
+    last = conn.execute("SELECT MAX(seq) FROM audit").fetchone()[0]
+    conn.execute("DELETE FROM audit WHERE seq > ?", (last - 3,))  # the revocation's record goes with the tail
+    conn.commit()
+    conn.close()
+    assert daemon.process is not None
+    code = daemon.process.wait(timeout=60)
+    daemon.process = None
+    log = (daemon.settings.state_dir / "daemon.log").read_text()
+    assert code == 1 and "stopping: the audit log was rewound" in log
+    again = run_cli("daemon", env=daemon.env)
+    assert again.returncode == 1 and "refusing to start" in again.stderr
+    for _ in range(3):  # ordinary operations do not heal it
+        assert run_cli("api-keys", "create", "more", env=daemon.env).returncode == 1
+        verify = run_cli("audit", "verify", env=daemon.env)
+        assert verify.returncode == 1 and "TAMPERED" in verify.stderr
+
+
+def _active_jobs(daemon: Daemon) -> list[dict]:
+    with daemon.api() as api:
+        return [job for job in api.get("/v1/jobs").json() if job["status"] in ("queued", "running")]
+
