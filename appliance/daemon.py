@@ -33,6 +33,7 @@ import os
 import queue
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -456,6 +457,23 @@ def _flush_refusals(shared: api.SharedStore, *, everything: bool = False) -> Non
         log.error("refused calls not recorded: %s", exc.message)
 
 
+def _open_to_group(folder: Path) -> None:
+    """Let the daemon's group pass through the socket's folder (g+x), without listing or reading it.
+
+    The socket is 0660 for the group; the folder holding it must let that group in, or the mode means nothing.
+    In the state directory (by hand), every other file is 0600, so passing through shows nothing else.
+    """
+    folder.mkdir(mode=0o750, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(folder.stat().st_mode)
+    if mode & 0o010:
+        return
+    try:
+        os.chmod(folder, mode | 0o010)
+    except PermissionError:
+        log.warning("the control socket's folder %s is not open to the daemon's group (mode %04o): only its user"
+                    " can use the control API", folder, mode)
+
+
 def _bind(path: Path) -> socket.socket:
     """The control socket, mode 0660 from the start; a stale file from a dead daemon is replaced."""
     if path.exists():
@@ -468,7 +486,7 @@ def _bind(path: Path) -> socket.socket:
             raise DaemonError(f"a daemon already listens on {path}", hint="'appliance stop' stops it")
         finally:
             probe.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _open_to_group(path.parent)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o117)
     try:

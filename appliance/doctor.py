@@ -1,7 +1,7 @@
 """Checks that this appliance can run, each a pass or a fail with how to fix it.
 
 run() looks at the hardware and the training plan it implies, the master key, the store,
-the audit chain, the ports and the free disk space, and returns one Check per finding for
+the audit chain, every deployed model (decrypted and hashed), the ports and the free disk space, and returns one Check per finding for
 the CLI (`appliance doctor`), the installer and the TUI to show. It changes nothing: the
 store is opened read-only, so root can examine a service's store without taking its
 files over.
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import httpx
 
-from appliance import client, hardware, store
+from appliance import client, hardware, registry, store
 from appliance.config import Settings
 from appliance.errors import ApplianceError, StoreError
-from appliance.store import audit, keys, migrations
+from appliance.store import audit, blobs, keys, migrations
 from appliance.store import db as store_db
 
 GiB = 2**30
@@ -97,26 +97,50 @@ def _key_and_store(settings: Settings, passphrase: str | None) -> list[Check]:
         return [key, Check("store", Status.WARN, f"no store yet at {settings.db_path}",
                            "the daemon creates it on its first start ('systemctl start appliance' or"
                            " 'appliance quickstart')"),
-                Check("audit log", Status.SKIP, "not checked: no store yet")]
+                Check("audit log", Status.SKIP, "not checked: no store yet"),
+                Check("served models", Status.SKIP, "not checked: no store yet")]
     integrity = _integrity(settings)
     if key.status is Status.FAIL or integrity.status is Status.FAIL:
         failing = "the master key" if key.status is Status.FAIL else "the store"
-        return [key, integrity, Check("audit log", Status.SKIP, f"not checked: {failing} failed its check")]
+        return [key, integrity, Check("audit log", Status.SKIP, f"not checked: {failing} failed its check"),
+                Check("served models", Status.SKIP, f"not checked: {failing} failed its check")]
     try:
         opened = store.open_read_only(settings, passphrase)
     except ApplianceError as exc:  # the key does not match this store
         return [Check("master key", Status.FAIL, exc.message, exc.hint), integrity,
-                Check("audit log", Status.SKIP, "not checked: the master key does not open the store")]
+                Check("audit log", Status.SKIP, "not checked: the master key does not open the store"),
+                Check("served models", Status.SKIP, "not checked: the master key does not open the store")]
     with opened:
         verification = audit.verify(opened)
+        served = _served(opened)
     key = replace(key, detail=f"{key.detail}; it opens store {opened.store_id}")
     if not verification.ok:
         return [key, integrity, Check("audit log", Status.FAIL, f"{verification.problem}",
                                       "'appliance audit verify' names the first bad record; keep the database as"
-                                      " evidence and restore the last good backup")]
+                                      " evidence and restore the last good backup"), served]
     return [key, integrity, Check("audit log", Status.OK,
                                   f"{verification.records} record{'s' * (verification.records != 1)}; the chain"
-                                  " and its signed head verify")]
+                                  " and its signed head verify"), served]
+
+
+def _served(opened: store.Store) -> Check:
+    """Decrypt and hash every version that is deployed: a model that would no longer load must not pass."""
+    deployed = [version for version in registry.list_versions(opened) if "production" in version.aliases
+                or ("candidate" in version.aliases and registry.canary_percent(opened, version.model) > 0)]
+    if not deployed:
+        return Check("served models", Status.OK, "nothing is deployed yet")
+    broken = []
+    for version in deployed:
+        try:
+            for _chunk in blobs.get(opened, version.serving_variant().blob_id):  # every chunk's tag, then the hash
+                pass
+        except ApplianceError as exc:
+            broken.append(f"{version.ref}: {exc.message}")
+    if broken:
+        return Check("served models", Status.FAIL, "; ".join(broken),
+                     "roll back to a version that opens ('appliance rollback MODEL'), or restore the last good backup")
+    return Check("served models", Status.OK, f"{', '.join(version.ref for version in deployed)}: every chunk"
+                 " decrypts and the content matches its hash")
 
 
 def _key(settings: Settings, passphrase: str | None) -> Check:

@@ -59,7 +59,7 @@ def test_quickstart_serves_the_bundled_model_through_the_daemon_and_reuses_it_ne
         assert label == "billing"  # "I was charged twice for my subscription this month"
         assert "curl -s" in first.stdout and "/v1/models/sample-tickets:predict" in first.stdout
         assert "Traceback" not in first.stderr and "LOAD REPORT" not in first.stderr
-        for name in ("master.key", "quickstart.key", "cli.token"):
+        for name in ("master.key", "quickstart.key", "cli.token", "daemon.log", "daemon.pid", "audit-head.json"):
             assert stat.S_IMODE((tmp_path / "var" / name).stat().st_mode) == 0o600
 
         second = run_cli("quickstart", env=env, check=True)

@@ -223,9 +223,12 @@ def test_jobs_wait_for_the_training_hours(daemon: Daemon) -> None:
     assert status["running_job"] is None and "outside the training hours" in status["jobs_wait_for"]
 
 
-def test_the_control_socket_and_the_cli_token_are_private(daemon: Daemon) -> None:
+def test_the_control_socket_is_the_groups_and_every_file_is_private(daemon: Daemon) -> None:
     assert daemon.settings.socket_path.stat().st_mode & 0o777 == 0o660
-    assert daemon.settings.cli_token_path.stat().st_mode & 0o777 == 0o600
+    assert daemon.settings.socket_path.parent.stat().st_mode & 0o070 == 0o010  # the group passes, lists nothing
+    for path in (daemon.settings.cli_token_path, daemon.settings.pid_path, daemon.settings.audit_head_path,
+                 daemon.settings.db_path):
+        assert path.stat().st_mode & 0o777 == 0o600, path
 
 
 def test_the_cli_talks_to_the_running_daemon(daemon: Daemon, tmp_path: Path) -> None:

@@ -7,12 +7,13 @@ import json
 import os
 import socket
 import sqlite3
+from pathlib import Path
 
 import pytest
 
-from appliance import config, doctor
-from appliance.store import audit, keys, lifecycle
-from tests.conftest import run_cli
+from appliance import config, datasets, doctor, registry, store
+from appliance.store import audit, blobs, keys, lifecycle
+from tests.conftest import model_trained_on, run_cli, write_tickets
 
 
 def _by_name(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
@@ -40,8 +41,8 @@ def test_a_sound_appliance_passes_every_check(initialised: config.Settings) -> N
     result = run_cli("doctor")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert [line.split()[0] for line in lines if line and not line.startswith(("all", " "))] == ["ok"] * 7
-    assert "all 7 checks passed" in result.stdout
+    assert [line.split()[0] for line in lines if line and not line.startswith(("all", " "))] == ["ok"] * 8
+    assert "all 8 checks passed" in result.stdout
     found = _by_name(doctor.run(initialised))
     assert "opens store" in found["master key"].detail and "mode 0600" in found["master key"].detail
     assert found["audit log"].detail.startswith("2 records")
@@ -55,7 +56,7 @@ def test_a_key_file_others_can_read_fails_with_the_fix(initialised: config.Setti
     failing = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
     assert failing == [f"FAIL  master key      key file {initialised.key_file} is readable by group or others (mode 0644)"]
     assert f"fix: run 'chmod 600 {initialised.key_file}'" in result.stdout
-    assert "skip  audit log" in result.stdout and "1 of 7 checks failed" in result.stdout
+    assert "skip  audit log" in result.stdout and "1 of 8 checks failed" in result.stdout
     assert "Traceback" not in result.stderr
 
 
@@ -130,6 +131,24 @@ def test_json_output_for_other_tools(initialised: config.Settings) -> None:
     assert result.returncode == 0
     parsed = json.loads(result.stdout)
     assert [item["name"] for item in parsed] == ["hardware", "training plan", "master key", "store", "audit log",
-                                                 "inference port", "disk space"]
+                                                 "served models", "inference port", "disk space"]
     assert {item["status"] for item in parsed} == {"ok"}
 
+
+def test_a_served_model_that_no_longer_decrypts_fails_the_deep_check(initialised: config.Settings,
+                                                                     tmp_path: Path) -> None:
+    with store.open(initialised) as opened:
+        version = datasets.import_file(opened, write_tickets(tmp_path / "tickets.csv"), name="tickets")
+        trained = model_trained_on(opened, version, "tickets")
+        ir = os.urandom(3 * 2**20)  # three chunks standing in for an OpenVINO IR
+        variant = registry.Variant("int8", "openvino-ir", blobs.put(opened, ir), len(ir), {})
+        served = registry.register(opened, "tickets", run_id=trained.run_id, task=trained.task, variants=[variant],
+                                   chosen="int8", reason="test")
+        registry.deploy(opened, served.ref)
+    assert _by_name(doctor.run(initialised))["served models"].status is doctor.Status.OK
+    _tamper(initialised, "UPDATE blob_chunks SET data = randomblob(length(data)) WHERE idx = 1 AND storage_id ="
+                         f" (SELECT storage_id FROM blobs WHERE id = '{variant.blob_id}')")
+    result = run_cli("doctor")
+    assert result.returncode == 1
+    assert "FAIL  served models" in result.stdout and "tickets:2: blob" in result.stdout
+    assert "chunk 1 of 3 was changed" in result.stdout and "rollback" in result.stdout

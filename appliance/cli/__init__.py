@@ -45,6 +45,7 @@ __all__ = ["cli", "main"]
 
 def main() -> None:
     """Entry point: run the command, turn errors into messages and exit codes."""
+    os.umask(0o077)  # whatever the appliance writes (logs, pid, exports, keys) is its user's alone unless made shared
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     try:
         cli.main(prog_name="appliance", standalone_mode=False)
