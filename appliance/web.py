@@ -10,11 +10,45 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"],
                 "properties": {"error": {"type": "string"}, "hint": {"type": "string"}}}
+
+
+def document_errors(app: FastAPI, *, security: dict[str, dict[str, Any]], open_paths: tuple[str, ...],
+                    errors: dict[str, str]) -> None:
+    """Make the app's OpenAPI document say what its edge does: every secured operation names the security
+    schemes and may answer each of `errors` (status -> when) with an Error body; validation errors are 400s,
+    so FastAPI's default 422 goes. A client generated from the document, or a fuzzer holding the server to
+    it, then meets no status the document did not promise."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = document.setdefault("components", {})
+            components.setdefault("securitySchemes", {}).update(security)
+            shown = components.setdefault("schemas", {})
+            for unused in ("HTTPValidationError", "ValidationError"):
+                shown.pop(unused, None)
+            shown["Error"] = ERROR_SCHEMA
+            error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+            for path, operations in document.get("paths", {}).items():
+                for operation in operations.values():
+                    responses = operation.setdefault("responses", {})
+                    responses.pop("422", None)
+                    if path in open_paths:
+                        continue
+                    operation["security"] = [{name: []} for name in security]
+                    for status, when in errors.items():
+                        responses.setdefault(status, {"description": when, "content": error})
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def json_error(status: int, message: str, hint: str | None, headers: dict[str, str] | None = None) -> JSONResponse:
