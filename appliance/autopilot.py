@@ -62,7 +62,7 @@ def judge(production: feedback.Evidence, candidate: feedback.Evidence, policy: P
         "production": {"feedback": production.feedback, "correct": production.correct,
                        "accuracy": production.accuracy},
         "candidate": {"feedback": candidate.feedback, "correct": candidate.correct, "accuracy": candidate.accuracy}}
-    errors = sum(count for status, count in candidate_counts.by_status.items() if not status.startswith("2"))
+    errors = candidate_counts.failed  # 5xx only: a key holder's bad requests must not roll a canary back
     requests = candidate_counts.latency[-1] + errors  # the latency histogram counts the answered ones
     if requests >= GUARD_MIN_REQUESTS:
         zero = Counts.zero().latency

@@ -63,6 +63,16 @@ class Counts:
     def zero(cls) -> Counts:
         return cls({}, [0.0] * (len(LATENCY_BUCKETS) + 1))
 
+    @property
+    def failed(self) -> float:
+        """Requests the server failed (5xx). A refusal (4xx) is the caller's doing: bad requests never count as errors."""
+        return sum(count for status, count in self.by_status.items() if status.startswith("5"))
+
+    @property
+    def refused(self) -> float:
+        """Requests refused as the caller's fault (4xx)."""
+        return sum(count for status, count in self.by_status.items() if status.startswith("4"))
+
     def __add__(self, other: Counts) -> Counts:
         statuses = self.by_status.keys() | other.by_status.keys()
         return Counts({s: self.by_status.get(s, 0.0) + other.by_status.get(s, 0.0) for s in statuses},
@@ -186,15 +196,16 @@ def _with_totals(counts: dict[tuple[str, str], Counts]) -> dict[tuple[str, str],
 
 
 def _stats(before: Counts, after: Counts, seconds: float) -> dict[str, Any]:
-    answered = {status: after.by_status.get(status, 0.0) - before.by_status.get(status, 0.0)
-                for status in after.by_status}
-    requests = sum(answered.values())
-    errors = sum(count for status, count in answered.items() if not status.startswith("2"))
+    """Rates between two counts; the error rate is the share of the requests the server had to answer (all but the
+    refused ones) that it failed, so neither a caller's bad requests nor its refusals move it."""
+    requests = sum(after.by_status.values()) - sum(before.by_status.values())
+    errors = after.failed - before.failed
+    answerable = requests - (after.refused - before.refused)
     p50, p99 = (estimate_quantile_s(before.latency, after.latency, q) for q in (0.5, 0.99))
     return {
         "requests": int(sum(after.by_status.values())),
         "requests_per_s": requests / seconds if seconds > 0 else None,
-        "error_rate": errors / requests if requests else None,
+        "error_rate": errors / answerable if answerable else None,
         "p50_ms": p50 * 1000 if p50 is not None else None,
         "p99_ms": p99 * 1000 if p99 is not None else None,
     }
