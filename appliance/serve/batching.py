@@ -5,11 +5,17 @@ when it holds `max_batch_size` texts, or when an infer request is free to take i
 either the model is idle or the batch's first text has waited `max_delay_ms`. So a lone
 request starts at once; while an inference runs, the next batch gathers company; and
 while every infer request is busy a batch could not start anyway, so it keeps filling:
-under load batches grow on their own instead of queueing small. The batch goes to a
-dispatcher thread, which sorts it by length, cuts it
-where lengths jump (so short texts are not padded to a long one), tokenises each piece
-and starts it on one of OpenVINO's asynchronous infer requests. Results come back on
-OpenVINO's threads and are handed to the event loop, which never waits on inference.
+under load batches grow on their own instead of queueing small. The batch is sorted by
+length and cut where lengths jump (so short texts are not padded to a long one); a
+dispatcher thread tokenises each piece and starts it on one of OpenVINO's asynchronous
+infer requests. Results come back on OpenVINO's threads and are handed to the event
+loop, which never waits on inference.
+
+One text never fails the others: a piece whose tokenisation or inference fails is tried
+again text by text, so only the guilty request fails (400 when its text would not
+tokenise, 503 when the model failed on it alone). And a text's CPU is bounded by what
+the model can see: the tail that truncation would drop anyway is cut before tokenising
+(`tail_cut`), so a long text costs no more than one the length of the model's window.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,13 +32,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import openvino as ov
 import tokenizers
+from tokenizers import models, normalizers, pre_tokenizers
 
 from appliance import optimize
-from appliance.errors import Overloaded, ServeError
+from appliance.errors import BadRequest, Overloaded, ServeError
 
 log = logging.getLogger(__name__)
 SPLIT_RATIO = 2.0  # start a new piece when a text is this much longer than the piece's shortest...
 SPLIT_FLOOR = 256  # ...and this long (characters, ~64 tokens): below it, one more inference costs more than padding
+_WORDY = re.compile(r"\w[^ ]*+")  # from a word character to the end of its chunk between spaces; never backtracks
 
 
 @dataclass
@@ -44,12 +53,22 @@ class _Request:
     remaining: int = 0
 
 
+Item = tuple[_Request, int]  # a request and the index of one of its texts
+
+
 @dataclass
 class _Flight:
     """A closed batch between the collector and its last answer; it holds one of the inference slots."""
 
-    items: list[tuple[_Request, int]]
-    pieces: int = 0  # set by the dispatcher before it starts the first piece
+    pieces: int  # not answered yet; changed only on the event loop
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Why a piece got no logits: its tokenisation (the texts' doing) or its inference (the model's)."""
+
+    error: Exception
+    input_fault: bool
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,7 @@ class Batcher:
     ) -> None:
         self._names, _ = optimize.inference(compiled)
         self._tokenizer = tokenizer
+        self._chunks = tail_cut(tokenizer)
         self._max_batch, self._max_delay = max_batch_size, max_delay_ms / 1000
         self._max_queue = max_queue
         self.on_batch = on_batch or (lambda batch: None)
@@ -84,9 +104,9 @@ class Batcher:
         self._infer = ov.AsyncInferQueue(compiled, slots)
         self._infer.set_callback(self._done)
         self._slots = asyncio.Semaphore(slots)  # batches in flight; made here, used only on the event loop
-        self._pending: list[tuple[_Request, int]] = []
+        self._pending: list[Item] = []
         self._arrived = asyncio.Event()
-        self._batches: queue.SimpleQueue[_Flight | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[_Flight, list[Item]] | None] = queue.SimpleQueue()
         self._in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._collector: asyncio.Task[None] | None = None
@@ -103,9 +123,12 @@ class Batcher:
         self._thread.start()
 
     async def infer(self, texts: list[str]) -> np.ndarray:
-        """The logits of texts, in order; Overloaded when the queue is full."""
+        """The logits of texts, in order; Overloaded when the queue is full, BadRequest naming a text that would not
+        tokenise, ServeError when the model failed on one."""
         if self.depth + len(texts) > self._max_queue:
             raise Overloaded(f"the queue holds {self.depth} texts; {len(texts)} more would pass {self._max_queue}")
+        if self._chunks is not None:
+            texts = [cut_tail(text, self._chunks) for text in texts]
         request = _Request(texts, asyncio.get_running_loop().create_future(), [None] * len(texts), len(texts))
         self._pending.extend((request, index) for index in range(len(texts)))
         self._arrived.set()
@@ -117,7 +140,7 @@ class Batcher:
             await asyncio.sleep(0.005)
         if self._collector:
             self._collector.cancel()
-        self._batches.put(None)
+        self._work.put(None)
         await asyncio.to_thread(self._thread.join)
 
     async def _collect(self) -> None:
@@ -139,37 +162,51 @@ class Batcher:
             self._in_flight += len(batch)
             if not self._pending:
                 self._arrived.clear()
-            self._batches.put(_Flight(batch))
+            pieces = _pieces(batch)
+            flight = _Flight(len(pieces))
+            for piece in pieces:
+                self._work.put((flight, piece))
 
     def _dispatch(self) -> None:
-        """The dispatcher thread: cut by length, tokenise, start; blocks while every infer request is busy."""
-        while (flight := self._batches.get()) is not None:
-            pieces = _pieces(flight.items)
-            flight.pieces = len(pieces)
-            for piece in pieces:
-                try:
-                    encodings = self._tokenizer.encode_batch([request.texts[index] for request, index in piece])
-                    feeds = optimize.feeds(encodings, self._names)
-                    self._infer.start_async(feeds, (flight, piece, encodings, feeds["input_ids"].size))
-                except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
-                    self._answer(flight, piece, None, exc)
+        """The dispatcher thread: tokenise a piece and start it; blocks while every infer request is busy."""
+        while (work := self._work.get()) is not None:
+            flight, piece = work
+            try:
+                encodings = self._tokenizer.encode_batch([request.texts[index] for request, index in piece])
+            except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
+                self._answer(flight, piece, None, _Failure(exc, input_fault=True))
+                continue
+            try:
+                feeds = optimize.feeds(encodings, self._names)
+                self._infer.start_async(feeds, (flight, piece, encodings, feeds["input_ids"].size))
+            except Exception as exc:  # noqa: BLE001
+                self._answer(flight, piece, None, _Failure(exc, input_fault=False))
 
     def _done(self, request: ov.InferRequest, userdata: tuple) -> None:
         flight, piece, encodings, padded = userdata
-        logits = request.get_output_tensor(0).data.copy()
+        try:
+            logits = request.get_output_tensor(0).data.copy()
+        except Exception as exc:  # noqa: BLE001  on OpenVINO's thread: the callers hear of it, the thread goes on
+            self._answer(flight, piece, None, _Failure(exc, input_fault=False))
+            return
         self._answer(flight, piece, logits, None)
         try:
             self.on_batch(Batch(encodings, logits, padded, request.latency / 1000))  # device time, not queueing
         except Exception:
             log.exception("recording a batch failed")
 
-    def _answer(self, flight: _Flight, piece: list[tuple[_Request, int]], logits: np.ndarray | None,
-                error: Exception | None) -> None:
+    def _answer(self, flight: _Flight, piece: list[Item], logits: np.ndarray | None, failure: _Failure | None) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._deliver, flight, piece, logits, error)
+            self._loop.call_soon_threadsafe(self._deliver, flight, piece, logits, failure)
 
-    def _deliver(self, flight: _Flight, piece: list[tuple[_Request, int]], logits: np.ndarray | None,
-                 error: Exception | None) -> None:
+    def _deliver(self, flight: _Flight, piece: list[Item], logits: np.ndarray | None, failure: _Failure | None) -> None:
+        if failure is not None and len(piece) > 1:  # try each text alone, so only the guilty one fails
+            log.warning("a batch of %d texts failed (%s: %s); trying them one by one", len(piece),
+                        type(failure.error).__name__, failure.error)
+            flight.pieces += len(piece) - 1
+            for item in piece:
+                self._work.put((flight, [item]))
+            return
         self._in_flight -= len(piece)
         flight.pieces -= 1
         if not flight.pieces:
@@ -177,8 +214,8 @@ class Batcher:
         for row, (request, index) in enumerate(piece):
             if request.future.done():
                 continue
-            if error is not None:
-                request.future.set_exception(ServeError(f"inference failed: {error}"))
+            if failure is not None:
+                request.future.set_exception(_refusal(failure, index))
                 continue
             request.rows[index] = logits[row]
             request.remaining -= 1
@@ -186,10 +223,49 @@ class Batcher:
                 request.future.set_result(np.stack(request.rows))
 
 
-def _pieces(batch: list[tuple[_Request, int]]) -> list[list[tuple[_Request, int]]]:
+def _refusal(failure: _Failure, index: int) -> ServeError:
+    """What the caller of a text that failed alone hears: never the text, nor the library's words (those go to the log)."""
+    if failure.input_fault:
+        return BadRequest(f"instance {index} cannot be tokenised", hint="send it as plain text, or leave it out")
+    log.error("the model failed on one text (instance %d of its request): %s: %s", index,
+              type(failure.error).__name__, failure.error)
+    return ServeError("the model failed on this request", hint="retry later; the server's log says why")
+
+
+def tail_cut(tokenizer: tokenizers.Tokenizer) -> int | None:
+    """How many chunks (between spaces) holding a word character a text needs before the rest of it can be cut
+    without changing its encoding; None when this tokenizer gives no such guarantee.
+
+    With BERT's normaliser (which works character by character), its pre-tokeniser (which splits at every space)
+    and WordPiece (one token or more per word, [UNK] for a word it cannot spell), the tokens of a text cut after a
+    chunk are the first tokens of the whole text, and each chunk with a word character in it gives one token at
+    least. So once a text holds max_length such chunks, what follows is past the truncation. Other tokenizers
+    (byte-level BPE, SentencePiece) keep whitespace in their tokens: their texts are not cut.
+    """
+    truncation = tokenizer.truncation
+    spaced = any(" " in token.content for token in tokenizer.get_added_tokens_decoder().values())
+    if (truncation is None or truncation["direction"] != "right" or spaced
+            or not isinstance(tokenizer.model, models.WordPiece)
+            or not isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+            or not isinstance(tokenizer.normalizer, normalizers.BertNormalizer | None)):
+        return None
+    return truncation["max_length"]
+
+
+def cut_tail(text: str, chunks: int) -> str:
+    """text up to the end of its chunks-th chunk with a word character in it (see tail_cut), in one regex pass."""
+    if len(text) < 2 * chunks:  # chunks such chunks need a character and a space each: nothing to cut
+        return text
+    for count, found in enumerate(_WORDY.finditer(text), 1):
+        if count == chunks:
+            return text[: found.end()]
+    return text
+
+
+def _pieces(batch: list[Item]) -> list[list[Item]]:
     """The batch sorted by text length and cut where long texts are much longer than their piece's shortest."""
     ordered = sorted(batch, key=lambda item: len(item[0].texts[item[1]]))
-    pieces: list[list[tuple[_Request, int]]] = []
+    pieces: list[list[Item]] = []
     for item in ordered:
         length = len(item[0].texts[item[1]])
         shortest = len(pieces[-1][0][0].texts[pieces[-1][0][1]]) if pieces else 0
