@@ -5,7 +5,8 @@ version, label, confidence and the text, sealed with AES-256-GCM under a key der
 from the store secret (the row's id is the AAD, so a sealed text cannot be moved to
 another row). Records wait in memory (`PredictionLog`) and the server's store thread
 writes them at each poll, so no request touches the database. Predictions without
-feedback are deleted after `serve.keep_predictions_days`.
+feedback are deleted after `serve.keep_predictions_days`, and the oldest of them sooner
+when a model's waiting ones pass `serve.keep_predictions_mb` (sealed bytes; `trim`).
 
 A true label attached later (`POST /v1/feedback` on either server, or `appliance
 feedback import FILE.csv`) is checked against the labels the version knows, stored
@@ -17,6 +18,7 @@ into, which is the lineage from dataset back to predictions.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections import deque
@@ -79,20 +81,24 @@ class PredictionLog:
             self.dropped += 1
         return ids
 
-    def flush(self, store: Store) -> int:
-        """Write what waits, in one transaction; returns how many."""
+    def flush(self, store: Store) -> dict[str, int]:
+        """Write what waits, in one transaction; returns the sealed bytes written per model."""
         taken = []
         while self._pending:
             taken.append(self._pending.popleft())
-        if taken:
-            aead = _cipher(store)
-            with transaction(store.db):
-                store.db.conn.executemany(
-                    "INSERT INTO predictions (id, model, version, label, confidence, text_sealed, created_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(pid, model, version, label, confidence, _seal(aead, pid, text), at)
-                     for pid, model, version, label, confidence, text, at in taken])
-        return len(taken)
+        if not taken:
+            return {}
+        aead = _cipher(store)
+        rows = [(pid, model, version, label, confidence, _seal(aead, pid, text), at)
+                for pid, model, version, label, confidence, text, at in taken]
+        with transaction(store.db):
+            store.db.conn.executemany(
+                "INSERT INTO predictions (id, model, version, label, confidence, text_sealed, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        written: dict[str, int] = {}
+        for row in rows:
+            written[row[1]] = written.get(row[1], 0) + len(row[5])
+        return written
 
 
 def new_id() -> str:
@@ -256,6 +262,33 @@ def purge(store: Store, keep_days: float) -> int:
             "DELETE FROM predictions WHERE created_at < ? AND id NOT IN (SELECT prediction_id FROM feedback)",
             (cutoff,)).rowcount
     return gone
+
+
+def waiting_bytes(store: Store) -> dict[str, int]:
+    """The sealed bytes of the predictions waiting for a label, per model (one pass over the table)."""
+    return dict(store.db.execute(
+        "SELECT model, SUM(length(text_sealed)) FROM predictions"
+        " WHERE id NOT IN (SELECT prediction_id FROM feedback) GROUP BY model").fetchall())
+
+
+def trim(store: Store, model: str, excess: int, *, actor: str, limit_bytes: int) -> int:
+    """Delete a model's oldest predictions waiting for a label until excess sealed bytes are gone, audited in the same
+    transaction; returns the bytes deleted. Labelled ones stay: they are the next training data."""
+    doomed, size = [], 0
+    with contextlib.closing(store.db.execute(
+            "SELECT id, length(text_sealed) FROM predictions p WHERE model = ?"
+            " AND NOT EXISTS (SELECT 1 FROM feedback f WHERE f.prediction_id = p.id) ORDER BY created_at, rowid",
+            (model,))) as oldest_first:
+        for prediction_id, length in oldest_first:
+            if size >= excess:
+                break
+            doomed.append(prediction_id)
+            size += length
+    if doomed:
+        with audit.operation(store, "serve.predictions_trimmed", model, actor=actor, rows=len(doomed), bytes=size,
+                             limit_bytes=limit_bytes):
+            forget(store, doomed)
+    return size
 
 
 def matching(store: Store, needle: str) -> dict[str, list[str]]:

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 PURGE_EVERY_S = 3600.0  # predictions past their keeping time are deleted this often
 QUALITY_EVERY_S = 10.0  # live accuracy on feedback is read from the store this often
+ACTOR = "service:serve"  # who the server's own audit records name
 
 
 @dataclass(eq=False)  # identity: a route compares the very versions it holds
@@ -100,6 +101,7 @@ class Runtime:
         self._poller: asyncio.Task[None] | None = None
         self._verifier: auth.Verifier | None = None
         self.predictions = feedback.PredictionLog() if settings.serve.keep_predictions_days > 0 else None
+        self._waiting: dict[str, int] | None = None  # sealed bytes of predictions waiting for a label, per model
         self._purged_at = 0.0
         self._quality_at = 0.0
         self.usage = usage.Meter()  # requests per model and caller, written at each poll
@@ -139,21 +141,21 @@ class Runtime:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def predict(self, model: str, texts: list[str], caller: str = "-") -> tuple[Loaded, np.ndarray, list[str]]:
+    async def predict(self, model: str, texts: list[str], caller: str = "-",
+                      allowed: Callable[[str], bool] | None = None) -> tuple[Loaded, np.ndarray, list[str]]:
         """Class probabilities for texts from the version the model's route picks, counted in the metrics and usage,
-        and a prediction id per text (empty strings when predictions are not kept)."""
-        if not texts:
-            raise BadRequest("the request holds no texts", hint="send at least one text")
-        limit = self.settings.serve.max_instances
-        if len(texts) > limit:
-            raise BadRequest(f"the request holds {len(texts)} texts; at most {limit} are allowed",
-                             hint="split it into several requests")
-        loaded = self.route(model).pick()
+        and a prediction id per text (empty strings when predictions are not kept).
+
+        Each request is checked on its own before it joins a batch, so one bad text fails its request alone;
+        `allowed` says which models a 404's hint may name.
+        """
+        check_texts(texts, self.settings.serve.max_instances, self.settings.serve.max_text_chars)
+        loaded = self.route(model, allowed).pick()
         started = time.perf_counter()
         try:
             probabilities = await loaded.predict(texts)
         except ServeError as exc:
-            if not isinstance(exc, Overloaded):  # the version failed: counted against it, not by the handler
+            if exc.status >= 500 and not isinstance(exc, Overloaded):  # the version failed: counted against it
                 self.metrics.request(model, loaded.version, exc.status)
                 exc.counted = True  # type: ignore[attr-defined]
             raise
@@ -189,11 +191,13 @@ class Runtime:
                               "canary_percent": route.canary_percent if route else 0.0, "versions": versions})
         return described
 
-    def route(self, model: str) -> Route:
+    def route(self, model: str, allowed: Callable[[str], bool] | None = None) -> Route:
+        """The model's route; ModelNotFound naming the served models `allowed` admits (all when None), no others."""
         route = self.routes.get(model)
         if route is None:
-            served = ", ".join(sorted(self.routes)) or "none"
-            raise ModelNotFound(f"no model named {model!r} is being served", hint=f"served models: {served}")
+            served = ", ".join(name for name in sorted(self.routes) if allowed is None or allowed(name)) or "none"
+            raise ModelNotFound(f"no model named {model!r} is being served",
+                                hint=f"served models{' this key may call' if allowed else ''}: {served}")
         return route
 
     def authorize(self, token: str | None, model: str | None) -> auth.ApiKey:
@@ -308,6 +312,7 @@ class Runtime:
             if gone:
                 log.info("%d predictions older than %g days without feedback deleted", gone,
                          self.settings.serve.keep_predictions_days)
+            self._waiting = feedback.waiting_bytes(self._store)  # labels and erasures since the last count
         if now - self._quality_at > QUALITY_EVERY_S:
             self._quality_at = now
             self.metrics.quality(feedback.quality(self._store))
@@ -318,12 +323,25 @@ class Runtime:
         self.usage.flush(self._store)
 
     def _flush_predictions(self) -> None:
-        if self.predictions is not None:
-            self.predictions.flush(self._store)
-            self.metrics.predictions_dropped.set(self.predictions.dropped)
+        """Write the answered predictions, then keep each model's waiting ones under serve.keep_predictions_mb.
+
+        The size is a running count (read once, then added to at each write), so no write scans the table; labels
+        and erasures only make it high until the hourly recount, which at worst trims a little early.
+        """
+        if self.predictions is None:
+            return
+        if self._waiting is None:
+            self._waiting = feedback.waiting_bytes(self._store)
+        limit = int(self.settings.serve.keep_predictions_mb * 2**20)
+        for model, written in self.predictions.flush(self._store).items():
+            self._waiting[model] = self._waiting.get(model, 0) + written
+            if self._waiting[model] > limit:
+                self._waiting[model] -= feedback.trim(self._store, model, self._waiting[model] - limit,
+                                                      actor=ACTOR, limit_bytes=limit)
+        self.metrics.predictions_dropped.set(self.predictions.dropped)
 
     def _audit(self, action: str, obj: str, details: dict[str, Any]) -> None:
-        audit.record(self._store, action, obj, actor="service:serve", **details)
+        audit.record(self._store, action, obj, actor=ACTOR, **details)
 
     def _alert_drift(self, loaded: Loaded, details: dict[str, Any]) -> None:
         """On the record, and to whoever watches the events."""
@@ -349,3 +367,38 @@ class Runtime:
         if scores[worst] > self.settings.serve.drift_threshold:
             details = {"feature": worst, "psi": round(scores[worst], 4), "threshold": self.settings.serve.drift_threshold}
             self._worker.submit(self._alert_drift, loaded, details)
+
+
+def check_texts(texts: list[str], max_instances: int, max_chars: int) -> None:
+    """Refuse a request whose texts could not all be answered, naming the first bad one by index, never its text."""
+    if not texts:
+        raise BadRequest("the request holds no texts", hint="send at least one text")
+    if len(texts) > max_instances:
+        raise BadRequest(f"the request holds {len(texts)} texts; at most {max_instances} are allowed",
+                         hint="split it into several requests")
+    for index, text in enumerate(texts):
+        if len(text) > max_chars:
+            raise refusal(413, f"instance {index} holds {len(text)} characters; at most {max_chars} are allowed",
+                          "send a shorter text: the model reads only the beginning of one")
+        if (at := surrogate_at(text)) is not None:
+            raise BadRequest(f"instance {index} is not valid Unicode text (a lone surrogate at character {at})",
+                             hint="send UTF-8 text; a \\uD800-\\uDFFF escape in JSON must be one of a pair")
+
+
+def surrogate_at(text: str) -> int | None:
+    """Where text holds a lone surrogate (what an unpaired "\\ud800" in JSON decodes to), else None: such a text can
+    be neither tokenised, nor stored, nor sent back."""
+    if text.isascii():
+        return None
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def refusal(status: int, message: str, hint: str) -> BadRequest:
+    """A request out of bounds with the status that says how (413 too large, 408 too slow); errors.py has one class."""
+    refused = BadRequest(message, hint=hint)
+    refused.status = status  # type: ignore[misc]
+    return refused
