@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from importlib import metadata
@@ -21,9 +22,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from appliance import auth
-from appliance.config import Settings
+from appliance.config import ServeSettings, Settings
 from appliance.errors import ApplianceError, BadRequest
 from appliance.serve import metrics as serve_metrics
 from appliance.serve import tls
@@ -222,12 +224,102 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     return app
 
 
+def hardened_options(serve: ServeSettings) -> dict[str, Any]:
+    """The uvicorn options that bound what one client can hold, for every server of the appliance that faces one:
+    the time to send a request's head and its body, idle keep-alive, and connections at once."""
+    protocol = type("TimedHttp", (_TimedHttp,), {"header_timeout_s": serve.header_timeout_s,
+                                                 "body_timeout_s": serve.body_timeout_s})
+    # uvicorn counts the connection asking among the open ones, so one more lets max_connections be served.
+    return {"http": protocol, "limit_concurrency": serve.max_connections + 1,
+            "timeout_keep_alive": min(5.0, serve.header_timeout_s)}
+
+
 def server_config(settings: Settings, runtime: Runtime) -> uvicorn.Config:
-    """How uvicorn serves the app: address, TLS (a self-signed pair when none is given), graceful stop."""
+    """How uvicorn serves the app: address, TLS (a self-signed pair when none is given), limits, graceful stop."""
     serve = settings.serve
     tls_files = tls.uvicorn_options(settings) if serve.tls else {}
     return uvicorn.Config(create_app(settings, runtime), host=serve.host, port=serve.port, log_level="warning",
-                          access_log=False, log_config=None, timeout_graceful_shutdown=10, **tls_files)
+                          access_log=False, log_config=None, timeout_graceful_shutdown=10,
+                          **hardened_options(serve), **tls_files)
+
+
+class _TimedHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the two timeouts it lacks.
+
+    The head timer runs from when a connection opens, or from the end of the previous answer on a kept-alive one,
+    until a request's headers are complete: a client that sends nothing, or half a head, is cut off. The body
+    timer runs from the end of the head until the body is complete: a body still missing then gets 408 and the
+    connection is closed (closed alone, when the app has answered already). Set the two class attributes in a
+    subclass (`hardened_options` does).
+    """
+
+    header_timeout_s: float
+    body_timeout_s: float
+    _head_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._head_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        super().connection_lost(exc)
+
+    def on_headers_complete(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().on_headers_complete()
+        if self.cycle is not None and not any(cycle is self.cycle for cycle, _ in self.pipeline):  # it runs now
+            self._await_body(self.cycle)
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        started = self.pipeline[-1][0] if self.pipeline else None  # the queued request this answer lets run
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if started is not None:
+            self._await_body(started)
+        else:
+            self._await_head()
+
+    def _await_head(self) -> None:
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_late)
+
+    def _await_body(self, cycle: RequestResponseCycle) -> None:
+        if cycle.more_body:
+            self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_late, cycle)
+
+    def _head_late(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _body_late(self, cycle: RequestResponseCycle) -> None:
+        if self.transport.is_closing():
+            return
+        if not cycle.response_started:
+            cycle.disconnected = True  # the app's own answer, if one comes, is dropped; its body read ends
+            self.transport.write(_LATE_BODY)
+        self.transport.close()
+
+
+def _raw_answer(status: int, reason: str, body: dict[str, str]) -> bytes:
+    """A whole HTTP/1.1 answer that closes the connection, written by the protocol rather than the app."""
+    content = json.dumps(body).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(content)}\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode() + content
+
+
+_LATE_BODY = _raw_answer(408, "Request Timeout", {"error": "the request body did not arrive in time",
+                                                  "hint": "send the whole body without pausing"})
 
 
 def _report_start_failure(task: asyncio.Task[None]) -> None:
