@@ -1,8 +1,16 @@
 """The HTTP API: Open Inference Protocol paths, a plain JSON text endpoint, metrics, health.
 
 Every endpoint but health needs an API key (`Authorization: Bearer apl_...` or
-`X-API-Key`), scoped per model. Every error is JSON `{"error": ..., "hint": ...}` with
-the status that says whose fault it is; a bad request changes nothing.
+`X-API-Key`), scoped per model; the key is checked, and the key's rate admitted, before
+the body is read. Every error is JSON `{"error": ..., "hint": ...}` with the status that
+says whose fault it is; a bad request changes nothing. The OpenAPI document at
+/openapi.json (for key holders) states the keys, the limits and every status a route
+can answer, for clients and fuzzers to hold the server to; the one rule JSON Schema
+cannot state is that an OIP input's shape must match its data.
+
+What one client can hold is bounded: its key's texts per second (429), the time it may
+take to send a request's head and body (the connection is closed, or 408), and
+connections at once (503); see `hardened_options`.
 """
 
 from __future__ import annotations
@@ -11,27 +19,44 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+import math
+import time
+from collections.abc import AsyncIterator, Callable
 from importlib import metadata
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import uvicorn
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from appliance import auth
 from appliance.config import ServeSettings, Settings
-from appliance.errors import ApplianceError, BadRequest
+from appliance.errors import ApplianceError, BadRequest, Forbidden, RateLimited
 from appliance.serve import metrics as serve_metrics
 from appliance.serve import tls
-from appliance.serve.runtime import Runtime
+from appliance.serve.runtime import Runtime, refusal, surrogate_at
+from appliance.web import BodyLimit, describe_error, json_error
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+
+
+def _unicode(text: str) -> str:
+    """A string field the server keeps, answers with or looks up: a lone surrogate would fail it there."""
+    if surrogate_at(text) is not None:
+        raise ValueError("not valid Unicode text (a lone surrogate)")
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
 
 
 class _Strict(BaseModel):
@@ -39,10 +64,10 @@ class _Strict(BaseModel):
 
 
 class InferInput(_Strict):
-    name: str
+    name: Text
     shape: list[int]
     datatype: Literal["BYTES"]
-    data: list[StrictStr]
+    data: list[StrictStr]  # each checked by the runtime, which names a bad one by its index
     parameters: dict[str, Any] | None = None
 
 
@@ -54,7 +79,7 @@ class RequestedOutput(_Strict):
 class InferRequest(_Strict):
     """Open Inference Protocol request: one BYTES input of texts."""
 
-    id: str | None = None
+    id: Text | None = None
     inputs: list[InferInput] = Field(min_length=1, max_length=1)
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] | None = None
@@ -67,8 +92,8 @@ class PredictRequest(_Strict):
 
 
 class Label(_Strict):
-    prediction_id: StrictStr
-    label: StrictStr
+    prediction_id: Text
+    label: Text
 
 
 class FeedbackRequest(_Strict):
@@ -77,32 +102,134 @@ class FeedbackRequest(_Strict):
     feedback: list[Label] = Field(min_length=1)
 
 
-def _token(authorization: str | None, x_api_key: str | None) -> str | None:
-    if x_api_key:
-        return x_api_key
-    return authorization[7:] if authorization and authorization.startswith("Bearer ") else None
+class ErrorBody(BaseModel):
+    """Every error the server answers: what went wrong, and how to fix it when that is known."""
+
+    error: str
+    hint: str | SkipJsonSchema[None] = None
 
 
-async def _model_key(
-    request: Request, name: str, authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
-) -> auth.ApiKey:
-    """The request's key, allowed to call the model in its path; checked before the body is read.
+# -- keys and rates ----------------------------------------------------------------------
+
+
+_API_KEY = APIKeyHeader(name="X-API-Key", scheme_name="ApiKey", auto_error=False,
+                        description="an API key, apl_...: 'appliance api-keys create NAME'")
+_BEARER = HTTPBearer(scheme_name="Bearer", auto_error=False, description="the same API key as a bearer token")
+ApiKeyHeader = Annotated[str | None, Security(_API_KEY)]
+BearerHeader = Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
+
+
+def _token(api_key: str | None, bearer: HTTPAuthorizationCredentials | None) -> str | None:
+    return api_key or (bearer.credentials if bearer else None)
+
+
+async def _model_key(request: Request, name: str, api_key: ApiKeyHeader, bearer: BearerHeader) -> auth.ApiKey:
+    """The request's key, allowed to call the model in its path.
 
     async, so FastAPI calls it on the event loop: the check is an in-memory HMAC, not worth a thread hop.
     """
-    return request.app.state.runtime.authorize(_token(authorization, x_api_key), name)
+    return request.app.state.runtime.authorize(_token(api_key, bearer), name)
 
 
-async def _any_model_key(
-    request: Request, authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
-) -> auth.ApiKey:
-    return request.app.state.runtime.authorize(_token(authorization, x_api_key), None)
+async def _any_key(request: Request, api_key: ApiKeyHeader, bearer: BearerHeader) -> auth.ApiKey:
+    return request.app.state.runtime.authorize(_token(api_key, bearer), None)
+
+
+async def _all_models_key(key: Annotated[auth.ApiKey, Depends(_any_key)]) -> auth.ApiKey:
+    """A key allowed every model: the metrics name every model and the traffic each gets."""
+    if auth.ALL_MODELS not in key.models:
+        raise Forbidden(f"API key {key.id} ({key.name}) may call only {', '.join(key.models)}, so it may not read"
+                        " the metrics of every model", hint="use a key allowed every model"
+                                                             " ('appliance api-keys create NAME' without --model)")
+    return key
 
 
 ModelKey = Annotated[auth.ApiKey, Depends(_model_key)]
-AnyModelKey = Annotated[auth.ApiKey, Depends(_any_model_key)]
+AnyKey = Annotated[auth.ApiKey, Depends(_any_key)]
+AllModelsKey = Annotated[auth.ApiKey, Depends(_all_models_key)]
+
+
+class KeyRates:
+    """A token bucket of texts per API key: `burst` at once, refilled at `per_s` a second (0: no limit).
+
+    A request is admitted while its key has a text left, before its body is read, and that takes one; once its
+    texts are counted, the rest are charged, which may leave the key in debt that later requests wait out. So
+    a key's texts over any span stay within burst + per_s x span + one request, and a malformed body costs a text.
+    """
+
+    def __init__(self, per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_s, self.burst, self._clock = per_s, burst, clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # key id -> (texts left, when)
+
+    def admit(self, key: auth.ApiKey) -> None:
+        """Take one text; RateLimited, with the whole seconds until one is back, when the key has none."""
+        if not self.per_s:
+            return
+        now = self._clock()
+        left, at = self._buckets.get(key.id, (float(self.burst), now))
+        left = min(float(self.burst), left + (now - at) * self.per_s)
+        if left < 1:
+            wait = math.ceil((1 - left) / self.per_s)
+            raise RateLimited(f"API key {key.id} ({key.name}) sent more than its rate of {self.per_s:g} texts a"
+                              f" second", retry_after_s=wait,
+                              hint=f"retry after {wait} s; a key may send {self.burst} texts at once, then"
+                                   f" {self.per_s:g} a second")
+        self._buckets[key.id] = (left - 1, now)
+
+    def charge(self, key: auth.ApiKey, texts: int) -> None:
+        """The texts of an admitted request beyond the one admit() took."""
+        if self.per_s and texts > 1:
+            left, at = self._buckets[key.id]
+            self._buckets[key.id] = (left - (texts - 1), at)
+
+
+# -- the app -------------------------------------------------------------------------------
+
+
+_STATUS = {
+    400: "the request is malformed or out of bounds; nothing was done",
+    401: "no API key, or one that is malformed, unknown or revoked",
+    403: "the key may not do this",
+    404: "no model of that name is being served (or no such prediction)",
+    408: "the request body did not arrive in time",
+    413: "the body, or one of its texts, is over its limit",
+    429: "the key sent more texts than its rate; retry after Retry-After seconds",
+    503: "too many texts queued, or the model failed; retry after Retry-After seconds",
+}
+_HEADERS = {
+    401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    429: {"Retry-After": {"description": "seconds until the key may send again", "schema": {"type": "integer"}}},
+    503: {"Retry-After": {"description": "seconds to wait before a retry", "schema": {"type": "integer"}}},
+}
+_CROWDED = "past serve.max_connections, uvicorn answers any request with a plain-text 503"
+
+
+class Readiness(BaseModel):
+    """Whether the server, or one model (then named), serves what it should."""
+
+    ready: bool
+    name: str | SkipJsonSchema[None] = None
+
+
+def _answers(*statuses: int, unready: bool = False) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route documents, each with the JSON error body (or its readiness, when unready says a 503
+    is not ready yet); and on every route the plain-text 503 of too many connections."""
+    answers: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorBody, "description": _STATUS[status], "headers": _HEADERS.get(status, {})}
+        for status in statuses}
+    if unready:
+        answers[200] = {"model": Readiness}
+        answers[503] = {"model": Readiness, "description": "not ready: a model is loading"}
+    crowded = answers.get(503, {"description": ""})
+    crowded["description"] = "; ".join(filter(None, (crowded["description"], _CROWDED)))
+    answers[503] = crowded | {"content": {"text/plain": {"schema": {"type": "string"}}}}
+    return answers
+
+
+def _body_of(model: type[BaseModel]) -> dict[str, Any]:
+    """openapi_extra for a route that reads its body itself, after the key check (see _json)."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
@@ -116,27 +243,30 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         loading.cancel()
         await runtime.stop()
 
+    # The docs pages load scripts from a CDN (the box is offline); the OpenAPI document is for key holders.
     app = FastAPI(title="appliance inference", version=metadata.version("appliance"), lifespan=lifespan,
-                  docs_url=None, redoc_url=None)  # the docs pages load scripts from a CDN; the box is offline
-    app.add_middleware(_BodyLimit, limit=settings.serve.max_body_bytes)
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=lambda _scope: settings.serve.max_body_bytes,
+                       hint="send fewer or shorter texts per request")
     metrics = runtime.metrics
+    rates = KeyRates(settings.serve.rate_limit_per_s, settings.serve.rate_limit_burst)
 
     app.state.runtime = runtime
-    @app.get("/v2/health/live")
+    @app.get("/v2/health/live", responses=_answers())
     async def live() -> dict[str, bool]:
         return {"live": True}
 
-    @app.get("/v2/health/ready")
+    @app.get("/v2/health/ready", responses=_answers(unready=True))
     async def ready() -> JSONResponse:
         return JSONResponse({"ready": runtime.ready}, status_code=200 if runtime.ready else 503)
 
-    @app.get("/v2")
-    async def server_metadata(_key: AnyModelKey) -> dict[str, Any]:
+    @app.get("/v2", responses=_answers(401))
+    async def server_metadata(_key: AnyKey) -> dict[str, Any]:
         return {"name": "appliance", "version": metadata.version("appliance"), "extensions": []}
 
-    @app.get("/v2/models/{name}")
-    async def model_metadata(name: str, _key: ModelKey) -> dict[str, Any]:
-        route = runtime.route(name)
+    @app.get("/v2/models/{name}", responses=_answers(401, 403, 404))
+    async def model_metadata(name: str, key: ModelKey) -> dict[str, Any]:
+        route = runtime.route(name, key.may_call)
         labels = route.production.labels
         return {
             "name": name,
@@ -148,20 +278,29 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
             "parameters": {"labels": labels, "canary_percent": route.canary_percent},
         }
 
-    @app.get("/v2/models/{name}/ready")
-    async def model_ready(name: str, _key: ModelKey) -> JSONResponse:
+    @app.get("/v2/models/{name}/ready", responses=_answers(401, 403, 404, unready=True))
+    async def model_ready(name: str, key: ModelKey) -> JSONResponse:
+        if not runtime.expects(name):  # unknown: no retry makes it ready
+            raise runtime.not_found(name, key.may_call)
         ok = runtime.model_ready(name)
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
+    inference = _answers(400, 401, 403, 404, 408, 413, 429, 503)
+
     # The two inference endpoints answer with a JSONResponse: a returned dict would be validated and encoded
     # again through a response model on every request, which costs more CPU than the HTTP parsing.
-    @app.post("/v2/models/{name}/infer", response_class=JSONResponse)
-    async def infer(name: str, key: ModelKey, body: InferRequest) -> JSONResponse:
+    @app.post("/v2/models/{name}/infer", response_class=JSONResponse, responses=inference,
+              openapi_extra=_body_of(InferRequest))
+    async def infer(name: str, key: ModelKey, request: Request) -> JSONResponse:
+        rates.admit(key)
+        runtime.route(name, key.may_call)  # a model that does not serve is a 404 before any body work
+        body = await _json(request, InferRequest)
         texts = body.inputs[0].data
+        rates.charge(key, len(texts))
         if body.inputs[0].shape not in ([len(texts)], [len(texts), 1]):
             raise BadRequest(f"input 'text' has shape {body.inputs[0].shape} but holds {len(texts)} texts",
                              hint=f"give shape [{len(texts)}]")
-        loaded, probabilities, ids = await runtime.predict(name, texts, f"key:{key.name}")
+        loaded, probabilities, ids = await runtime.predict(name, texts, f"key:{key.name}", key.may_call)
         wanted = {output.name for output in body.outputs} if body.outputs else {"label", "probabilities"}
         outputs = []
         if "label" in wanted:
@@ -174,20 +313,30 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
                   "parameters": {"prediction_ids": [prediction_id or None for prediction_id in ids]}}
         return JSONResponse(answer | ({"id": body.id} if body.id is not None else {}))
 
-    @app.post("/v1/models/{name}:predict", response_class=JSONResponse)
-    async def predict(name: str, key: ModelKey, body: PredictRequest) -> JSONResponse:
-        loaded, probabilities, ids = await runtime.predict(name, body.instances, f"key:{key.name}")
+    @app.post("/v1/models/{name}:predict", response_class=JSONResponse, responses=inference,
+              openapi_extra=_body_of(PredictRequest))
+    async def predict(name: str, key: ModelKey, request: Request) -> JSONResponse:
+        rates.admit(key)
+        runtime.route(name, key.may_call)
+        body = await _json(request, PredictRequest)
+        rates.charge(key, len(body.instances))
+        loaded, probabilities, ids = await runtime.predict(name, body.instances, f"key:{key.name}", key.may_call)
         return JSONResponse({"model": name, "model_version": str(loaded.version),
                              "predictions": label_scores(loaded.labels, probabilities, ids)})
 
-    @app.post("/v1/feedback")
-    async def post_feedback(key: AnyModelKey, body: FeedbackRequest) -> dict[str, Any]:
+    @app.post("/v1/feedback", responses=_answers(400, 401, 403, 404, 408, 413, 429, 503),
+              openapi_extra=_body_of(FeedbackRequest))
+    async def post_feedback(key: AnyKey, request: Request) -> dict[str, Any]:
         """True labels for earlier predictions; the key must be allowed to call each prediction's model."""
+        rates.admit(key)
+        body = await _json(request, FeedbackRequest)
+        rates.charge(key, len(body.feedback))
         return await runtime.record_feedback([(item.prediction_id, item.label) for item in body.feedback],
                                              f"apikey:{key.id}", key.may_call)
 
-    @app.get("/metrics")
-    async def metrics_endpoint(_key: AnyModelKey) -> Response:
+    @app.get("/metrics", response_class=Response, responses=_answers(401, 403)
+             | {200: {"content": {serve_metrics.CONTENT_TYPE: {"schema": {"type": "string"}}}}})
+    async def metrics_endpoint(_key: AllModelsKey) -> Response:
         for served in runtime.describe():
             for version in served["versions"]:
                 labels = (served["model"], str(version["version"]))
@@ -195,26 +344,35 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
                 metrics.queue_depth.labels(*labels).set(version["queue_depth"])
         return Response(metrics.exposition(), media_type=serve_metrics.CONTENT_TYPE)
 
+    @app.get("/openapi.json", responses=_answers(401))
+    async def openapi_document(_key: AnyKey) -> JSONResponse:
+        """This document: the routes, their keys, limits and answers."""
+        return JSONResponse(app.openapi())
+
+    app.openapi = lambda: _openapi(app, settings.serve)  # type: ignore[method-assign]
+
     def refused(request: Request, status: int) -> None:
-        metrics.request(request.path_params.get("name", ""), None, status)
+        """Count a refusal under its model when that model serves, else under one label: no caller adds series."""
+        name = request.path_params.get("name")
+        metrics.request(name if name in runtime.routes else serve_metrics.OTHER, None, status)
 
     @app.exception_handler(ApplianceError)
     async def appliance_error(request: Request, exc: ApplianceError) -> JSONResponse:
         status = getattr(exc, "status", 400)
         if not getattr(exc, "counted", False):  # the runtime counted a version's failure itself
             refused(request, status)
-        headers = {"Retry-After": "1"} if status == 503 else None
-        if status in (401, 403):
-            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        headers = {
+            401: {"WWW-Authenticate": "Bearer"},
+            429: {"Retry-After": str(math.ceil(getattr(exc, "retry_after_s", 1)))},
+            503: {"Retry-After": "1"},
+        }.get(status)
         return json_error(status, exc.message, exc.hint, headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         refused(request, 400)
-        problems = "; ".join(describe_error(error) for error in exc.errors()[:5])
-        json_sent = request.headers.get("content-type", "").startswith("application/json")
-        hint = "see the OpenAPI document at /openapi.json" if json_sent else "send Content-Type: application/json"
-        return json_error(400, f"the request body is not valid: {problems}", hint)
+        problems = _sendable("; ".join(describe_error(error) for error in exc.errors()[:5]))
+        return json_error(400, f"the request body is not valid: {problems}", "see the OpenAPI document at /openapi.json")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -222,6 +380,52 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         return json_error(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
 
     return app
+
+
+async def _json(request: Request, model: type[M]) -> M:
+    """The body as model, read here rather than by FastAPI, which would read and parse it before the key check."""
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # the client went away, or the body timeout cut it off (see _TimedHttp)
+        raise refusal(408, "the request body did not arrive in full", "send the whole body without pausing") from None
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        raise BadRequest("the request body must be JSON", hint="send Content-Type: application/json")
+    try:
+        found = json.loads(raw)  # not pydantic's parser: a lone surrogate must reach the runtime, which names its text
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc.msg} at character {exc.pos}",
+                         hint="see the OpenAPI document at /openapi.json") from None
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the request body is not UTF-8 (byte {exc.start})", hint="send JSON in UTF-8") from None
+    except RecursionError:
+        raise BadRequest("the request body nests too deeply", hint="see the OpenAPI document at /openapi.json") from None
+    try:
+        return model.model_validate(found)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+
+
+def _openapi(app: FastAPI, serve: ServeSettings) -> dict[str, Any]:
+    """The OpenAPI document as the server behaves: bodies and their limits, keys, and 400 (never 422) for a bad body."""
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for model in (InferRequest, PredictRequest, FeedbackRequest):
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        schemas["InferInput"]["properties"]["shape"]["description"] = "[n] or [n, 1] for the n texts in data"
+        for texts in (schemas["PredictRequest"]["properties"]["instances"], schemas["InferInput"]["properties"]["data"]):
+            texts.update(minItems=1, maxItems=serve.max_instances)
+            texts["items"]["maxLength"] = serve.max_text_chars
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        for operations in document["paths"].values():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+        app.openapi_schema = document
+    return app.openapi_schema
 
 
 def hardened_options(serve: ServeSettings) -> dict[str, Any]:
@@ -336,50 +540,6 @@ def label_scores(labels: list[str], probabilities: Any, ids: list[str]) -> list[
             for prediction_id, row in zip(ids, probabilities, strict=True)]
 
 
-def describe_error(error: dict[str, Any]) -> str:
-    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
-    return f"{where}: {error.get('msg', 'invalid')}"
-
-
-def json_error(status: int, message: str, hint: str | None, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": message} | ({"hint": hint} if hint else {})
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-class _BodyLimit:
-    """413 for a body over the limit, by Content-Length or by counting a streamed body."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._too_large(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._too_large(scope, receive, send)
-
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = json_error(413, f"the request body is over the limit of {self.limit} bytes",
-                          "send fewer or shorter texts per request")
-        await response(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    """A streamed body passed the limit."""
+def _sendable(text: str) -> str:
+    """text with any lone surrogate escaped: a caller's field name can hold one, and JSON in UTF-8 cannot."""
+    return text.encode("utf-8", "backslashreplace").decode()

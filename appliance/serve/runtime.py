@@ -191,14 +191,22 @@ class Runtime:
                               "canary_percent": route.canary_percent if route else 0.0, "versions": versions})
         return described
 
+    def expects(self, model: str) -> bool:
+        """Whether the model serves, or the registry says it should (it may still be loading)."""
+        return model in self.routes or model in self._wanted
+
     def route(self, model: str, allowed: Callable[[str], bool] | None = None) -> Route:
-        """The model's route; ModelNotFound naming the served models `allowed` admits (all when None), no others."""
+        """The model's route, or not_found()."""
         route = self.routes.get(model)
         if route is None:
-            served = ", ".join(name for name in sorted(self.routes) if allowed is None or allowed(name)) or "none"
-            raise ModelNotFound(f"no model named {model!r} is being served",
-                                hint=f"served models{' this key may call' if allowed else ''}: {served}")
+            raise self.not_found(model, allowed)
         return route
+
+    def not_found(self, model: str, allowed: Callable[[str], bool] | None = None) -> ModelNotFound:
+        """The 404 for a model that does not serve, naming the served models `allowed` admits (all when None)."""
+        served = ", ".join(name for name in sorted(self.routes) if allowed is None or allowed(name)) or "none"
+        return ModelNotFound(f"no model named {model!r} is being served",
+                             hint=f"served models{' this key may call' if allowed else ''}: {served}")
 
     def authorize(self, token: str | None, model: str | None) -> auth.ApiKey:
         """The API key of a request, checked against the keys read at the last poll."""

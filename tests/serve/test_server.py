@@ -28,8 +28,6 @@ def test_health_needs_no_key_and_says_ready_once_the_model_is_warm(server: Serve
     with server.client(token=None) as anonymous:
         assert anonymous.get("/v2/health/live").json() == {"live": True}
         assert anonymous.get("/v2/health/ready").json() == {"ready": True}
-        openapi = anonymous.get("/openapi.json").json()
-    assert {"/v2/models/{name}/infer", "/v1/models/{name}:predict", "/metrics"} <= set(openapi["paths"])
     with server.client() as client:
         assert client.get("/v2/models/tickets/ready").json() == {"name": "tickets", "ready": True}
         metadata = client.get("/v2/models/tickets").json()
@@ -56,7 +54,7 @@ def test_both_apis_answer_what_the_model_predicts_in_process(server: Server) -> 
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        (b'{"instances": ["a"', 400, "JSON decode error"),
+        (b'{"instances": ["a"', 400, "the request body is not valid JSON"),
         (b'{"texts": ["a"]}', 400, "instances: Field required"),
         (b'{"instances": "a"}', 400, "instances: Input should be a valid list"),
         (b'{"instances": [1, 2]}', 400, "instances.0: Input should be a valid string"),
@@ -110,10 +108,10 @@ def test_keys_are_required_scoped_and_revocable(server: Server) -> None:
         assert auth.get(opened, key.id).last_used_at is not None
 
 
-def test_an_unknown_model_is_a_404_that_names_what_is_served(server: Server) -> None:
+def test_an_unknown_model_is_a_404_that_names_what_the_key_may_call(server: Server) -> None:
     with server.client() as client:
         response = predict(client, [BILLING], model="nope")
-    assert response.status_code == 404 and response.json()["hint"] == "served models: tickets"
+    assert response.status_code == 404 and response.json()["hint"] == "served models this key may call: tickets"
 
 
 def test_metrics_count_requests_errors_batches_and_queue_per_version(server: Server) -> None:
