@@ -314,7 +314,7 @@ def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -
     submission_id = f"appliance-{request.job_id}-{secrets.token_hex(4)}"
     content = datasets.content(store, version)
     base = archive.pack(sorted(_base_files(request.base_dir)))
-    manifest = json.dumps({"dataset": asdict(version), "params": asdict(request.params), "device": request.device,
+    manifest = json.dumps({"dataset": asdict(version), "params": request.params.model_dump(), "device": request.device,
                            "submission": submission_id}).encode()
     submission = {"id": submission_id, "cluster": backend.address, "where": backend.where(submission_id),
                   "key": base64.b64encode(keys.wrap(store.master, key, _key_aad(submission_id))).decode()}

@@ -70,8 +70,9 @@ def _train(manifest: dict, content: bytes, base: dict[str, bytes]) -> bytes:
                                    base_model=base_dir)
         with store.scratch(settings) as opened:
             version = datasets.adopt(opened, datasets.DatasetVersion(**manifest["dataset"]), content)
-            done = engine.start(opened, dataset=version.ref, base_dir=base_dir, params=TrainParams(**manifest["params"]),
-                                device=manifest["device"], progress=progress)
+            done = engine.start(opened, dataset=version.ref, base_dir=base_dir,
+                                params=TrainParams.parse(manifest["params"]), device=manifest["device"],
+                                progress=progress)
             run = runs.get(opened, done.run_id)
             bundle = blobs.read(opened, done.model_blob)
             record = {"params": run.params, "plan": run.plan, "metrics": done.metrics, "steps": done.steps,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -102,7 +102,7 @@ def check_params(kind: str, params: dict[str, Any]) -> None:
         raise JobError("'retrain' names the served model whose feedback extends 'dataset', and takes no 'source'",
                        hint='e.g. {"retrain": "tickets", "dataset": "tickets", "canary_percent": 20}')
     training = params.get("params") or {}
-    known = {field.name for field in fields(TrainParams)}
+    known = set(TrainParams.model_fields)
     if not isinstance(training, dict):
         raise JobError("'params' must be an object of training parameters", hint=f"known: {', '.join(sorted(known))}")
     if set(training) - known:

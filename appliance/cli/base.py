@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import click
+from pydantic import BaseModel
 
-from appliance import client, config, store
+from appliance import client, config, schema, store
 from appliance.errors import KeyMissing
 
 
@@ -38,6 +39,22 @@ def version() -> None:
 
 def load_settings() -> config.Settings:
     return config.load(click.get_current_context().find_root().obj)
+
+
+def schema_option(model: type[BaseModel], field: str, *decls: str, **attrs: Any) -> Callable[[Callable], Callable]:
+    """A click option for a field of a typed schema: its choices or range and its default are the schema's, so
+    the command line takes what a job through the daemon takes."""
+    info = model.model_fields[field]
+    kind = schema.bare(info)
+    if get_origin(kind) is Literal:
+        attrs["type"] = click.Choice(get_args(kind))
+    else:
+        limits = schema.bounds(info)
+        attrs["type"] = (click.IntRange if kind is int else click.FloatRange)(
+            limits.low, limits.high, min_open=limits.low_open, max_open=limits.high_open)
+    if not info.is_required() and info.default is not None and "default" not in attrs:
+        attrs.update(default=info.default, show_default=True)
+    return click.option(*decls, **attrs)
 
 
 @contextmanager

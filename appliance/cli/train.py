@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import sys
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from appliance import datasets, pipeline, registry
-from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar
+from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar, schema_option
 from appliance.cli.jobs import run_job
 from appliance.errors import JobError
 from appliance.train import runs
@@ -44,18 +43,18 @@ class _StopFlag:
 @cli.command("train")
 @click.option("--data", "dataset", help="Dataset name, name:version or id (see 'appliance data list').")
 @click.option("--base", type=click.Path(file_okay=False, path_type=Path), help="Local Hugging Face model directory.")
-@click.option("--epochs", type=click.IntRange(1, 1000), default=TrainParams.epochs, show_default=True)
-@click.option("--lr", type=click.FloatRange(0, 1, min_open=True), default=TrainParams.learning_rate, show_default=True)
-@click.option("--batch-size", type=click.IntRange(1, 4096), default=TrainParams.batch_size, show_default=True,
-              help="Effective batch; the plan splits it into micro-batches that fit memory.")
-@click.option("--max-length", type=click.IntRange(8, 8192), default=TrainParams.max_length, show_default=True)
+@schema_option(TrainParams, "epochs", "--epochs")
+@schema_option(TrainParams, "learning_rate", "--lr", "lr")
+@schema_option(TrainParams, "batch_size", "--batch-size",
+               help="Effective batch; the plan splits it into micro-batches that fit memory.")
+@schema_option(TrainParams, "max_length", "--max-length")
 @click.option("--lora", is_flag=True, help="Train LoRA adapters instead of every weight.")
-@click.option("--schedule", type=click.Choice(["linear", "cosine"]), default="linear", show_default=True)
-@click.option("--patience", type=click.IntRange(1), default=TrainParams.patience, show_default=True,
-              help="Stop after this many epochs without a better validation metric.")
-@click.option("--seed", type=int, default=TrainParams.seed, show_default=True)
-@click.option("--max-minutes", type=click.FloatRange(0, min_open=True), help="Stop after this long with the best so far.")
-@click.option("--checkpoint-every", type=click.IntRange(1), default=TrainParams.checkpoint_every, show_default=True)
+@schema_option(TrainParams, "schedule", "--schedule")
+@schema_option(TrainParams, "patience", "--patience",
+               help="Stop after this many epochs without a better validation metric.")
+@schema_option(TrainParams, "seed", "--seed")
+@schema_option(TrainParams, "max_minutes", "--max-minutes", help="Stop after this long with the best so far.")
+@schema_option(TrainParams, "checkpoint_every", "--checkpoint-every")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the best available.")
 @click.option("--resume", "resume_run", help="Continue an interrupted run from its last checkpoint.")
 @click.option("--name", "model_name", help="Register the model under this name (default: the dataset's name).")
@@ -92,7 +91,7 @@ def train(
     if resume_run is None:
         with daemon_client() as api:
             if api is not None:  # the daemon trains it as a job: it survives this shell, and crashes
-                job = {"dataset": dataset, "params": dataclasses.asdict(params), "device": device, "name": model_name,
+                job = {"dataset": dataset, "params": params.model_dump(), "device": device, "name": model_name,
                        "base": str(base.resolve()) if base else None, "burst": burst or None,
                        "fallback": fallback or None}
                 result = run_job(api, "train", {key: value for key, value in job.items() if value is not None})

@@ -68,6 +68,7 @@ class _Position:
 
 
 ProgressFn = Callable[[Progress], None]
+DEFAULTS = TrainParams()  # frozen: one instance is every call's default
 EpochFn = Callable[[runs.Epoch], bool]  # after each epoch's evaluation; True ends the run there (a pruned trial)
 
 
@@ -76,7 +77,7 @@ def create(
     *,
     dataset: str,
     base_dir: Path,
-    params: TrainParams = TrainParams(),
+    params: TrainParams = DEFAULTS,
     device: str | None = None,
 ) -> str:
     """Plan a new run on a dataset version and record it, untrained: a job keeps the id before the first step."""
@@ -89,7 +90,7 @@ def create(
         dataset_id=version.id,
         base_model=str(base_dir) if isinstance(task, tasks.TextClassification) else "small-cnn",
         task=version.task,
-        params=asdict(params),
+        params=params.model_dump(),
         plan=asdict(plan),
     )
 
@@ -99,7 +100,7 @@ def start(
     *,
     dataset: str,
     base_dir: Path,
-    params: TrainParams = TrainParams(),
+    params: TrainParams = DEFAULTS,
     device: str | None = None,
     progress: ProgressFn | None = None,
     should_stop: Callable[[], bool] = lambda: False,
@@ -134,7 +135,7 @@ def _continue(
     store: Store, run: runs.Run, progress: ProgressFn | None, should_stop: Callable[[], bool],
     max_threads: int | None = None, on_epoch: EpochFn | None = None,
 ) -> RunResult:
-    params = TrainParams(**run.params)
+    params = TrainParams.parse(run.params)
     data = datasets.load(store, datasets.get(store, run.dataset_id))
     task = _task(run.task, data, Path(run.base_model), params)
     plan = hardware.TrainingPlan(**{**run.plan, "notes": tuple(run.plan["notes"])})

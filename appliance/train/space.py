@@ -15,11 +15,13 @@ Kept free of torch and Optuna, so the CLI checks a file before anything starts.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from appliance.errors import ConfigError
+from appliance.schema import problems
 from appliance.train.params import TrainParams
 
 Space = dict[str, Any]  # field -> {"low", "high", "log"} | list of choices | a fixed value
@@ -43,8 +45,7 @@ IMAGE: Space = {
 }
 SEARCHABLE = {"learning_rate", "epochs", "batch_size", "warmup_ratio", "weight_decay", "lora", "lora_rank",
               "max_length", "schedule", "max_grad_norm"}
-_TYPES = {field.name: type(getattr(TrainParams(), field.name)) for field in fields(TrainParams)
-          if field.name in SEARCHABLE}
+_TYPES = {name: type(getattr(TrainParams(), name)) for name in SEARCHABLE}
 
 
 def default(task: str) -> Space:
@@ -141,13 +142,10 @@ def cap(space: Space, name: str, limit: int) -> Space:
 
 
 def _value(name: str, value: Any, kind: type, source: str) -> Any:
+    """A value the training takes for this field (its type and bounds are TrainParams')."""
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if type(value) is not kind:
-        raise ConfigError(f"{source}: {name} = {value!r} is not a {kind.__name__}",
-                          hint=f"{name} takes {kind.__name__} values")
-    if kind is int and value < 1 or kind is float and value < 0:
-        raise ConfigError(f"{source}: {name} = {value!r} is out of range", hint=f"{name} must be positive")
-    if name == "schedule" and value not in ("linear", "cosine"):
-        raise ConfigError(f"{source}: schedule = {value!r}", hint="the schedules are linear and cosine")
-    return value
+    try:
+        return getattr(TrainParams.model_validate({name: value}), name)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {problems(exc)}") from None

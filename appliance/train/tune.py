@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +92,9 @@ def create(store: Store, request: Request, study_id: str | None = None, actor: s
         searched = space.cap(searched, "max_length", hardware.max_positions(request.base_dir))
     else:
         base_model = "small-cnn"
-    base = replace(request.base_params, metric=request.metric)
+    base = request.base_params.changed(metric=request.metric)
     return studies.create(store, dataset_id=version.id, base_model=base_model, task=version.task,
-                          metric=request.metric, sampler=request.sampler, space=searched, base_params=asdict(base),
+                          metric=request.metric, sampler=request.sampler, space=searched, base_params=base.model_dump(),
                           device=request.device, budget_s=request.budget_s, study_id=study_id, actor=actor).id
 
 
@@ -123,7 +123,7 @@ class _Search:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.store, self.record, self.progress = store, record, progress
         self.should_stop, self.max_threads = should_stop, max_threads
-        self.base = TrainParams(**record.base_params)
+        self.base = TrainParams.parse(record.base_params)
         self.done = studies.trials(store, record.id)
         self.study = _study(store, record, [trial for trial in self.done if trial.state != "running"])
         self.clock = time.monotonic()
@@ -147,7 +147,7 @@ class _Search:
             number = len(self.done)
             trial = self.study.ask()
             values = space.suggest(trial, self.record.space, self.base)
-            params = replace(self.base, **values, max_minutes=(self.record.budget_s - self.spent()) / 60)
+            params = self.base.changed(**values, max_minutes=(self.record.budget_s - self.spent()) / 60)
             try:
                 run_id = engine.create(self.store, dataset=self.record.dataset_id, base_dir=Path(self.record.base_model),
                                        params=params, device=self.record.device)
@@ -177,7 +177,7 @@ class _Search:
             self.study.enqueue_trial(values)
             trial = self.study.ask()
             space.suggest(trial, self.record.space, self.base)
-        epochs = TrainParams(**runs.get(self.store, run_id).params).epochs
+        epochs = TrainParams.parse(runs.get(self.store, run_id).params).epochs
         best: float | None = None
         pruned = False
         for row in runs.epochs(self.store, run_id):
@@ -265,7 +265,7 @@ def _optuna() -> Any:
 def _study(store: Store, record: studies.Study, done: list[studies.Trial]) -> Any:
     """An in-memory Optuna study holding the trials the store recorded."""
     optuna = _optuna()
-    seed = TrainParams(**record.base_params).seed + len(done)  # a resumed search samples anew, not the same again
+    seed = TrainParams.parse(record.base_params).seed + len(done)  # a resumed search samples anew, not the same again
     sampler = (optuna.samplers.RandomSampler(seed=seed) if record.sampler == "random"
                else optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS))
     pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=REDUCTION_FACTOR)

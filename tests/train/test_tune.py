@@ -83,7 +83,7 @@ def test_a_space_file_narrows_the_default_and_bad_entries_are_named(tmp_path: Pa
     assert searched["batch_size"] == [16, 32] and searched["lora"] is False
     assert searched["epochs"] == space.TEXT["epochs"]  # untouched entries keep the default
     for text, words in (("learning_rat = 0.1", "cannot be searched"), ("epochs = { low = 5, high = 2 }", "5..2"),
-                        ("batch_size = [16, 'x']", "not a int"), ("lora = [", "not valid TOML")):
+                        ("batch_size = [16, 'x']", '"x" is not a whole number'), ("lora = [", "not valid TOML")):
         bad = tmp_path / "bad.toml"
         bad.write_text(text)
         with pytest.raises(ConfigError, match=words) as caught:

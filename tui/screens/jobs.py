@@ -3,7 +3,6 @@ and hyperparameter searches, and a search's ranked trials."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -23,6 +22,7 @@ from textual.widgets import (
     Switch,
 )
 
+from appliance import schema
 from appliance.errors import ApplianceError
 from appliance.train.params import TrainParams
 from tui.screens.base import ApplianceScreen
@@ -272,12 +272,12 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
         dataset = self.query_one("#dataset", Select).value
         if dataset is Select.NULL:
             raise ValueError("choose a dataset (import one on the Datasets screen first)")
-        defaults = dataclasses.asdict(TrainParams())
+        defaults = TrainParams().model_dump()
         training: dict[str, Any] = {"lora": self.query_one("#lora", Switch).value}
         for name in ("epochs", "learning_rate", "batch_size", "max_length", "max_minutes"):
             text = self.query_one(f"#{name}", Input).value.strip()
             if text:
-                kind = float if name in ("learning_rate", "max_minutes") else int
+                kind = schema.bare(TrainParams.model_fields[name])
                 try:
                     training[name] = kind(text)
                 except ValueError:
