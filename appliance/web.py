@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"],
@@ -51,8 +53,21 @@ def document_errors(app: FastAPI, *, security: dict[str, dict[str, Any]], open_p
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own refusals (404 no route, 405 wrong method) as Error bodies; a 405's Allow header lists
+    every method the path takes, where Starlette names only the first route's."""
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405:
+        methods = {method for route in request.app.routes
+                   if isinstance(route, BaseRoute) and route.matches(request.scope)[0] is not Match.NONE
+                   for method in getattr(route, "methods", None) or ()}
+        headers["Allow"] = ", ".join(sorted(methods))
+    return json_error(exc.status_code, str(exc.detail), None, headers or None)
+
+
 def json_error(status: int, message: str, hint: str | None, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": message} | ({"hint": hint} if hint else {})
+    """The Error body; a lone surrogate from a caller's input is escaped, as JSON in UTF-8 cannot carry it."""
+    body = {"error": _sendable(message)} | ({"hint": _sendable(hint)} if hint else {})
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -60,6 +75,10 @@ def describe_error(error: dict[str, Any]) -> str:
     """One pydantic validation error as 'where: what'."""
     where = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
     return f"{where}: {error.get('msg', 'invalid')}"
+
+
+def _sendable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 class BodyLimit:

@@ -371,7 +371,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         refused(request, 400)
-        problems = _sendable("; ".join(describe_error(error) for error in exc.errors()[:5]))
+        problems = "; ".join(describe_error(error) for error in exc.errors()[:5])
         return json_error(400, f"the request body is not valid: {problems}", "see the OpenAPI document at /openapi.json")
 
     @app.exception_handler(StarletteHTTPException)
@@ -539,7 +539,3 @@ def label_scores(labels: list[str], probabilities: Any, ids: list[str]) -> list[
              "scores": {label: round(float(p), 6) for label, p in zip(labels, row)}}
             for prediction_id, row in zip(ids, probabilities, strict=True)]
 
-
-def _sendable(text: str) -> str:
-    """text with any lone surrogate escaped: a caller's field name can hold one, and JSON in UTF-8 cannot."""
-    return text.encode("utf-8", "backslashreplace").decode()

@@ -93,6 +93,7 @@ class Runtime:
         self.routes: dict[str, Route] = {}
         self.keys: list[auth.ApiKey] = []
         self.unlocked = False  # the master key opened the store
+        self.diverged: str | None = None  # how the audit log left its anchor, while it does: nothing is served
         self._passphrase = passphrase
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self._store: store.Store | None = None
@@ -131,7 +132,7 @@ class Runtime:
     @property
     def ready(self) -> bool:
         """Unlocked, and every model that should serve is serving its wanted versions."""
-        return self.unlocked and all(self.model_ready(model) for model in self._wanted)
+        return self.unlocked and self.diverged is None and all(self.model_ready(model) for model in self._wanted)
 
     def model_ready(self, model: str) -> bool:
         route, wanted = self.routes.get(model), self._wanted.get(model)
@@ -210,6 +211,8 @@ class Runtime:
 
     def authorize(self, token: str | None, model: str | None) -> auth.ApiKey:
         """The API key of a request, checked against the keys read at the last poll."""
+        if self.diverged is not None:  # the keys it holds may be ones the rewind brought back: trust none
+            raise ServeError(f"serving stopped: {self.diverged}", hint=audit.REWIND_HINT)
         if self._verifier is None:
             raise auth.Unauthenticated("the server has not read its API keys yet")
         return self._verifier.verify(token, model)
@@ -226,7 +229,18 @@ class Runtime:
                 log.exception("reading the registry failed; serving goes on with what is loaded")
 
     async def sync(self) -> None:
-        """Read the wanted state; load and swap in what changed; drain what left."""
+        """Read the wanted state; load and swap in what changed; drain what left.
+
+        A store whose audit log no longer reaches its anchor (cut, or an older copy put back) is read no further:
+        the server answers nothing but 503 until the rewind is accepted or a verified backup restored.
+        """
+        diverged = await self._on_worker(audit.divergence, self._store)
+        if diverged != self.diverged:
+            (log.error if diverged else log.warning)("serving %s: %s", "stops" if diverged else "resumes",
+                                                     diverged or "the audit log agrees with its anchor again")
+        self.diverged = diverged
+        if diverged:
+            return
         wanted, verifier = await self._on_worker(self._read_wanted, self._verifier)
         self._verifier, self._wanted = verifier, wanted
         for model, want in wanted.items():
@@ -255,7 +269,8 @@ class Runtime:
             servable, reference = await self._on_worker(self._load, model, version)
         except ApplianceError as exc:
             self._failed.add((model, version))
-            log.error("model %s:%s did not load, the previous version keeps serving: %s", model, version, exc.message)
+            still = f"{model}:{current.production.version} keeps serving" if current else f"nothing serves {model}"
+            log.error("model %s:%s did not load, so %s: %s", model, version, still, exc.message)
             await self._on_worker(self._audit, "serve.load_failed", f"{model}:{version}", {"error": exc.message})
             return current.production if current else None
         loaded = Loaded(model, version, servable.manifest["variant"], servable, self._batcher(model, version, servable),
