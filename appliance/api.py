@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from appliance import auth, config, datasets, events, feedback, jobs, privacy, registry, sources, system, usage, users
 from appliance.errors import ApplianceError, AuthError, BadRequest, DaemonError
+from appliance.jobspec import JobRequest  # one body per kind, told apart by "kind": /openapi.json shows each
 from appliance.serve.app import label_scores
 from appliance.serve.metrics import Metrics, TrafficWindow
 from appliance.serve.runtime import Runtime
@@ -129,12 +130,6 @@ def _route(request: Request) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class JobRequest(_Strict):
-    kind: str = Field(description="train | optimize | pipeline | tune")
-    params: dict[str, Any] = Field(default_factory=dict)
-    priority: int = Field(0, ge=-100, le=100, description="higher runs first and may preempt lower")
 
 
 class ApiKeyRequest(_Strict):
@@ -271,7 +266,7 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
     @app.post("/v1/jobs", status_code=201)
     def submit(body: JobRequest, user: Operator) -> dict[str, Any]:
         with shared.use() as store:
-            return asdict(jobs.submit(store, body.kind, body.params, body.priority, actor=_actor(user)))
+            return asdict(jobs.submit(store, body.spec, body.priority, actor=_actor(user)))
 
     @app.get("/v1/jobs/{job_id}")
     def get_job(job_id: str, _user: Viewer) -> dict[str, Any]:

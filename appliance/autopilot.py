@@ -32,13 +32,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from appliance import datasets, events, feedback, jobs, registry
+from appliance import datasets, events, feedback, jobs, jobspec, registry
 from appliance.config import Policy, Settings
+from appliance.errors import ApplianceError
 from appliance.serve.metrics import Counts, estimate_quantile_s
 from appliance.store import Store, audit
 from appliance.train import runs
+from appliance.train.params import TrainParams
 
 log = logging.getLogger("appliance.autopilot")
 
@@ -176,10 +179,16 @@ class Autopilot:
             self._note(model, f"{trigger['trigger']} calls for a retrain, but there are no new labels to learn"
                               " from: send feedback")
             return
-        params = {"retrain": model, "dataset": trained_on.name, "name": model, "base": run.base_model,
-                  "params": run.params, "deploy": True, "canary_percent": policy.canary_percent}
+        try:  # a lasting refusal is said once, not audited at every check
+            spec = jobspec.PipelineJob(retrain=model, dataset=trained_on.name, name=model,
+                                       base=_base_name(store.settings, run), params=TrainParams.parse(run.params),
+                                       canary_percent=policy.canary_percent)
+            jobspec.confine(spec, store.settings)
+        except ApplianceError as exc:
+            self._note(model, f"{trigger['trigger']} calls for a retrain, but it cannot be submitted: {exc.message}")
+            return
         with audit.operation(store, "autopilot.retrain", model, actor=ACTOR, **trigger, unused_labels=unused) as done:
-            job = jobs.submit(store, "pipeline", params, policy.priority, actor=ACTOR)
+            job = jobs.submit(store, spec, policy.priority, actor=ACTOR)
             done["job"] = job.id
             events.emit(store, "deploy", model, "autopilot-retrain", {**trigger, "job": job.id})
         log.info("%s: retraining as job %s (%s)", model, job.id, trigger["reason"])
@@ -218,6 +227,11 @@ def _trigger(store: Store, model: str, production: registry.ModelVersion, policy
     if policy.every_hours and _age(since) >= timedelta(hours=policy.every_hours):
         return {"trigger": "schedule", "reason": f"every {policy.every_hours:g} hours"}
     return None
+
+
+def _base_name(settings: Settings, run: runs.Run) -> str | None:
+    """The base model a retrain names: the run's own (an image model has none to name)."""
+    return None if run.task == datasets.IMAGE else jobspec.base_name(Path(run.base_model), settings)
 
 
 def _in_production(store: Store) -> list[str]:

@@ -19,17 +19,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from appliance import events
+from appliance import events, jobspec
 from appliance.errors import JobError, JobNotFound
 from appliance.store import Store, audit
 from appliance.store.db import transaction
-from appliance.train import space
-from appliance.train.params import TrainParams
 
-KINDS = ("train", "optimize", "pipeline", "tune")
 ACTIVE = ("queued", "running")
-BURST = {"burst": "train on the configured Ray cluster, if the dataset's residency allows it",
-         "fallback": "train here if the burst fails (default: the burst.fallback_local setting)"}
 _COLUMNS = (
     "id, kind, params, priority, status, stage, state, result, error, attempts, owner, pid, heartbeat_at, "
     "cancel_requested, submitted_by, submitted_at, started_at, finished_at"
@@ -40,7 +35,7 @@ _COLUMNS = (
 class Job:
     id: str
     kind: str
-    params: dict[str, Any]
+    params: dict[str, Any]  # as given (jobspec's dump), for showing; `spec` reads them typed
     priority: int
     status: str  # queued | running | finished | failed | cancelled
     stage: str | None
@@ -57,75 +52,31 @@ class Job:
     started_at: str | None
     finished_at: str | None
 
+    @property
+    def spec(self) -> jobspec.Spec:
+        """The parameters, typed; JobError if a row written by an older appliance no longer passes."""
+        return jobspec.parse(self.kind, self.params)
 
-def submit(store: Store, kind: str, params: dict[str, Any], priority: int = 0, actor: str | None = None) -> Job:
-    """Queue a job; the daemon's worker picks it up by priority, then age."""
-    check_params(kind, params)
-    if not -100 <= priority <= 100:
-        raise JobError(f"priority {priority} is out of range", hint="give a priority from -100 to 100")
+
+def submit(store: Store, spec: jobspec.Spec, priority: int = 0, actor: str | None = None) -> Job:
+    """Queue a job; the daemon's worker picks it up by priority, then age.
+
+    The spec was checked as it was parsed; what it names on disk is checked here, where the settings are.
+    """
+    jobspec.confine(spec, store.settings)
+    low, high = jobspec.PRIORITY
+    if not low <= priority <= high:
+        raise JobError(f"priority: {priority} is not a whole number from {low} to {high}",
+                       hint="higher runs first and may preempt lower")
     job_id = secrets.token_hex(6)
-    with audit.operation(store, "job.submit", job_id, actor=actor, kind=kind, priority=priority):
+    with audit.operation(store, "job.submit", job_id, actor=actor, kind=spec.kind, priority=priority):
         store.db.execute(
             "INSERT INTO jobs (id, kind, params, priority, status, submitted_by, submitted_at)"
             " VALUES (?, ?, ?, ?, 'queued', ?, ?)",
-            (job_id, kind, json.dumps(params), priority, actor or audit.default_actor(), _now()),
+            (job_id, spec.kind, json.dumps(spec.dump()), priority, actor or audit.default_actor(), _now()),
         )
-        events.emit(store, "job", job_id, "queued", {"kind": kind, "priority": priority})
+        events.emit(store, "job", job_id, "queued", {"kind": spec.kind, "priority": priority})
     return get(store, job_id)
-
-
-def check_params(kind: str, params: dict[str, Any]) -> None:
-    """Refuse at submission what the job would only fail on later."""
-    if kind not in KINDS:
-        raise JobError(f"unknown job kind {kind!r}", hint=f"the kinds are: {', '.join(KINDS)}")
-    allowed = {"train": {"dataset", "base", "params", "device", "name", *BURST},
-               "optimize": {"version", "int8", "distill_layers", "max_accuracy_drop", "calibration_size", "metric",
-                            "seed"},
-               "pipeline": {"source", "dataset", "task", "base", "params", "device", "name", "int8", "distill_layers",
-                            "max_accuracy_drop", "deploy", "canary_percent", "residency", "retrain", *BURST},
-               "tune": {"dataset", "base", "params", "device", "name", "budget_s", "metric", "space", "sampler",
-                        "int8", "distill_layers", "max_accuracy_drop", "deploy", "canary_percent"}}[kind]
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise JobError(f"unknown parameters for a {kind} job: {', '.join(unknown)}",
-                       hint=f"a {kind} job takes: {', '.join(sorted(allowed))}")
-    for flag, meaning in BURST.items():
-        if flag in params and not isinstance(params[flag], bool):
-            raise JobError(f"'{flag}' must be true or false, not {params[flag]!r}", hint=f"{flag}: {meaning}")
-    needed = "version" if kind == "optimize" else "dataset"
-    if not isinstance(params.get(needed), str) or not params[needed]:
-        raise JobError(f"a {kind} job needs '{needed}'",
-                       hint="for a pipeline, 'dataset' names the dataset that 'source' is imported as")
-    if kind == "tune":
-        _check_search(params)
-    if "retrain" in params and (not isinstance(params["retrain"], str) or "source" in params):
-        raise JobError("'retrain' names the served model whose feedback extends 'dataset', and takes no 'source'",
-                       hint='e.g. {"retrain": "tickets", "dataset": "tickets", "canary_percent": 20}')
-    training = params.get("params") or {}
-    known = set(TrainParams.model_fields)
-    if not isinstance(training, dict):
-        raise JobError("'params' must be an object of training parameters", hint=f"known: {', '.join(sorted(known))}")
-    if set(training) - known:
-        raise JobError(f"unknown training parameters: {', '.join(sorted(set(training) - known))}",
-                       hint=f"known: {', '.join(sorted(known))}")
-
-
-def _check_search(params: dict[str, Any]) -> None:
-    """A tune job's budget, metric and space, checked before it waits in the queue."""
-    budget = params.get("budget_s")
-    if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
-        raise JobError(f"a tune job needs 'budget_s', a number of seconds above 0, not {budget!r}",
-                       hint="e.g. 1800 for half an hour")
-    if params.get("metric", "macro_f1") not in ("macro_f1", "accuracy"):
-        raise JobError(f"cannot tune for {params['metric']!r}", hint="tune for macro_f1 or accuracy")
-    if params.get("sampler", "tpe") not in ("tpe", "random"):
-        raise JobError(f"unknown sampler {params['sampler']!r}", hint="use tpe or random")
-    narrowing = params.get("space") or {}
-    if not isinstance(narrowing, dict):
-        raise JobError("'space' must be an object: parameter -> range, choices or value",
-                       hint='e.g. {"learning_rate": {"low": 1e-4, "high": 1e-3}, "lora": false}')
-    for name, entry in narrowing.items():
-        space.check(name, entry, "the job's 'space'")
 
 
 def get(store: Store, job_id: str) -> Job:

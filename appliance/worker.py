@@ -23,13 +23,12 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from appliance import burst, config, datasets, feedback, jobs, pipeline, registry, sources, store
-from appliance.errors import ApplianceError, JobError
+from appliance.errors import ApplianceError
+from appliance.jobspec import OptimizeJob, PipelineJob, Spec, TrainJob, TuneJob, base_dir
 from appliance.store import Store
-from appliance.train.params import TrainParams
 
 log = logging.getLogger("appliance.worker")
 
@@ -43,14 +42,19 @@ class Stopped(Exception):
 
 
 class Job:
-    """What a step may do: read params and state, save state, report progress, check for a stop."""
+    """What a step may do: read the typed spec and the state, save state, report progress, check for a stop."""
 
     def __init__(self, store: Store, job: jobs.Job, owner: str, max_threads: int | None = None) -> None:
         self.store, self.id, self.owner, self.max_threads = store, job.id, owner, max_threads
-        self.kind, self.params, self.state = job.kind, job.params, dict(job.state)
+        self.claimed, self.state = job, dict(job.state)
         self.actor = job.submitted_by
         self.stop_requested = False
         self._last_report = 0.0
+
+    @property
+    def spec(self) -> Spec:
+        """The job's parameters, typed; JobError (the job fails) for a row that no longer passes."""
+        return self.claimed.spec
 
     def should_stop(self) -> bool:
         return self.stop_requested
@@ -84,41 +88,39 @@ class Job:
 # -- the steps -------------------------------------------------------------------
 
 
-def import_step(job: Job) -> str:
-    """The dataset version to train on: imported from params.source, the newest version of params.dataset
-    extended with the feedback on params.retrain's predictions, or named by params.dataset."""
+def import_step(job: Job, spec: PipelineJob) -> str:
+    """The dataset version to train on: imported from spec.source, the newest version of spec.dataset
+    extended with the feedback on spec.retrain's predictions, or named by spec.dataset."""
     if "dataset" in job.state:
         return job.state["dataset"]
     job.stage("import")
-    source = job.params.get("source")
-    if job.params.get("retrain"):
-        model = job.params["retrain"]
-        version = (feedback.extend_dataset(job.store, model, actor=job.actor) if feedback.unused(job.store, model)
-                   else datasets.get(job.store, _required(job, "dataset")))
-    elif source:
+    if spec.retrain:
+        version = (feedback.extend_dataset(job.store, spec.retrain, actor=job.actor)
+                   if feedback.unused(job.store, spec.retrain) else datasets.get(job.store, spec.dataset))
+    elif spec.source:
         version = datasets.import_data(  # a name inside daemon.import_dir, never a path
-            job.store, sources.ImportDir(job.store.settings, source), name=job.params["dataset"],
-            task=job.params.get("task", datasets.TEXT), residency=job.params.get("residency", datasets.LOCAL_ONLY), actor=job.actor,
+            job.store, sources.ImportDir(job.store.settings, spec.source), name=spec.dataset,
+            task=spec.task, residency=spec.residency, actor=job.actor,
         )
     else:
-        version = datasets.get(job.store, _required(job, "dataset"))
+        version = datasets.get(job.store, spec.dataset)
     job.save(dataset=version.ref)
     return version.ref
 
 
-def train_step(job: Job, dataset: str) -> str:
+def train_step(job: Job, spec: TrainJob | PipelineJob, dataset: str) -> str:
     """A finished run's id: the run this job started earlier, resumed, or a new one."""
     from appliance.train import engine, runs  # torch loads in the worker, never in the daemon
 
     if "run_id" in job.state and runs.get(job.store, job.state["run_id"]).status == "finished":
         return job.state["run_id"]
-    if job.params.get("burst") and "run_id" not in job.state:
-        run_id = burst_step(job, dataset)
+    if spec.burst and "run_id" not in job.state:
+        run_id = burst_step(job, spec, dataset)
         if run_id is not None:
             job.save(run_id=run_id)
             return run_id
     job.stage("train")
-    suggest = not job.params.get("burst")  # a job that burst and fell back knows the cluster already
+    suggest = not spec.burst  # a job that burst and fell back knows the cluster already
 
     def progress(report: engine.Progress) -> None:
         nonlocal suggest
@@ -130,10 +132,8 @@ def train_step(job: Job, dataset: str) -> str:
                     "samples_per_s": round(report.samples_per_s, 2), "eta_s": report.eta_s})
 
     if "run_id" not in job.state:
-        settings = job.store.settings
-        base = Path(job.params.get("base") or settings.base_model)
-        run_id = engine.create(job.store, dataset=dataset, base_dir=base, params=_train_params(job),
-                               device=job.params.get("device"))
+        run_id = engine.create(job.store, dataset=dataset, base_dir=base_dir(spec.base, job.store.settings),
+                               params=spec.params, device=spec.device)
         job.save(run_id=run_id)
     if job.max_threads:
         log.info("a model is being served: training uses at most %d threads, at lower priority", job.max_threads)
@@ -145,7 +145,7 @@ def train_step(job: Job, dataset: str) -> str:
     return result.run_id
 
 
-def tune_step(job: Job, dataset: str) -> str:
+def tune_step(job: Job, spec: TuneJob, dataset: str) -> str:
     """The best trial's run of a hyperparameter search named after this job, run or resumed to its budget."""
     from appliance.train import studies, tune  # torch and Optuna load in the worker, never in the daemon
 
@@ -154,10 +154,9 @@ def tune_step(job: Job, dataset: str) -> str:
     job.stage("tune")
     if not studies.exists(job.store, job.id):
         request = tune.Request(
-            dataset=dataset, base_dir=Path(job.params.get("base") or job.store.settings.base_model),
-            budget_s=float(job.params["budget_s"]), metric=job.params.get("metric", "macro_f1"),
-            narrowing=job.params.get("space") or {}, base_params=_train_params(job),
-            sampler=job.params.get("sampler", "tpe"), device=job.params.get("device"))
+            dataset=dataset, base_dir=base_dir(spec.base, job.store.settings), budget_s=spec.budget_s,
+            metric=spec.metric, narrowing=spec.space, base_params=spec.params, sampler=spec.sampler,
+            device=spec.device)
         tune.create(job.store, request, study_id=job.id, actor=job.actor)
 
     def progress(report: tune.Progress) -> None:
@@ -175,15 +174,13 @@ def tune_step(job: Job, dataset: str) -> str:
     return result.best_run_id
 
 
-def burst_step(job: Job, dataset: str) -> str | None:
+def burst_step(job: Job, spec: TrainJob | PipelineJob, dataset: str) -> str | None:
     """Train on the Ray cluster: the finished local run's id, or None when it failed and may fall back to here."""
     settings = job.store.settings
     job.stage("burst")
-    request = burst.Request(dataset, Path(job.params.get("base") or settings.base_model), _train_params(job),
-                            job.params.get("device"), job.id, job.actor)
+    request = burst.Request(dataset, base_dir(spec.base, settings), spec.params, spec.device, job.id, job.actor)
     try:
-        return burst.attempt(job.store, settings, request, _BurstWatcher(job), job.state.get("burst"),
-                             job.params.get("fallback"))
+        return burst.attempt(job.store, settings, request, _BurstWatcher(job), job.state.get("burst"), spec.fallback)
     except burst.Interrupted:
         raise Stopped from None
 
@@ -210,21 +207,20 @@ class _BurstWatcher:
         return jobs.get(self.job.store, self.job.id).cancel_requested
 
 
-def register_step(job: Job, dataset: str, run_id: str) -> str:
+def register_step(job: Job, spec: TrainJob | PipelineJob | TuneJob, dataset: str, run_id: str) -> str:
     if "registered" in job.state:
         return job.state["registered"]
-    name = job.params.get("name") or datasets.get(job.store, dataset).name
+    name = spec.name or datasets.get(job.store, dataset).name
     version = pipeline.register_run(job.store, run_id, name, actor=job.actor)
     job.save(registered=version.ref)
     return version.ref
 
 
-def optimize_step(job: Job, ref: str) -> str:
+def optimize_step(job: Job, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) -> str:
     if "optimized" in job.state:
         return job.state["optimized"]
     job.stage("optimize")
-    tunable = ("int8", "distill_layers", "max_accuracy_drop", "calibration_size", "metric", "seed")
-    options = pipeline.OptimizeOptions(**{key: job.params[key] for key in tunable if key in job.params})
+    options = spec.optimize_options()
 
     def progress(done: int, total: int, what: str) -> None:
         job.report({"stage": "optimize", "step": done, "total_steps": total, "what": what})
@@ -234,29 +230,29 @@ def optimize_step(job: Job, ref: str) -> str:
     return version.ref
 
 
-def deploy_step(job: Job, ref: str) -> None:
+def deploy_step(job: Job, spec: PipelineJob | TuneJob, ref: str) -> None:
     if job.state.get("deployed") == ref:
         return
     job.stage("deploy")
-    registry.deploy(job.store, ref, job.params.get("canary_percent"), actor=job.actor)
+    registry.deploy(job.store, ref, spec.canary_percent, actor=job.actor)
     job.save(deployed=ref)
 
 
 def run(job: Job) -> dict[str, Any]:
     """The steps of the job's kind, in order, stopping between them when asked; returns the job's result."""
-    if job.kind == "optimize":
-        return {"version": optimize_step(job, _required(job, "version"))}
-    dataset = job.between(import_step(job) if job.kind == "pipeline" else _required(job, "dataset"))
-    run_id = job.between(tune_step(job, dataset) if job.kind == "tune" else train_step(job, dataset))
-    registered = job.between(register_step(job, dataset, run_id))
-    if job.kind == "train":
+    spec = job.spec
+    if isinstance(spec, OptimizeJob):
+        return {"version": optimize_step(job, spec, spec.version)}
+    dataset = job.between(import_step(job, spec) if isinstance(spec, PipelineJob) else spec.dataset)
+    run_id = job.between(tune_step(job, spec, dataset) if isinstance(spec, TuneJob) else train_step(job, spec, dataset))
+    registered = job.between(register_step(job, spec, dataset, run_id))
+    if isinstance(spec, TrainJob):
         return {"run_id": run_id, "version": registered}
-    optimized = job.between(optimize_step(job, registered))
-    deploy = job.params.get("deploy", job.kind == "pipeline")  # a search's best waits for a person to deploy it
-    if deploy:
-        deploy_step(job, optimized)
-    searched = {"study": job.id} if job.kind == "tune" else {}
-    return {"dataset": dataset, "run_id": run_id, "version": optimized, "deployed": deploy, **searched}
+    optimized = job.between(optimize_step(job, spec, registered))
+    if spec.deploy:
+        deploy_step(job, spec, optimized)
+    searched = {"study": job.id} if isinstance(spec, TuneJob) else {}
+    return {"dataset": dataset, "run_id": run_id, "version": optimized, "deployed": spec.deploy, **searched}
 
 
 # -- the process -------------------------------------------------------------------
@@ -296,16 +292,6 @@ def _run_claimed(opened: Store, job_id: str, owner: str, max_threads: int | None
     jobs.finish(opened, job_id, owner, result)
     log.info("finished")
     return 0
-
-
-def _train_params(job: Job) -> TrainParams:
-    return TrainParams(**(job.params.get("params") or {}))  # jobs.check_params vetted the names
-
-
-def _required(job: Job, key: str) -> Any:
-    if not job.params.get(key):
-        raise JobError(f"a {job.kind} job needs '{key}' in its params", hint="submit it again with that parameter")
-    return job.params[key]
 
 
 def _on_sigterm(stop: Callable[[], None]) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from appliance import autopilot, config, events, feedback, jobs, registry
+from appliance import autopilot, config, events, feedback, jobs, jobspec, registry
 from appliance.serve.metrics import LATENCY_BUCKETS, Counts
 from appliance.store import Store, audit, blobs
 from tests.test_feedback import answer, served_version
@@ -85,15 +86,40 @@ def test_new_labels_start_one_retrain_then_the_cooldown_holds(opened: Store, tmp
     pilot.tick(opened, settings)
     [job] = jobs.list_jobs(opened)
     assert job.kind == "pipeline" and job.priority == POLICY.priority and job.submitted_by == autopilot.ACTOR
-    assert job.params | {"params": None} == {"retrain": "tickets", "dataset": "tickets", "name": "tickets",
-                                             "base": "/models/base", "params": None, "deploy": True,
-                                             "canary_percent": POLICY.canary_percent}
+    assert job.params == {"retrain": "tickets", "dataset": "tickets", "name": "tickets", "params": {"epochs": 3},
+                          "canary_percent": POLICY.canary_percent}  # the default base model: named by no one
+    assert job.spec.deploy and job.spec.params.epochs == 3
     [record] = [row for row in audit.rows(opened) if row["action"] == "autopilot.retrain"]
     assert json.loads(record["details"])["trigger"] == "new-examples"
     jobs.cancel(opened, job.id)
     pilot._last = 0
     pilot.tick(opened, settings)
     assert len(jobs.list_jobs(opened)) == 1  # within the cooldown
+
+
+def test_a_retrain_names_its_base_model_folder_or_says_once_why_it_cannot(
+    opened: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    models = tmp_path / "models"
+    (models / "small").mkdir(parents=True)
+    version = served_version(opened, tmp_path, base_model=models / "small")
+    ids = answer(opened, feedback.PredictionLog(), version, [f"new words {n}" for n in range(10)])
+    feedback.record(opened, [(i, "billing") for i in ids], actor="user:ann")
+    pilot, settings = autopilot.Autopilot(dict), pilot_settings(opened)
+    with caplog.at_level(logging.INFO, logger="appliance.autopilot"):
+        for _ in range(2):  # no train.base_models_dir yet: the daemon could not load that base
+            pilot._last = 0
+            pilot.tick(opened, settings)
+    assert jobs.list_jobs(opened) == [] and not audit.rows(opened, action="autopilot.retrain")
+    said = [record.message for record in caplog.records if record.message.startswith("tickets:")]
+    assert len(said) == 1 and "the daemon loads base models only from train.base_models_dir" in said[0]
+
+    opened.settings = dataclasses.replace(opened.settings, base_models_dir=models)
+    pilot._last = 0
+    pilot.tick(opened, settings)
+    [job] = jobs.list_jobs(opened)
+    assert job.params["retrain"] == "tickets" and job.params["base"] == "small"
+    assert jobspec.base_dir(job.spec.base, opened.settings) == models / "small"
 
 
 def test_an_accuracy_drop_or_a_drift_alert_triggers_only_with_something_to_learn(opened: Store, tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 import pytest
 
-from appliance import archive, burst, config, datasets, jobs, pipeline, registry, worker
+from appliance import archive, burst, config, datasets, jobs, jobspec, pipeline, registry, worker
 from appliance.compliance import evidence
 from appliance.errors import BurstError, ResidencyRefused
 from appliance.store import Store, audit, blobs, lifecycle
@@ -222,8 +222,8 @@ def test_burst_settings_and_job_flags_are_checked(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("APPLIANCE_BURST_ADDRESS", "ray.corp:8265")
     with pytest.raises(Exception, match="'burst.address' in the environment is 'ray.corp:8265'"):
         config.load()
-    with pytest.raises(Exception, match="'burst' must be true or false, not 'yes'"):
-        jobs.submit(opened, "train", {"dataset": "tickets", "burst": "yes"})
+    with pytest.raises(Exception, match='burst: "yes" is not true or false'):
+        jobspec.parse("train", {"dataset": "tickets", "burst": "yes"})
 
 
 # -- against the Ray head ---------------------------------------------------------------
@@ -374,7 +374,7 @@ def burst_env(ray_head: RayHead, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _run_job(opened: Store, params: dict[str, Any]) -> jobs.Job:
     """A train job run in this process, as the daemon's worker would run it."""
-    job = jobs.submit(opened, "train", params)
+    job = jobs.submit(opened, jobspec.parse("train", params))
     owner = jobs.claim(opened, job.id)
     assert owner is not None
     assert worker._run_claimed(opened, job.id, owner, None) in (0, 1)

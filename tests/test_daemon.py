@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from appliance import events, jobs, store, users
+from appliance import events, jobs, jobspec, store, users
 from appliance.store import audit
 from appliance.train import runs
 from tests.daemon import TINY, Daemon, alive, submit
@@ -170,10 +171,11 @@ def test_a_viewer_cannot_deploy_and_the_refusal_is_audited(daemon: Daemon) -> No
     ("method", "path", "body", "status", "says"),
     [
         ("POST", "/v1/jobs", b"{not json", 400, "not valid"),
-        ("POST", "/v1/jobs", {"kind": "dance", "params": {}}, 400, "unknown job kind"),
-        ("POST", "/v1/jobs", {"kind": "train", "params": {"dataset": "t", "colour": 1}}, 400, "unknown parameters"),
+        ("POST", "/v1/jobs", {"kind": "dance", "params": {}}, 400, 'kind: "dance" is not a job kind'),
+        ("POST", "/v1/jobs", {"kind": "train", "params": {"dataset": "t", "colour": 1}}, 400, ("params.colour: a train"
+                                                                                              " job takes no such")),
         ("POST", "/v1/jobs", {"kind": "train", "params": {"dataset": "t", "params": {"epochz": 1}}}, 400, "epochz"),
-        ("POST", "/v1/jobs", {"kind": "train", "params": {}}, 400, "needs 'dataset'"),
+        ("POST", "/v1/jobs", {"kind": "train", "params": {}}, 400, "params.dataset: missing"),
         ("POST", "/v1/jobs", {"kind": "train", "params": {"dataset": "t"}, "priority": 1000}, 400, "priority"),
         ("GET", "/v1/jobs/nope", None, 404, "no job"),
         ("POST", "/v1/jobs/nope/cancel", None, 404, "no job"),
@@ -190,6 +192,72 @@ def test_malformed_calls_get_a_4xx_and_change_nothing(
         assert answer.status_code == status, answer.text
         assert says in answer.json()["error"]
         assert api.get("/v1/jobs").json() == []
+
+
+BAD_PARAMS = [  # (kind, params, what the answer says): the field, the value as sent, what it takes
+    ("train", {"dataset": "t", "params": {"epochs": 1e308}}, ("params.params.epochs: 1e+308 is not a whole number from"
+                                                              " 1 to 1000")),
+    ("train", {"dataset": "t", "params": {"epochs": "5"}}, 'params.params.epochs: "5" is not a whole number from 1'),
+    ("train", {"dataset": "t", "params": {"epochs": "abc"}}, 'params.params.epochs: "abc" is not a whole number'),
+    ("train", {"dataset": "t", "params": {"epochs": -1}}, "params.params.epochs: -1 is not a whole number from 1"),
+    ("train", {"dataset": "t", "params": {"batch_size": 0}}, ("params.params.batch_size: 0 is not a whole number from"
+                                                             " 1 to 4096")),
+    ("train", {"dataset": "t", "speed": 11}, "params.speed: a train job takes no such parameter; it takes"),
+    ("train", {"dataset": "t", "device": 1}, 'params.device: 1 is not one of "cpu", "cuda"'),
+    ("optimize", {"version": "t:1", "distill_layers": "2"}, ('params.distill_layers: "2" is not a whole number from'
+                                                            " 1 to 48")),
+    ("pipeline", {"dataset": "t", "canary_percent": "20"}, ('params.canary_percent: "20" is not a number above 0 and'
+                                                           " at most 100")),
+    ("tune", {"dataset": "t", "budget_s": "60"}, 'params.budget_s: "60" is not a number above 0 and at most 604800'),
+    ("tune", {"dataset": "t", "budget_s": 60, "space": {"epochs": [2, 2.5]}}, ("params.space: epochs: 2.5 is not a"
+                                                                               " whole number")),
+]
+
+
+def test_job_parameters_are_refused_at_submission_naming_field_value_and_range(daemon: Daemon) -> None:
+    with daemon.api() as api:
+        for kind, params, says in BAD_PARAMS:
+            answer = api.post("/v1/jobs", json={"kind": kind, "params": params})
+            assert answer.status_code == 400 and says in answer.json()["error"], answer.text
+        assert api.get("/v1/jobs").json() == []
+    assert "Traceback" not in (daemon.settings.state_dir / "daemon.log").read_text()
+
+
+@pytest.fixture
+def base_models(tmp_path: Path, tiny_base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """train.base_models_dir holding the tiny model as 'tiny'; asked for before `daemon`, so the daemon has it."""
+    shutil.copytree(tiny_base, tmp_path / "models" / "tiny")
+    monkeypatch.setenv("APPLIANCE_TRAIN_BASE_MODELS_DIR", str(tmp_path / "models"))
+    return tmp_path / "models"
+
+
+def test_a_job_names_files_only_inside_roots_folders(base_models: Path, daemon: Daemon) -> None:
+    settings = daemon.settings
+    assert settings.base_models_dir == base_models and settings.daemon.import_dir is not None
+    (settings.daemon.import_dir / "notes.csv").symlink_to(settings.key_file)  # what a careless root might leave
+    (base_models / "state").symlink_to(settings.state_dir, target_is_directory=True)
+    key = settings.key_file.read_text().strip()
+    refused = [({"source": "../../etc/passwd"}, ("source: '../../etc/passwd' is not a name inside"
+                                                " daemon.import_dir")),
+               ({"source": str(settings.key_file)}, "is not a name inside daemon.import_dir"),
+               ({"source": "notes.csv"}, "source: 'notes.csv' in daemon.import_dir is or passes through a link"),
+               ({"source": "../var/master.key"}, "is not a name inside daemon.import_dir"),
+               ({"base": "../var"}, 'base: there is no folder "../var" in train.base_models_dir'),
+               ({"base": str(settings.state_dir)}, "in train.base_models_dir"),
+               ({"base": "state"}, 'base: there is no folder "state" in train.base_models_dir')]
+    with daemon.api() as api:
+        for params, says in refused:
+            answer = api.post("/v1/jobs", json={"kind": "pipeline", "params": {"dataset": "tickets", **params}})
+            assert answer.status_code == 400 and key not in answer.text, answer.text
+            assert says in answer.json()["error"], answer.text
+        assert api.get("/v1/jobs").json() == []
+
+    job_id = submit(daemon, "pipeline", {"source": "tickets.csv", "dataset": "tickets", "base": "tiny",
+                                         "params": {**TINY, "epochs": 1}, "int8": False, "deploy": False})
+    job = daemon.ended(job_id)
+    assert job["status"] == "finished", job["error"]
+    with store.open(settings) as opened:
+        assert runs.get(opened, job["result"]["run_id"]).base_model == str(base_models / "tiny")
 
 
 def test_calls_without_a_valid_token_get_401_on_the_socket_and_over_tls(daemon: Daemon) -> None:
@@ -231,17 +299,21 @@ def test_the_control_socket_is_the_groups_and_every_file_is_private(daemon: Daem
         assert path.stat().st_mode & 0o777 == 0o600, path
 
 
-def test_the_cli_talks_to_the_running_daemon(daemon: Daemon, tmp_path: Path) -> None:
+def test_the_cli_talks_to_the_running_daemon(base_models: Path, daemon: Daemon, tmp_path: Path) -> None:
     def cli(*args: str) -> str:
         result = daemon.cli(*args)
         assert result.returncode == 0, result.stderr
         return result.stdout
 
     assert "imported as tickets:1" in cli("data", "import", str(tmp_path / "tickets.csv"), "--name", "tickets")
-    trained = cli("train", "--data", "tickets", "--epochs", "3", "--lr", "3e-3", "--batch-size", "16",
-                  "--max-length", "32", "--seed", "3")
+    elsewhere = daemon.cli("train", "--data", "tickets", "--base", str(tmp_path / "downloads" / "bert"))
+    assert elsewhere.returncode == 1 and "Traceback" not in elsewhere.stderr
+    assert "the daemon loads base models only from train.base_models_dir" in elsewhere.stderr
+    trained = cli("train", "--data", "tickets", "--base", str(base_models / "tiny"), "--epochs", "3", "--lr", "3e-3",
+                  "--batch-size", "16", "--max-length", "32", "--seed", "3")
     assert "registered as tickets:1" in trained
     job_id = cli("jobs", "list").split()[0]  # newest first
+    assert daemon.job(job_id)["params"]["base"] == "tiny"  # its name, which the daemon finds in its folder
     assert daemon.job(job_id)["kind"] == "train" and daemon.job(job_id)["status"] == "finished"
     assert '"run_id"' in cli("jobs", "show", job_id)
     assert cli("jobs", "logs", job_id).splitlines() == ["stage: train", "finished"]
@@ -338,7 +410,7 @@ def test_serving_slower_than_its_objective_holds_jobs_back(opened: store.Store, 
             metrics.latency.labels("tickets", "2").observe(seconds)
         supervisor.tick()
         assert supervisor.describe()["jobs_wait_for"] == "serving latency was over its objective"
-        job = jobs.submit(opened, "train", {"dataset": "tickets"})
+        job = jobs.submit(opened, jobspec.TrainJob(dataset="tickets"))
         supervisor.tick()
         assert jobs.get(opened, job.id).status == "queued" and supervisor.running is None
     finally:

@@ -18,14 +18,15 @@ from tests.conftest import run_cli
 LABELS = ["billing", "shipping"]
 
 
-def served_version(opened: Store, tmp_path: Path, model: str = "tickets",
-                   accuracy: float = 0.9) -> registry.ModelVersion:
-    """A version in production whose run trained on a two-label dataset; no real model needed to label its answers."""
+def served_version(opened: Store, tmp_path: Path, model: str = "tickets", accuracy: float = 0.9,
+                   base_model: Path | None = None) -> registry.ModelVersion:
+    """A version in production whose run trained on a two-label dataset (from the default base model unless told);
+    no real model needed to label its answers."""
     path = tmp_path / f"{model}.csv"
     path.write_text("text,label\n" + "".join(f"old text {n},{LABELS[n % 2]}\n" for n in range(20)))
     data = datasets.import_file(opened, path, name=model)
-    run_id = runs.create(opened, dataset_id=data.id, base_model="/models/base", task=data.task,
-                         params={"epochs": 3}, plan={"device": "cpu"})
+    run_id = runs.create(opened, dataset_id=data.id, base_model=str(base_model or opened.settings.base_model),
+                         task=data.task, params={"epochs": 3}, plan={"device": "cpu"})
     artifact = blobs.put(opened, f"{model} ir {accuracy}".encode())
     variant = registry.Variant("fp32", "openvino-ir", artifact, 10, {"accuracy": accuracy})
     version = registry.register(opened, model, run_id=run_id, task=data.task, chosen="fp32", reason="test",

@@ -1,18 +1,24 @@
-"""The job queue against a real store: ordering, claims, requeue after a crash, cancel, events."""
+"""The job queue against a real store: ordering, claims, requeue after a crash, cancel, events; each kind's
+parameters checked at submission, and the files a job names confined to their folders."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from appliance import events, jobs
-from appliance.errors import JobError, JobNotFound
+from appliance import events, jobs, jobspec, worker
+from appliance.errors import ConfinementError, JobError, JobNotFound
 from appliance.store import Store, audit
+from appliance.train.params import TrainParams
 
 
 def _train(store: Store, priority: int = 0) -> jobs.Job:
-    return jobs.submit(store, "train", {"dataset": "tickets"}, priority, actor="user:alice")
+    return jobs.submit(store, jobspec.TrainJob(dataset="tickets"), priority, actor="user:alice")
 
 
 def test_the_next_job_is_the_highest_priority_then_the_oldest(opened: Store) -> None:
@@ -67,18 +73,166 @@ def test_cancel_ends_a_queued_job_and_asks_a_running_one_to_stop(opened: Store) 
 @pytest.mark.parametrize(
     ("kind", "params", "message"),
     [
-        ("dance", {}, "unknown job kind 'dance'"),
-        ("train", {}, "needs 'dataset'"),
-        ("optimize", {"dataset": "x"}, "unknown parameters for a optimize job: dataset"),
-        ("train", {"dataset": "x", "params": {"epochs": 2, "speed": 11}}, "unknown training parameters: speed"),
+        ("dance", {}, 'unknown job kind "dance"'),
+        ("train", {}, "dataset: missing: a train job needs it, text of 1 to 200 characters"),
+        ("optimize", {"version": "x", "dataset": "x"}, "dataset: an optimize job takes no such parameter; it takes"),
+        ("train", {"dataset": "x", "params": {"epochs": 2, "speed": 11}}, "params.speed: the training takes no such"),
+        ("train", {"dataset": "x", "params": {"epochs": 1e308}}, "epochs: 1e+308 is not a whole number from 1 to 1000"),
+        ("train", {"dataset": "x", "params": {"epochs": "5"}}, 'params.epochs: "5" is not a whole number from 1'),
+        ("train", {"dataset": "x", "params": {"epochs": "abc"}}, 'params.epochs: "abc" is not a whole number'),
+        ("train", {"dataset": "x", "params": {"epochs": -1}}, "params.epochs: -1 is not a whole number from 1 to"),
+        ("train", {"dataset": "x", "params": {"batch_size": 0}}, "batch_size: 0 is not a whole number from 1 to 4096"),
+        ("train", {"dataset": "x", "params": {"learning_rate": 2}}, "rate: 2 is not a number above 0 and at most 1"),
+        ("train", {"dataset": "x", "params": {"schedule": "steep"}}, '"steep" is not one of "linear", "cosine"'),
+        ("train", {"dataset": "x", "params": {"lora": 1}}, "params.lora: 1 is not true or false"),
+        ("train", {"dataset": "x", "params": {"warmup_ratio": float("nan")}}, "warmup_ratio: NaN is not a number"),
+        ("train", {"dataset": "x", "params": 3}, "params: 3 is not an object of what the training takes: epochs"),
+        ("train", {"dataset": 7}, "dataset: 7 is not text of 1 to 200 characters"),
+        ("train", {"dataset": "x" * 201}, 'dataset: "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…'),
+        ("train", {"dataset": "x", "device": "gpu"}, 'device: "gpu" is not one of "cpu", "cuda"'),
+        ("train", {"dataset": "x", "burst": "yes"}, 'burst: "yes" is not true or false'),
+        ("train", {"dataset": "x", "name": "no spaces"}, 'name: "no spaces" is not a usable model name'),
+        ("optimize", {"version": "x", "distill_layers": 49}, "distill_layers: 49 is not a whole number from 1 to 48"),
+        ("optimize", {"version": "x", "max_accuracy_drop": -0.5}, "drop: -0.5 is not a number from 0 to 100"),
+        ("optimize", {"version": "x", "calibration_size": 10**6}, "calibration_size: 1000000 is not a whole number"),
+        ("optimize", {"version": "x", "int8": "no"}, 'int8: "no" is not true or false'),
+        ("optimize", {"version": "x", "metric": "f1"}, 'metric: "f1" is not one of "macro_f1", "accuracy"'),
+        ("optimize", {"version": "x", "seed": -1}, "seed: -1 is not a whole number from 0 to 4294967295"),
+        ("pipeline", {"dataset": "x", "canary_percent": 0}, "percent: 0 is not a number above 0 and at most 100"),
+        ("pipeline", {"dataset": "x", "deploy": "yes"}, 'deploy: "yes" is not true or false'),
+        ("pipeline", {"dataset": "x", "task": "speech"}, 'task: "speech" is not one of "text-classification"'),
+        ("pipeline", {"dataset": "x", "residency": "anywhere"}, 'residency: "anywhere" is not one of "local-only"'),
+        ("pipeline", {"dataset": "x", "source": ["a.csv"]}, 'source: ["a.csv"] is not text of 1 to 255 characters'),
+        ("pipeline", {"dataset": "x", "retrain": "tickets", "source": "a.csv"}, "takes no 'source'"),
+        ("tune", {"dataset": "x"}, "budget_s: missing: a tune job needs it, a number above 0 and at most 604800"),
+        ("tune", {"dataset": "x", "budget_s": 10**9}, "budget_s: 1000000000 is not a number above 0 and at most"),
+        ("tune", {"dataset": "x", "budget_s": "60"}, 'budget_s: "60" is not a number above 0'),
+        ("tune", {"dataset": "x", "budget_s": 60, "sampler": "grid"}, 'sampler: "grid" is not one of "tpe", "random"'),
+        ("tune", {"dataset": "x", "budget_s": 60, "metric": "loss"}, 'metric: "loss" is not one of "macro_f1"'),
+        ("tune", {"dataset": "x", "budget_s": 60, "space": {"speed": 1}}, "space: 'speed' cannot be searched"),
+        ("tune", {"dataset": "x", "budget_s": 60, "space": {"epochs": {"low": 1, "high": 5000}}},
+         "space: epochs: 5000 is not a whole number from 1 to 1000"),
+        ("tune", {"dataset": "x", "budget_s": 60, "space": []}, "space: [] is not an object"),
     ],
 )
-def test_bad_submissions_are_refused_and_nothing_is_queued(
+def test_bad_submissions_are_refused_naming_field_value_and_range_and_nothing_is_queued(
     opened: Store, kind: str, params: dict, message: str
 ) -> None:
-    with pytest.raises(JobError, match=message):
-        jobs.submit(opened, kind, params)
+    with pytest.raises(JobError) as refused:
+        jobs.submit(opened, jobspec.parse(kind, params))
+    assert message in refused.value.message
     assert jobs.list_jobs(opened) == []
+
+
+def test_the_api_body_describes_each_kinds_parameters_with_their_bounds() -> None:
+    described = jobspec.JobRequest.model_json_schema()
+    assert described["discriminator"]["propertyName"] == "kind" and set(described["discriminator"]["mapping"]) == {
+        "train", "optimize", "pipeline", "tune"}
+    kinds = described["$defs"]
+    assert kinds["TrainParams"]["properties"]["epochs"] | {"minimum": 1, "maximum": 1000, "type": "integer"} == \
+        kinds["TrainParams"]["properties"]["epochs"]
+    assert kinds["TuneJob"]["required"] == ["dataset", "budget_s"] and kinds["TuneJob"]["additionalProperties"] is False
+    assert kinds["PipelineJob"]["properties"]["task"]["enum"] == ["text-classification", "image-classification"]
+
+
+def test_a_job_keeps_its_parameters_as_given_and_reads_them_back_typed(opened: Store) -> None:
+    spec = jobspec.parse("tune", {"dataset": "tickets", "budget_s": 60, "params": {"epochs": 3},
+                                  "space": {"lora": False}})
+    job = jobs.submit(opened, spec, priority=-5)
+    assert job.params == {"dataset": "tickets", "budget_s": 60.0, "params": {"epochs": 3}, "space": {"lora": False}}
+    again = jobs.get(opened, job.id).spec
+    assert again == spec and isinstance(again, jobspec.TuneJob)
+    assert again.params.epochs == 3 and again.params.learning_rate == TrainParams().learning_rate
+    assert not again.deploy and again.optimize_options().metric == "macro_f1"
+    with pytest.raises(JobError, match="priority: 101 is not a whole number from -100 to 100"):
+        jobs.submit(opened, spec, priority=101)
+
+
+def test_a_row_an_older_appliance_wrote_fails_its_job_with_a_message(opened: Store) -> None:
+    job = _train(opened)
+    opened.db.execute("UPDATE jobs SET params = ? WHERE id = ?", ('{"dataset": "tickets", "params": {"epochs": "5"}}',
+                                                                 job.id))
+    owner = jobs.claim(opened, job.id)
+    assert owner is not None
+    assert worker._run_claimed(opened, job.id, owner, None) == 1
+    assert jobs.get(opened, job.id).error == ('params.epochs: "5" is not a whole number from 1 to 1000 (give each value'
+                                              " named the type and range it says, then try again)")
+
+
+def test_training_parameters_stored_by_earlier_versions_still_read() -> None:
+    stored = {"epochs": 5, "learning_rate": 0.0001, "batch_size": 32, "warmup_ratio": 0.1, "schedule": "linear",
+              "weight_decay": 0, "max_grad_norm": 1, "max_length": 128, "lora": False, "lora_rank": 8, "patience": 2,
+              "metric": "macro_f1", "checkpoint_every": 50, "seed": 13, "max_minutes": None}  # dataclasses.asdict
+    params = TrainParams.parse(stored)
+    assert params.model_dump() == {**stored, "weight_decay": 0.0, "max_grad_norm": 1.0}
+    assert TrainParams.parse({"epochs": 3}) == TrainParams().changed(epochs=3)
+    with pytest.raises(JobError, match="max_minutes: 0 is not a number above 0"):
+        TrainParams().changed(max_minutes=0)  # a copy is checked like a client's values
+
+
+# -- files a job names, confined to root's folders -------------------------------------------------
+
+
+@pytest.fixture
+def folders(opened: Store, tmp_path: Path) -> Store:
+    """The store with daemon.import_dir and train.base_models_dir set, each holding one good entry and one link."""
+    imports, models = tmp_path / "import", tmp_path / "models"
+    (models / "tiny").mkdir(parents=True)
+    imports.mkdir()
+    (imports / "tickets.csv").write_text("text,label\nhello,a\n")
+    (imports / "photos").mkdir()
+    (imports / "key.csv").symlink_to(opened.settings.key_file)  # a link root did not mean to let a client follow
+    (models / "linked").symlink_to(models / "tiny", target_is_directory=True)
+    opened.settings = dataclasses.replace(opened.settings, base_models_dir=models,
+                                         daemon=dataclasses.replace(opened.settings.daemon, import_dir=imports))
+    return opened
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"source": "../../etc/passwd"}, "source: '../../etc/passwd' is not a name inside daemon.import_dir"),
+        ({"source": "/etc/passwd"}, "source: '/etc/passwd' is not a name inside daemon.import_dir"),
+        ({"source": "key.csv"}, "source: 'key.csv' in daemon.import_dir is or passes through a link"),
+        ({"source": "missing.csv"}, "source: there is no 'missing.csv' in daemon.import_dir"),
+        ({"source": "photos"}, "source: 'photos' in daemon.import_dir is not a regular file"),
+        ({"source": "tickets.csv", "task": "image-classification"}, 'source: there is no folder "tickets.csv" in'),
+        ({"base": "../import"}, 'base: there is no folder "../import" in train.base_models_dir'),
+        ({"base": "/usr"}, 'base: there is no folder "/usr" in train.base_models_dir'),
+        ({"base": "linked"}, 'base: there is no folder "linked" in train.base_models_dir'),
+    ],
+)
+def test_a_source_or_base_outside_its_folder_is_refused_at_submission(
+    folders: Store, params: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfinementError) as refused:
+        jobs.submit(folders, jobspec.parse("pipeline", {"dataset": "tickets", **params}))
+    assert refused.value.message.startswith(message)
+    assert folders.settings.key_file.read_bytes().decode(errors="replace") not in str(refused.value.__dict__)
+    assert jobs.list_jobs(folders) == []
+
+
+def test_names_inside_the_folders_are_taken_and_base_resolves_to_its_folder(folders: Store) -> None:
+    jobs.submit(folders, jobspec.parse("pipeline", {"dataset": "tickets", "source": "tickets.csv", "base": "tiny"}))
+    jobs.submit(folders, jobspec.parse("pipeline", {"dataset": "pets", "source": "photos",
+                                                    "task": "image-classification"}))
+    settings = folders.settings
+    assert jobspec.base_dir("tiny", settings) == settings.base_models_dir / "tiny"
+    assert jobspec.base_dir(None, settings) == settings.base_model
+    assert jobspec.base_name(settings.base_models_dir / "tiny", settings) == "tiny"
+    assert jobspec.base_name(settings.base_model, settings) is None
+    with pytest.raises(JobError, match="the daemon loads base models only from train.base_models_dir"):
+        jobspec.base_name(settings.base_models_dir.parent / "import", settings)
+
+
+def test_without_the_folders_configured_a_job_names_no_file(opened: Store) -> None:
+    with pytest.raises(ConfinementError, match="no daemon.import_dir is configured"):
+        jobs.submit(opened, jobspec.parse("pipeline", {"dataset": "tickets", "source": "tickets.csv"}))
+    with pytest.raises(ConfinementError, match="base: no train.base_models_dir is configured") as refused:
+        jobs.submit(opened, jobspec.TrainJob(dataset="tickets", base="tiny"))
+    assert "leave 'base' out" in (refused.value.hint or "")
+    assert jobs.list_jobs(opened) == []
+    assert os.path.isdir(jobspec.base_dir(None, opened.settings))
 
 
 def test_an_unknown_job_is_not_found(opened: Store) -> None:

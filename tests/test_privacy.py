@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from appliance import datasets, jobs, privacy, registry, store, users
+from appliance import datasets, jobs, jobspec, privacy, registry, store, users
 from appliance.errors import DatasetError, ErasureError
 from appliance.store import Store, audit, blobs
 from tests.conftest import model_trained_on, run_cli, write_tickets
@@ -125,7 +125,7 @@ def test_a_job_on_the_dataset_holds_the_erasure_back_and_short_identifiers_are_r
     opened: Store, tmp_path: Path
 ) -> None:
     datasets.import_file(opened, _tickets_naming_the_subject(tmp_path / "t.csv"), name="tickets")
-    job = jobs.submit(opened, "train", {"dataset": "tickets", "base": str(tmp_path)})
+    job = jobs.submit(opened, jobspec.TrainJob(dataset="tickets"))
     before = _state(opened)["datasets"]
     with pytest.raises(ErasureError, match=f"jobs {job.id} use a dataset"):
         privacy.erase(opened, SUBJECT)

@@ -7,7 +7,7 @@ import io
 from datetime import date, timedelta
 from pathlib import Path
 
-from appliance import datasets, jobs, store, usage
+from appliance import datasets, jobs, jobspec, store, usage
 from appliance.store import Store
 from tests.conftest import run_cli
 from tests.daemon import TINY, Daemon, submit
@@ -37,7 +37,7 @@ def test_a_jobs_cpu_time_lands_on_its_submitter_and_model(daemon: Daemon, tmp_pa
 
 def test_gpu_hours_are_wall_time_of_jobs_that_trained_on_cuda(opened: Store) -> None:
     for device, wall_s in (("cuda", 1800.0), ("cpu", 3600.0)):
-        job = jobs.submit(opened, "train", {"dataset": "tickets", "device": device}, actor="user:alice")
+        job = jobs.submit(opened, jobspec.TrainJob(dataset="tickets", device=device), actor="user:alice")
         usage.record_job(opened, jobs.get(opened, job.id), cpu_s=60.0, wall_s=wall_s)
     [row] = usage.report(opened, by="user")
     assert row["gpu_hours"] == 0.5 and row["cpu_hours"] == round(120 / 3600, 6) and row["job_attempts"] == 2

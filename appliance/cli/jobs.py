@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from appliance import client, jobs
+from appliance import client, jobs, jobspec
 from appliance.cli.base import cli, daemon_client, opened_store, print_json, progress_bar
 from appliance.errors import JobError
 from appliance.store import Store
@@ -38,10 +38,10 @@ class _Jobs:
     def logs(self, job_id: str) -> list[str]:
         return self.api.get(f"/v1/jobs/{job_id}/logs") if self.api else jobs.log_lines(self.store, job_id)
 
-    def submit(self, kind: str, params: dict[str, Any], priority: int) -> dict[str, Any]:
+    def submit(self, spec: jobspec.Spec, priority: int) -> dict[str, Any]:
         if self.api:
-            return self.api.post("/v1/jobs", {"kind": kind, "params": params, "priority": priority})
-        return asdict(jobs.submit(self.store, kind, params, priority))
+            return self.api.post("/v1/jobs", spec.body(priority))
+        return asdict(jobs.submit(self.store, spec, priority))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self.api.post(f"/v1/jobs/{job_id}/cancel") if self.api else asdict(jobs.cancel(self.store, job_id))
@@ -124,24 +124,29 @@ def jobs_cancel(job_id: str) -> None:
 
 
 @jobs_group.command("submit")
-@click.argument("kind", type=click.Choice(jobs.KINDS))
+@click.argument("kind", type=click.Choice(jobspec.KINDS))
 @click.option("--param", "-p", "pairs", multiple=True, metavar="KEY=JSON",
               help="A job parameter, e.g. -p dataset='\"tickets\"' or -p params='{\"epochs\": 3}'; repeat.")
-@click.option("--priority", type=click.IntRange(-100, 100), default=0, show_default=True)
+@click.option("--priority", type=click.IntRange(*jobspec.PRIORITY), default=0, show_default=True)
 @click.option("--follow", is_flag=True, help="Show progress until the job ends (needs the daemon).")
 def jobs_submit(kind: str, pairs: tuple[str, ...], priority: int, follow: bool) -> None:
-    """Queue a job for the daemon."""
-    params = dict(_pair(pair) for pair in pairs)
+    """Queue a job for the daemon.
+
+    Each parameter is checked here, before anything is queued: a wrong or unknown one is refused with what the
+    kind takes. 'source' is a file's name in daemon.import_dir and 'base' a model folder's name in
+    train.base_models_dir, never paths.
+    """
+    spec = jobspec.parse(kind, dict(_pair(pair) for pair in pairs))  # refused here, before anything is sent
     with _jobs() as source:
-        job = source.submit(kind, params, priority)
+        job = source.submit(spec, priority)
         click.echo(f"job {job['id']} queued ({kind}, priority {priority})")
         if follow and source.api:
             follow_job(source.api, job["id"])
 
 
-def run_job(api: client.Client, kind: str, params: dict[str, Any]) -> dict[str, Any]:
+def run_job(api: client.Client, spec: jobspec.Spec) -> dict[str, Any]:
     """Submit a job to the daemon, show its progress, and return its result; JobError unless it finished."""
-    job = api.post("/v1/jobs", {"kind": kind, "params": params})
+    job = api.post("/v1/jobs", spec.body())
     click.echo(f"job {job['id']} queued with the daemon ('appliance jobs show {job['id']}')", err=True)
     return result_of(api, job)
 

@@ -2,42 +2,39 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import click
 
 from appliance import registry
-from appliance.cli.base import cli, daemon_client, opened_store, progress_bar
+from appliance.cli.base import cli, daemon_client, opened_store, progress_bar, schema_option
 from appliance.cli.jobs import run_job
 from appliance.cli.models import show_version
-from appliance.pipeline import OptimizeOptions
+from appliance.jobspec import OptimizeJob
 
 
 @cli.command("optimize")
 @click.argument("ref", metavar="MODEL[:VERSION]")
 @click.option("--no-int8", is_flag=True, help="Export to OpenVINO FP32 only.")
-@click.option("--distill-layers", type=click.IntRange(1), metavar="K",
-              help="Also distil a student of the first K layers, and optimise it too.")
-@click.option("--max-accuracy-drop", type=click.FloatRange(0, 100), default=OptimizeOptions.max_accuracy_drop,
-              show_default=True, help="Accuracy points a faster variant may lose against FP32.")
-@click.option("--calibration-size", type=click.IntRange(1), default=OptimizeOptions.calibration_size,
-              show_default=True, help="Training texts that calibrate INT8.")
-@click.option("--metric", type=click.Choice(["accuracy", "macro_f1"]), default=OptimizeOptions.metric,
-              show_default=True, help="The validation metric the guard compares.")
+@schema_option(OptimizeJob, "distill_layers", "--distill-layers", metavar="K",
+               help="Also distil a student of the first K layers, and optimise it too.")
+@schema_option(OptimizeJob, "max_accuracy_drop", "--max-accuracy-drop",
+               help="Accuracy points a faster variant may lose against FP32.")
+@schema_option(OptimizeJob, "calibration_size", "--calibration-size", help="Training texts that calibrate INT8.")
+@schema_option(OptimizeJob, "metric", "--metric", help="The validation metric the guard compares.")
 def optimize(
     ref: str, no_int8: bool, distill_layers: int | None, max_accuracy_drop: float, calibration_size: int, metric: str
 ) -> None:
     """Export to OpenVINO, quantise to INT8 under an accuracy guard, and register the result as a new version."""
     from appliance import pipeline  # openvino and torch load only for the commands that need them
 
-    options = OptimizeOptions(int8=not no_int8, distill_layers=distill_layers, max_accuracy_drop=max_accuracy_drop,
-                              calibration_size=calibration_size, metric=metric)
+    spec = OptimizeJob.parse({"version": ref, "int8": not no_int8, "distill_layers": distill_layers,
+                              "max_accuracy_drop": max_accuracy_drop, "calibration_size": calibration_size,
+                              "metric": metric})
     with daemon_client() as api:
         if api is not None:  # the daemon runs it as a job, audited under the caller's user
-            ref = run_job(api, "optimize", {"version": ref, **dataclasses.asdict(options)})["version"]
+            ref = run_job(api, spec)["version"]
     with opened_store() as opened:
         if api is None:
             with progress_bar("optimising") as bar:
-                ref = pipeline.optimize_version(opened, ref, options, progress=bar).ref
+                ref = pipeline.optimize_version(opened, ref, spec.optimize_options(), progress=bar).ref
         version = registry.get(opened, ref)
         show_version(version, version.lineage(opened))

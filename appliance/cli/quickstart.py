@@ -26,6 +26,7 @@ from appliance.cli.base import cli, load_settings
 from appliance.cli.jobs import result_of
 from appliance.config import Settings
 from appliance.errors import ApplianceError, DaemonError
+from appliance.jobspec import PipelineJob
 from appliance.store import keys, lifecycle
 
 SAMPLE_NAME = "sample-tickets"
@@ -93,7 +94,7 @@ def _pipeline_job(api: client.Client) -> dict[str, Any]:
     with resources.as_file(resources.files("appliance.samples") / "support_tickets.csv") as sample:
         imported = api.upload(sample, {"name": SAMPLE_NAME})  # the daemon reads only the bytes it is sent
     click.echo(f"sample data {'already stored as' if imported['unchanged'] else 'imported as'} {imported['ref']}")
-    job = api.post("/v1/jobs", {"kind": "pipeline", "params": {"dataset": SAMPLE_NAME, "name": SAMPLE_NAME}})
+    job = api.post("/v1/jobs", PipelineJob(dataset=SAMPLE_NAME, name=SAMPLE_NAME).body())
     click.echo(f"job {job['id']} queued: fine-tune, optimise, deploy")
     return job
 

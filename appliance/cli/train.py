@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from appliance import datasets, pipeline, registry
+from appliance import datasets, jobspec, pipeline, registry
 from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar, schema_option
 from appliance.cli.jobs import run_job
 from appliance.errors import JobError
@@ -42,7 +42,8 @@ class _StopFlag:
 
 @cli.command("train")
 @click.option("--data", "dataset", help="Dataset name, name:version or id (see 'appliance data list').")
-@click.option("--base", type=click.Path(file_okay=False, path_type=Path), help="Local Hugging Face model directory.")
+@click.option("--base", type=click.Path(file_okay=False, path_type=Path),
+              help="Local Hugging Face model directory; through a running daemon, one in train.base_models_dir.")
 @schema_option(TrainParams, "epochs", "--epochs")
 @schema_option(TrainParams, "learning_rate", "--lr", "lr")
 @schema_option(TrainParams, "batch_size", "--batch-size",
@@ -55,7 +56,7 @@ class _StopFlag:
 @schema_option(TrainParams, "seed", "--seed")
 @schema_option(TrainParams, "max_minutes", "--max-minutes", help="Stop after this long with the best so far.")
 @schema_option(TrainParams, "checkpoint_every", "--checkpoint-every")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the best available.")
+@schema_option(jobspec.TrainJob, "device", "--device", help="Default: the best available.")
 @click.option("--resume", "resume_run", help="Continue an interrupted run from its last checkpoint.")
 @click.option("--name", "model_name", help="Register the model under this name (default: the dataset's name).")
 @click.option("--burst", is_flag=True, help="Train on the configured Ray cluster, if the dataset's residency allows.")
@@ -91,10 +92,11 @@ def train(
     if resume_run is None:
         with daemon_client() as api:
             if api is not None:  # the daemon trains it as a job: it survives this shell, and crashes
-                job = {"dataset": dataset, "params": params.model_dump(), "device": device, "name": model_name,
-                       "base": str(base.resolve()) if base else None, "burst": burst or None,
+                job = {"dataset": dataset, "params": params, "device": device, "name": model_name,
+                       "base": jobspec.base_name(base, load_settings()) if base else None, "burst": burst or None,
                        "fallback": fallback or None}
-                result = run_job(api, "train", {key: value for key, value in job.items() if value is not None})
+                result = run_job(api, jobspec.TrainJob.parse({key: value for key, value in job.items()
+                                                              if value is not None}))
                 click.echo(f"run {result['run_id']} finished; registered as {result['version']}")
                 click.echo(f"  optimise it with 'appliance optimize {result['version']}'")
                 return

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from appliance import datasets, pipeline, registry
-from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar
+from appliance import datasets, jobspec, pipeline, registry
+from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar, schema_option
 from appliance.cli.jobs import run_job, tune_label
 from appliance.cli.train import _StopFlag
 from appliance.train import space, studies
@@ -31,13 +31,13 @@ def parse_budget(text: str) -> float:
 @cli.group("tune", invoke_without_command=True)
 @click.option("--data", "dataset", help="Dataset name, name:version or id (see 'appliance data list').")
 @click.option("--budget", help="Wall-clock time for the whole search: 90s, 30m, 2h.")
-@click.option("--base", type=click.Path(file_okay=False, path_type=Path), help="Local Hugging Face model directory.")
-@click.option("--metric", type=click.Choice(["macro_f1", "accuracy"]), default="macro_f1", show_default=True,
-              help="Validation metric to maximise.")
+@click.option("--base", type=click.Path(file_okay=False, path_type=Path),
+              help="Local Hugging Face model directory; through a running daemon, one in train.base_models_dir.")
+@schema_option(jobspec.TuneJob, "metric", "--metric", help="Validation metric to maximise.")
 @click.option("--space", "space_file", type=click.Path(dir_okay=False, path_type=Path),
               help="TOML file narrowing the default search space (see docs/architecture.md).")
-@click.option("--sampler", type=click.Choice(["tpe", "random"]), default="tpe", show_default=True)
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="Default: the best available.")
+@schema_option(jobspec.TuneJob, "sampler", "--sampler")
+@schema_option(jobspec.TuneJob, "device", "--device", help="Default: the best available.")
 @click.option("--name", "model_name", help="Register the best model under this name (default: the dataset's name).")
 @click.option("--resume", "resume_study", help="Continue a stopped search.")
 @click.pass_context
@@ -59,8 +59,9 @@ def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base
             if api is not None:  # the daemon runs it as a job: it survives this shell, and restarts
                 job = {"dataset": dataset, "budget_s": budget_s, "metric": metric, "space": narrowing or None,
                        "sampler": sampler, "device": device, "name": model_name,
-                       "base": str(base.resolve()) if base else None}
-                result = run_job(api, "tune", {key: value for key, value in job.items() if value is not None})
+                       "base": jobspec.base_name(base, load_settings()) if base else None}
+                result = run_job(api, jobspec.TuneJob.parse({key: value for key, value in job.items()
+                                                             if value is not None}))
                 click.echo(f"best trial: run {result['run_id']}; registered and optimised as {result['version']}")
                 click.echo(f"  every trial: 'appliance tune show {result['study']}'")
                 return

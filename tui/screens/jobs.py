@@ -22,7 +22,7 @@ from textual.widgets import (
     Switch,
 )
 
-from appliance import schema
+from appliance import jobspec, schema
 from appliance.errors import ApplianceError
 from appliance.train.params import TrainParams
 from tui.screens.base import ApplianceScreen
@@ -217,7 +217,7 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
         with Vertical(classes="dialog wide"):
             yield Label("New fine-tune", classes="title")
             yield fields(("Dataset", Select([], prompt="loading datasets…", id="dataset")))
-            yield fields(("Base model", Input(placeholder="the appliance's default base model (a local folder)",
+            yield fields(("Base model", Input(placeholder="default; or a folder name in train.base_models_dir",
                                               id="base")))
             yield fields(("Model name", Input(placeholder="as the dataset", id="name")),
                          ("Search (min)", Input(placeholder="none: train once", type="number", id="budget")))
@@ -290,8 +290,9 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
         if device := self.query_one("#device", Select).value:
             params["device"] = device
         priority = self.query_one("#priority", Input).value.strip() or "0"
-        if not priority.lstrip("-").isdigit():
-            raise ValueError(f"priority must be a whole number from -100 to 100, not {priority!r}")
+        low, high = jobspec.PRIORITY
+        if not priority.lstrip("-").isdigit() or not low <= int(priority) <= high:
+            raise ValueError(f"priority must be a whole number from {low} to {high}, not {priority!r}")
         deploy = self.query_one("#deploy", Checkbox).value
         kind = "pipeline" if deploy else "train"
         if budget := self.query_one("#budget", Input).value.strip():
@@ -302,4 +303,7 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
             if minutes <= 0:
                 raise ValueError(f"the search budget is a number of minutes above 0, not {budget!r}")
             kind, params["budget_s"], params["deploy"] = "tune", minutes * 60, deploy  # a search always optimises
-        return {"kind": kind, "params": params, "priority": int(priority)}
+        try:
+            return jobspec.parse(kind, params).body(int(priority))  # refused here, with what each field takes
+        except ApplianceError as exc:
+            raise ValueError(exc.message) from None
