@@ -43,7 +43,7 @@ from appliance.serve.metrics import Metrics, TrafficWindow
 from appliance.serve.runtime import Runtime
 from appliance.store import Store, audit
 from appliance.train import runs, studies
-from appliance.web import BodyLimit, describe_error, json_error
+from appliance.web import BodyLimit, describe_error, document_errors, http_error, json_error
 
 EVENTS_POLL_S = 0.5
 READ_AUDIT_S = 600.0
@@ -52,6 +52,7 @@ REFUSALS_TRACKED = 10_000  # sources and callers tracked at once; more are count
 HARDWARE_TIMEOUT_S = 120.0
 MAX_JSON_BYTES = 1 << 20  # every body but a dataset upload
 UPLOAD_PATH = "/v1/datasets"
+UPLOAD_BODY_TIMEOUT_S = 3600.0  # a dataset of daemon.max_upload_mb may take a while to arrive; heads are as quick
 
 
 class SharedStore:
@@ -230,6 +231,8 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
     system.load(settings.state_dir)  # primes the CPU share, which is measured between calls
 
     app.state.shared = shared
+    document_errors(app, security={"userToken": {"type": "http", "scheme": "bearer"}}, open_paths=("/v1/health",),
+                    errors=_ERRORS)
 
     @app.get("/v1/health")
     def health() -> dict[str, str]:
@@ -487,9 +490,13 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
         problems = "; ".join(describe_error(error) for error in exc.errors()[:5])
         return json_error(400, f"the request is not valid: {problems}", "see the OpenAPI document at /openapi.json")
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return json_error(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def not_unicode(_request: Request, _exc: UnicodeEncodeError) -> JSONResponse:
+        """A lone surrogate (valid JSON, invalid text) met the database or a file: the caller's input, a 400."""
+        return json_error(400, "the request holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
+                          "send text as UTF-8; nothing was changed")
 
     return app
 
@@ -501,6 +508,13 @@ def _import(shared: SharedStore, source: sources.Source, options: ImportOptions,
         version = datasets.import_data(store, source, **fields, actor=_actor(user))
     return {**version.summary(), "unchanged": version.id in known}
 
+
+_ERRORS = {"400": "the request is not valid: what, where and how to fix it",
+           "401": "no user token, or one that is unknown or revoked",
+           "403": "the user's role may not do this",
+           "404": "no such job, run, search, dataset or model",
+           "413": "the body is over its limit",
+           "503": "the daemon cannot do this now (no inference server, the audit log diverged)"}
 
 _UPLOAD_BODY = {"requestBody": {"required": True, "content": {
     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
