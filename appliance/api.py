@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import date
+from datetime import datetime
 from importlib import metadata
 from typing import Annotated, Any, Literal
 
@@ -129,6 +129,10 @@ def _route(request: Request) -> str:
     return f"{request.method} {getattr(route, 'path', None) or request.url.path[:200]}"
 
 
+class JsonLines(PlainTextResponse):
+    media_type = "application/x-ndjson"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -193,7 +197,8 @@ class DeployRequest(_Strict):
 def _caller(role: str) -> Callable[..., users.User]:
     """A dependency: the user behind the request's token, if their role is at least `role`."""
 
-    def check(request: Request, authorization: Annotated[str | None, Header()] = None) -> users.User:
+    def check(request: Request,
+              authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> users.User:
         token = authorization.removeprefix("Bearer ").strip() if authorization else None
         shared: SharedStore = request.app.state.shared
         user: users.User | None = None
@@ -212,6 +217,16 @@ def _caller(role: str) -> Callable[..., users.User]:
     return check
 
 
+def _since(since: Annotated[str | None, Query(max_length=40, description=(
+        "a date or time (2026-11-01, 2026-11-01T08:00; UTC unless it says) or an age (30m, 12h, 7d)"))] = None,
+) -> datetime | None:
+    try:
+        return audit.parse_since(since) if since else None
+    except ValueError as exc:
+        raise BadRequest(str(exc), hint="give since as 2026-11-01, 2026-11-01T08:00, 30m, 12h or 7d") from exc
+
+
+Since = Annotated[datetime | None, Depends(_since)]
 Viewer = Annotated[users.User, Depends(_caller("viewer"))]
 Operator = Annotated[users.User, Depends(_caller("operator"))]
 Admin = Annotated[users.User, Depends(_caller("admin"))]
@@ -410,24 +425,20 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
 
     @app.get("/v1/usage")
     def usage_report(
-        _user: Viewer, since: date | None = None, by: Literal["user", "model"] | None = None,
+        _user: Viewer, since: Since, by: Literal["user", "model"] | None = None,
     ) -> list[dict[str, Any]]:
         """Usage by day (and user and model, or by=user|model): job CPU/GPU hours, inference requests and hours."""
         with shared.use() as store:
-            return usage.report(store, since, by)
+            return usage.report(store, since.date() if since else None, by)
 
     @app.get("/v1/audit")
     def audit_records(
-        _user: Viewer, since: str | None = None, actor: str | None = None, action: str | None = None,
+        _user: Viewer, since: Since, actor: str | None = None, action: str | None = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
     ) -> list[dict[str, Any]]:
-        """Records, oldest first (the newest `limit`); since is a date or an age (30m, 12h, 7d), action a glob."""
-        try:
-            moment = audit.parse_since(since) if since else None
-        except ValueError as exc:
-            raise BadRequest(str(exc), hint="give since as 2026-11-01, 2026-11-01T08:00, 30m, 12h or 7d") from exc
+        """Records, oldest first (the newest `limit`); action a glob such as 'keys.*'."""
         with shared.use() as store:
-            found = audit.rows(store, since=moment, actor=actor or None, action=action or None, limit=limit)
+            found = audit.rows(store, since=since, actor=actor or None, action=action or None, limit=limit)
         return [{**row, "details": json.loads(row["details"])} for row in found]
 
     @app.post("/v1/audit/verify")
@@ -436,13 +447,13 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
         with shared.use() as store:
             return asdict(audit.check(store, actor=_actor(user)))
 
-    @app.get("/v1/audit/export", response_class=PlainTextResponse)
-    def export_audit(user: Admin) -> PlainTextResponse:
+    @app.get("/v1/audit/export", response_class=JsonLines)
+    def export_audit(user: Admin) -> JsonLines:
         """Every record as JSON lines, for archiving elsewhere; the export is recorded."""
         with shared.use() as store:
             lines = list(audit.export_jsonl(store))
             audit.record(store, "audit.export", "api", actor=_actor(user), format="jsonl", records=len(lines))
-        return PlainTextResponse("".join(line + "\n" for line in lines), media_type="application/x-ndjson")
+        return JsonLines("".join(line + "\n" for line in lines))
 
     @app.post("/v1/api-keys", status_code=201)
     def create_api_key(body: ApiKeyRequest, user: Admin) -> dict[str, Any]:
