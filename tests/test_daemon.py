@@ -292,6 +292,7 @@ def test_jobs_wait_for_the_training_hours(daemon: Daemon) -> None:
 
 
 def test_the_control_socket_is_the_groups_and_every_file_is_private(daemon: Daemon) -> None:
+    daemon.wait(daemon.settings.pid_path.exists, 30, "the daemon wrote no pid file")  # written once both servers listen
     assert daemon.settings.socket_path.stat().st_mode & 0o777 == 0o660
     assert daemon.settings.socket_path.parent.stat().st_mode & 0o070 == 0o010  # the group passes, lists nothing
     for path in (daemon.settings.cli_token_path, daemon.settings.pid_path, daemon.settings.audit_head_path,

@@ -25,7 +25,7 @@ from schemathesis.config import SchemathesisConfig
 from tests.daemon import Daemon, environment, settings_of
 from tests.serve.conftest import State
 
-EXAMPLES = 12  # generated requests per operation and mode: about 1,000 requests in all, a minute or two
+EXAMPLES = 30  # generated requests per operation and mode: a couple of thousand requests, about two minutes
 STREAMS = ("/v1/events",)  # server-sent events never end: not for a request-answer fuzzer
 # Invalid data may also be refused for its size (413), which both documents promise; the rest is schemathesis' list.
 REFUSALS = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
