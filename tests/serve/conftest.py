@@ -15,12 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from appliance import auth, config, datasets, pipeline, registry, store
+from appliance import archive, auth, config, datasets, optimize, pipeline, registry, store
 from appliance.store import lifecycle
 from appliance.train import engine
 from appliance.train.params import TrainParams
-from tests.conftest import write_tickets
+from tests.conftest import Trained, write_tickets
 
+F32 = {"INFERENCE_PRECISION_HINT": "f32"}  # exact logits, to compare a batch with one text at a time
 FAST = TrainParams(epochs=8, learning_rate=3e-3, batch_size=16, max_length=32, seed=3)
 
 
@@ -123,3 +124,12 @@ def server(state: State) -> Iterator[Server]:
     running = start_server(state, drift_window="40")
     yield running
     stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def servable(trained: Trained) -> optimize.Servable:
+    """The trained tiny classifier exported to OpenVINO and compiled, as a server would load it."""
+    files = archive.unpack(trained.bundle)
+    model, _, manifest = optimize.load_torch_model(files)
+    packed = optimize.pack_ir(optimize.export_openvino(model, manifest["max_length"]), files, "fp32")
+    return optimize.load_ir(packed, config=F32)

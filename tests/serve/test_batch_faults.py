@@ -7,26 +7,15 @@ import asyncio
 from typing import Any
 
 import numpy as np
-import pytest
 import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance import archive, optimize
+from appliance import optimize
 from appliance.errors import BadRequest, ServeError
 from appliance.serve import batching
-from tests.conftest import Trained
 
-F32 = {"INFERENCE_PRECISION_HINT": "f32"}
 WORDS = ["refund", "parcel", "login", "the", "my", "invoice", "courier", "crash", "again", "please"]
-
-
-@pytest.fixture(scope="module")
-def servable(trained: Trained) -> optimize.Servable:
-    files = archive.unpack(trained.bundle)
-    model, _, manifest = optimize.load_torch_model(files)
-    packed = optimize.pack_ir(optimize.export_openvino(model, manifest["max_length"]), files, "fp32")
-    return optimize.load_ir(packed, config=F32)
 
 
 class Spy:

@@ -7,20 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from appliance import archive, optimize
+from appliance import optimize
 from appliance.errors import Overloaded
 from appliance.serve import batching
 from tests.conftest import Trained
-
-F32 = {"INFERENCE_PRECISION_HINT": "f32"}
-
-
-@pytest.fixture(scope="module")
-def servable(trained: Trained) -> optimize.Servable:
-    files = archive.unpack(trained.bundle)
-    model, _, manifest = optimize.load_torch_model(files)
-    packed = optimize.pack_ir(optimize.export_openvino(model, manifest["max_length"]), files, "fp32")
-    return optimize.load_ir(packed, config=F32)
 
 
 def test_concurrent_requests_share_inferences_and_get_their_own_answers(

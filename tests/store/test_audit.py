@@ -17,15 +17,6 @@ from tests.conftest import run_cli
 FIELDS = audit.FIELDS
 
 
-@pytest.fixture
-def logged(opened: Store, settings: Settings) -> Settings:
-    """A store with ten records (keys.init + nine), closed so tests can tamper with the file."""
-    for n in range(9):
-        audit.record(opened, "test.step", f"object-{n}", n=n)
-    opened.close()
-    return settings
-
-
 def _tamper(settings: Settings, *statements: tuple[str, tuple]) -> None:
     """Change the database file the way an attacker with file access would."""
     conn = sqlite3.connect(settings.db_path)

@@ -16,15 +16,6 @@ from appliance.store import Store, audit, blobs
 from tests.conftest import run_cli
 
 
-@pytest.fixture
-def logged(opened: Store, settings: Settings) -> Settings:
-    """A store with ten records, closed so tests can tamper with the file."""
-    for n in range(9):
-        audit.record(opened, "test.step", f"object-{n}", n=n)
-    opened.close()
-    return settings
-
-
 def _cut_tail(settings: Settings, after: int) -> None:
     conn = sqlite3.connect(settings.db_path)
     conn.execute("DROP TRIGGER IF EXISTS audit_no_delete")  # an insider with the file can, of course
