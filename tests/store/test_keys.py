@@ -56,6 +56,19 @@ def test_a_group_readable_key_file_is_refused(opened: Store, settings: Settings)
         store.open(settings)
 
 
+@pytest.mark.parametrize(("content", "says"), [(os.urandom(32), "is not base64 text"),
+                                               (base64.b64encode(os.urandom(16)), "holds 16 bytes")])
+def test_a_key_file_in_the_wrong_form_names_the_file_and_the_fix(
+    opened: Store, settings: Settings, content: bytes, says: str
+) -> None:
+    opened.close()
+    settings.key_file.write_bytes(content)  # a raw key someone copied in, or a short one
+    result = run_cli("store", "info")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"the master key file {settings.key_file} {says}" in result.stderr
+    assert "base64 -w0" in result.stderr
+
+
 def test_a_wrong_key_is_refused_and_nothing_changes(opened: Store, settings: Settings) -> None:
     blobs.put(opened, b"secret payload")
     opened.close()
