@@ -92,7 +92,7 @@ class Runtime:
         self.settings, self.metrics = settings, metrics
         self.routes: dict[str, Route] = {}
         self.keys: list[auth.ApiKey] = []
-        self.unlocked = False  # the master key opened the store
+        self.started = False  # the store opened and what should serve was read (and loaded) once
         self.diverged: str | None = None  # how the audit log left its anchor, while it does: nothing is served
         self._passphrase = passphrase
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
@@ -112,8 +112,8 @@ class Runtime:
     async def start(self) -> None:
         """Open the store and load what should serve; the server is ready when this returns."""
         self._store = await self._on_worker(store.open, self.settings, self._passphrase)
-        self.unlocked = True
         await self.sync()
+        self.started = True  # not sooner: with nothing read yet, "every wanted model serves" holds vacuously
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 
     async def stop(self) -> None:
@@ -131,8 +131,8 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        """Unlocked, and every model that should serve is serving its wanted versions."""
-        return self.unlocked and self.diverged is None and all(self.model_ready(model) for model in self._wanted)
+        """Started, and every model that should serve is serving its wanted versions."""
+        return self.started and self.diverged is None and all(self.model_ready(model) for model in self._wanted)
 
     def model_ready(self, model: str) -> bool:
         route, wanted = self.routes.get(model), self._wanted.get(model)
