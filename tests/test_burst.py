@@ -75,7 +75,7 @@ def ray_head() -> Iterator[RayHead]:
     token_file.write_text(secrets.token_hex(32))
     token_file.chmod(0o600)
     ports = _free_ports(9)
-    workers = 20000 + secrets.randbelow(400) * 100
+    workers = _worker_ports_base()
     dashboard = f"http://127.0.0.1:{ports[0]}"
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file),
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -386,6 +386,12 @@ def _job_events(running: Daemon, job_id: str) -> list[Any]:
 
     with store.open(running.settings) as opened:
         return events.after(opened, 0, job_id, limit=100_000)
+
+
+def _worker_ports_base() -> int:
+    """The first of 100 worker ports below the kernel's ephemeral range, so no port picked by `_free_ports` lies in it."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 10000 + secrets.randbelow(max(1, (ephemeral_low - 10000) // 100 - 1)) * 100
 
 
 def _free_ports(count: int) -> list[int]:
