@@ -7,6 +7,9 @@ private temporary directory: its serialiser wants paths ending in .xml and .bin,
 symlink holds only the /proc path of its memfd, never a weight. optimum-intel is not used
 here: its exporters start from a model directory on disk. ONNX goes through io.BytesIO.
 
+Rebuilding the torch model is train/bundle.py's job, compiling and scoring the inference
+kernel's (inference.py); this module keeps export, quantisation and the guard.
+
 The accuracy guard is a pure function over scores: INT8 is served when it loses no more
 than the allowed accuracy points on the validation split; otherwise a gentler INT8 (the
 classifier head left in FP32) is tried; otherwise FP32 stays.
@@ -15,44 +18,29 @@ classifier head left in FP32) is tried; otherwise FP32 stays.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import io
-import json
 import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import openvino as ov
 import tokenizers
 import torch
 
-from appliance import archive
-from appliance.errors import ArtifactError, OptimizeError
+from appliance import archive, inference
+from appliance.errors import OptimizeError
 from appliance.hardware import Hardware
-from appliance.train import tasks
+from appliance.inference import Artifact
+from appliance.train.bundle import input_names, load_text_classifier
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what _tokenizer reads
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products that cannot saturate
 HEAD_PATTERNS = [r".*(pooler|classifier).*"]  # node names of the head in the traced graph (BERT, DistilBERT, RoBERTa)
 FP32, INT8, INT8_GENTLE = "fp32", "int8", "int8-gentle"
-Runner = Any  # an openvino.CompiledModel or an onnxruntime.InferenceSession
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """An OpenVINO IR held in memory: the XML graph and its weights."""
-
-    xml: bytes
-    weights: bytes
 
 
 @dataclass(frozen=True)
@@ -71,40 +59,6 @@ class Outcome:
     decision: Decision
     artifacts: dict[str, Artifact]
     seconds: dict[str, float] = field(default_factory=dict)
-
-
-# -- the bundle, back in memory ---------------------------------------------------------
-
-
-def load_torch_model(files: Mapping[str, bytes]) -> tuple[torch.nn.Module, tokenizers.Tokenizer, dict[str, Any]]:
-    """Rebuild the classifier, its tokenizer and its manifest from bundle bytes, without temporary files."""
-    from safetensors.torch import load as load_safetensors
-    from transformers import CONFIG_MAPPING, AutoModelForSequenceClassification
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.set_verbosity_error()
-    manifest = json.loads(files["appliance.json"]) if "appliance.json" in files else {}
-    if manifest and manifest.get("task") != tasks.TextClassification.kind:
-        raise OptimizeError(f"only text-classification models can be optimised, not {manifest.get('task')!r}")
-    missing = {"config.json", "model.safetensors", "tokenizer.json", "appliance.json"} - set(files)
-    if missing:
-        raise OptimizeError(f"the model bundle lacks {', '.join(sorted(missing))}")
-    config_dict = json.loads(files["config.json"])
-    config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
-    model = AutoModelForSequenceClassification.from_config(config)
-    model.load_state_dict(load_safetensors(files["model.safetensors"]))
-    return model.eval(), _tokenizer(files, manifest["max_length"]), manifest
-
-
-def _tokenizer(files: Mapping[str, bytes], max_length: int) -> tokenizers.Tokenizer:
-    """The fast tokenizer, truncating as training did and padding to the longest text of each call."""
-    tokenizer = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode())
-    pad_token = json.loads(files.get("tokenizer_config.json", b"{}")).get("pad_token") or "[PAD]"
-    pad_token = pad_token["content"] if isinstance(pad_token, dict) else pad_token
-    pad_id = tokenizer.token_to_id(pad_token)
-    tokenizer.enable_truncation(max_length)  # tokenizer.json may carry its own (all-MiniLM: pad to a fixed 128)
-    tokenizer.enable_padding(pad_id=pad_id or 0, pad_token=pad_token if pad_id is not None else "[PAD]")
-    return tokenizer
 
 
 # -- export ------------------------------------------------------------------------------
@@ -127,11 +81,6 @@ class _Logits(torch.nn.Module):
         mask = inputs["attention_mask"][:, None, None, :].to(torch.float32)
         inputs["attention_mask"] = (1.0 - mask) * torch.finfo(torch.float32).min
         return self.model(**inputs).logits
-
-
-def input_names(model: torch.nn.Module) -> list[str]:
-    """The inputs a classifier takes, in INPUTS order: token_type_ids only where the architecture has them."""
-    return [name for name in INPUTS if name in inspect.signature(model.forward).parameters]
 
 
 def _traceable(model: torch.nn.Module, max_length: int) -> tuple[_Logits, tuple[torch.Tensor, ...]]:
@@ -184,62 +133,6 @@ def _read_fd(fd: int) -> bytes:
         return f.read()
 
 
-def read_openvino(artifact: Artifact) -> ov.Model:
-    """The IR as an ov.Model, read from bytes (weights as a uint8 tensor)."""
-    weights = ov.Tensor(np.frombuffer(artifact.weights, dtype=np.uint8))
-    return _core().read_model(model=artifact.xml, weights=weights)
-
-
-def compile_openvino(
-    model: Artifact | ov.Model, device: str = "CPU", config: dict[str, Any] | None = None
-) -> ov.CompiledModel:
-    """Compile for a device; the guard must use the config serving will use (CPU defaults to bf16 where fast)."""
-    model = read_openvino(model) if isinstance(model, Artifact) else model
-    return _core().compile_model(model, device, config or {})
-
-
-def pack_ir(
-    artifact: Artifact, bundle_files: Mapping[str, bytes], variant: str, reference: dict[str, Any] | None = None
-) -> bytes:
-    """One blob that serving can load without torch: the IR, the tokenizer, the label map, the drift reference."""
-    manifest = json.loads(bundle_files["appliance.json"]) | {"variant": variant, "format": "openvino-ir"}
-    if reference is not None:
-        manifest["reference"] = reference
-    files = {"model.xml": artifact.xml, "model.bin": artifact.weights, "appliance.json": json.dumps(manifest).encode()}
-    files |= {name: bundle_files[name] for name in TOKENIZER_FILES if name in bundle_files}
-    return archive.pack(sorted(files.items()))
-
-
-@dataclass(frozen=True)
-class Servable:
-    """A compiled variant ready to answer: what the inference server holds per model version."""
-
-    compiled: ov.CompiledModel
-    tokenizer: tokenizers.Tokenizer
-    labels: list[str]
-    manifest: dict[str, Any]
-
-
-def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = None) -> Servable:
-    """Compile a packed IR from decrypted bytes: the weights go from memory to OpenVINO, never to a file."""
-    files = archive.unpack(blob)
-    missing = {"model.xml", "model.bin", "tokenizer.json", "appliance.json"} - set(files)
-    if missing:
-        raise ArtifactError(f"the OpenVINO artifact lacks {', '.join(sorted(missing))}")
-    manifest = json.loads(files["appliance.json"])
-    try:
-        compiled = compile_openvino(Artifact(files["model.xml"], files["model.bin"]), device, config)
-    except RuntimeError as exc:
-        raise ArtifactError(f"OpenVINO cannot compile the {manifest.get('variant')} artifact: {exc}") from exc
-    return Servable(compiled, _tokenizer(files, manifest["max_length"]), manifest["labels"], manifest)
-
-
-@functools.cache
-def _core() -> ov.Core:
-    """One OpenVINO runtime per process: each Core loads its device plugins again."""
-    return ov.Core()
-
-
 def export_onnx(model: torch.nn.Module, max_length: int = 128) -> bytes:
     """ONNX bytes from the TorchScript exporter: the dynamo one needs onnxscript, which is not installed."""
     wrapper, example = _traceable(model, max_length)
@@ -253,13 +146,6 @@ def export_onnx(model: torch.nn.Module, max_length: int = 128) -> bytes:
     except torch.onnx.OnnxExporterError as exc:
         raise OptimizeError(f"ONNX export failed: {exc}", hint="the 'onnx' package must be installed") from exc
     return buffer.getvalue()
-
-
-def onnx_session(onnx: bytes) -> Any:
-    """An onnxruntime session on the CPU, loaded from bytes."""
-    import onnxruntime
-
-    return onnxruntime.InferenceSession(onnx, providers=["CPUExecutionProvider"])
 
 
 # -- quantisation -------------------------------------------------------------------------
@@ -293,7 +179,7 @@ def quantize_int8(
     if not calibration_texts:
         raise OptimizeError("INT8 quantisation needs calibration texts, and none were given")
     names = {port.get_any_name() for port in model.inputs}
-    dataset = nncf.Dataset(list(calibration_texts), lambda text: feeds(tokenizer.encode_batch([text]), names))
+    dataset = nncf.Dataset(list(calibration_texts), lambda text: inference.feeds(tokenizer.encode_batch([text]), names))
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its rich progress bars would garble the caller's own
             return nncf.quantize(
@@ -308,92 +194,7 @@ def quantize_int8(
         raise OptimizeError(f"INT8 quantisation failed: {exc}") from exc
 
 
-# -- evaluation and the guard -------------------------------------------------------------
-
-
-def feeds(encodings: list[tokenizers.Encoding], names: set[str] | Sequence[str]) -> dict[str, np.ndarray]:
-    """The model's named int64 inputs from a padded batch of encodings."""
-    columns = {
-        "input_ids": [e.ids for e in encodings],
-        "attention_mask": [e.attention_mask for e in encodings],
-        "token_type_ids": [e.type_ids for e in encodings],
-    }
-    return {name: np.asarray(columns[name], dtype=np.int64) for name in names}
-
-
-class TorchRunner:
-    """A torch classifier in the shape of an onnxruntime session, so predict, evaluate and speed take it too."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.names = input_names(model)
-
-    def get_inputs(self) -> list[SimpleNamespace]:
-        return [SimpleNamespace(name=name) for name in self.names]
-
-    @torch.no_grad()
-    def run(self, _outputs: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return [self.model(**{name: torch.from_numpy(array) for name, array in feeds.items()}).logits.numpy()]
-
-
-def inference(runner: Runner) -> tuple[list[str], Callable[[dict[str, np.ndarray]], np.ndarray]]:
-    """The input names of a compiled model or ONNX session, and a call from feeds to logits."""
-    if hasattr(runner, "get_inputs"):  # an onnxruntime session
-        return [i.name for i in runner.get_inputs()], lambda feeds: runner.run(None, feeds)[0]
-    return [port.get_any_name() for port in runner.inputs], lambda feeds: runner(feeds)[0]
-
-
-def predict(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
-    """Logits for every text, with numpy only, in batches of similar length so padding stays small."""
-    names, infer = inference(runner)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    logits = np.empty((0, 0), dtype=np.float32)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        out = infer(feeds(tokenizer.encode_batch([texts[i] for i in chunk]), names))
-        if not start:
-            logits = np.empty((len(texts), out.shape[1]), dtype=np.float32)
-        logits[chunk] = out
-    return logits
-
-
-def speed(
-    infer: Callable[[dict[str, np.ndarray]], Any],
-    names: Sequence[str],
-    tokenizer: tokenizers.Tokenizer,
-    texts: Sequence[str],
-    *,
-    min_seconds: float = 1.0,
-) -> dict[str, float]:
-    """p50 latency of one text, and texts/s at batch 1 and 16, tokenisation included, as a client sees it.
-
-    Texts are taken in the order given, cycling until min_seconds have passed (and each
-    text was seen once), so every variant is timed on the same inputs.
-    """
-    result = {}
-    for batch_size in (1, 16):
-        batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
-        for batch in batches[:2]:  # warm up: first calls allocate and pick kernels
-            infer(feeds(tokenizer.encode_batch(batch), names))
-        timings, done, started = [], 0, time.perf_counter()
-        while done < len(batches) or time.perf_counter() - started < min_seconds:
-            batch = batches[done % len(batches)]
-            tick = time.perf_counter()
-            infer(feeds(tokenizer.encode_batch(batch), names))
-            timings.append((time.perf_counter() - tick, len(batch)))
-            done += 1
-        result[f"throughput_b{batch_size}"] = sum(n for _, n in timings) / sum(t for t, _ in timings)
-        if batch_size == 1:
-            result["latency_ms_p50"] = float(np.median([t for t, _ in timings]) * 1000)
-    return result
-
-
-def evaluate(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str], labels: Sequence[int]) -> dict[str, float]:
-    """Accuracy and macro-F1 of a compiled model or ONNX session, measured as training measures them."""
-    if not texts:
-        raise OptimizeError("there are no validation texts to score the model on")
-    logits = predict(runner, tokenizer, texts)
-    return tasks.metrics(logits.argmax(axis=1).tolist(), list(labels), logits.shape[1])
+# -- the guard ----------------------------------------------------------------------------
 
 
 def guard(
@@ -443,22 +244,22 @@ def optimize(
         nonlocal clock
         seconds[name], clock = time.monotonic() - clock, time.monotonic()
 
-    model, tokenizer, manifest = load_torch_model(archive.unpack(bundle))
+    model, tokenizer, manifest = load_text_classifier(archive.unpack(bundle))
     index = {name: i for i, name in enumerate(manifest["labels"])}
     targets = [index[label] for label in labels]
     artifacts = {FP32: export_openvino(model, manifest["max_length"])}
     del model
     lap("export")
-    fp32 = evaluate(compile_openvino(artifacts[FP32], config=config), tokenizer, texts, targets)
+    fp32 = inference.evaluate(inference.compile_openvino(artifacts[FP32], config=config), tokenizer, texts, targets)
     lap("evaluate_fp32")
     fix, scored = overflow_fix_for(hardware), {}
     decision = guard(fp32, {}, max_accuracy_drop, metric)
     for name, gentle in ((INT8, False), (INT8_GENTLE, True)) if int8 else ():
-        quantized = quantize_int8(read_openvino(artifacts[FP32]), calibration_texts, tokenizer,
+        quantized = quantize_int8(inference.read_openvino(artifacts[FP32]), calibration_texts, tokenizer,
                                   overflow_fix=fix, subset_size=subset_size, keep_head_fp32=gentle)
         artifacts[name] = serialize(quantized)
         lap(f"quantize_{name}")
-        scored[name] = evaluate(compile_openvino(artifacts[name], config=config), tokenizer, texts, targets)
+        scored[name] = inference.evaluate(inference.compile_openvino(artifacts[name], config=config), tokenizer, texts, targets)
         lap(f"evaluate_{name}")
         decision = guard(fp32, scored, max_accuracy_drop, metric)
         if decision.variant != FP32:

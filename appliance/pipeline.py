@@ -65,7 +65,7 @@ def optimize_version(
     Calibration uses a sample of the training split and every score the validation split,
     so the guard judges on texts the quantiser never saw.
     """
-    from appliance import optimize  # openvino, nncf and torch load only for this step
+    from appliance import inference, optimize  # openvino, nncf and torch load only for this step
     from appliance.serve import drift
 
     report = progress or (lambda done, total, label: None)
@@ -108,12 +108,12 @@ def optimize_version(
         files = archive.unpack(bundles[prefix])
         for own_name, artifact in outcome.artifacts.items():
             name = prefix + own_name
-            servable = optimize.load_ir(optimize.pack_ir(artifact, files, name))
+            servable = inference.load_ir(inference.pack_ir(artifact, files, name))
             baseline = drift.reference(servable.tokenizer, calibration, calibration_labels,
-                                       drift.softmax(optimize.predict(servable.compiled, servable.tokenizer, texts)))
-            packed = optimize.pack_ir(artifact, files, name, baseline.to_json())
-            names, infer = optimize.inference(servable.compiled)
-            speed = optimize.speed(infer, names, servable.tokenizer, texts, min_seconds=0.5)
+                                       drift.softmax(inference.predict(servable.compiled, servable.tokenizer, texts)))
+            packed = inference.pack_ir(artifact, files, name, baseline.to_json())
+            names, infer = inference.bind(servable.compiled)
+            speed = inference.speed(infer, names, servable.tokenizer, texts, min_seconds=0.5)
             metrics[name] = outcome.decision.scores[own_name] | speed
             variants.append(registry.Variant(name, "openvino-ir", blobs.put(store, packed), len(packed), metrics[name]))
     for values in metrics.values():

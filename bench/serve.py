@@ -42,7 +42,10 @@ system's accuracy is one pass over that split with the labels read from its answ
 
 The table shows CPU milliseconds per request of the server process and of this process,
 and the share of the CPUs that other processes used: trust a row only when that is near
-0 %. The batching settings come from the configuration (APPLIANCE_SERVE_MAX_BATCH_SIZE,
+0 %. It also shows each server process's resident memory at the end of each window, and
+the report each one's at rest after the run and whether libtorch is mapped into it: the
+appliance's serving process holds OpenVINO and tokenizers only (target: under 400 MiB at
+rest). The batching settings come from the configuration (APPLIANCE_SERVE_MAX_BATCH_SIZE,
 APPLIANCE_SERVE_MAX_DELAY_MS), for the server and the in-process batcher alike.
 """
 
@@ -85,6 +88,7 @@ MODEL = "tickets"
 CONCURRENCY = (1, 8, 64)
 TARGET_VS_NAIVE = 3.0
 TARGET_VS_INPROCESS = 0.8
+TARGET_IDLE_RSS_MB = 400  # the serving process holds OpenVINO and tokenizers, never torch
 OURS, NAIVE, NAIVE_1T = "appliance serve", "naive fastapi+torch", "naive, 1 torch thread"
 BATCHER, THREADS = "in-process batcher", "in-process threads"
 SCORING_CLIENTS = 8
@@ -121,6 +125,7 @@ class Point:
     server_cpu_s: float
     client_cpu_s: float
     others: float
+    server_rss_mb: float | None  # resident memory of the server process at the window's end
 
     @property
     def throughput(self) -> float:
@@ -140,11 +145,20 @@ class Validation:
 
 
 @dataclass(frozen=True)
+class Memory:
+    """A server process at rest after the run: what it holds, and whether libtorch is mapped into it."""
+
+    rss_mb: float
+    maps_libtorch: bool
+
+
+@dataclass(frozen=True)
 class Results:
     points: list[Point]
     accuracy: dict[str, float]
     notes: list[str]
     validation_size: int
+    idle: dict[str, Memory]
 
 
 def main() -> None:
@@ -339,8 +353,9 @@ def naive_server(port: int, threads: int) -> None:
     from fastapi import FastAPI, Header
     from fastapi.responses import JSONResponse
 
-    from appliance import archive, config, optimize, registry, store
+    from appliance import archive, config, inference, registry, store
     from appliance.store import blobs
+    from appliance.train.bundle import load_text_classifier
 
     token = sys.stdin.readline().strip()
     if threads:
@@ -348,7 +363,7 @@ def naive_server(port: int, threads: int) -> None:
     with store.open(config.load()) as opened:
         version = registry.get(opened, f"{MODEL}@production")
         bundle = blobs.read(opened, version.variants["torch"].blob_id)
-    model, tokenizer, manifest = optimize.load_torch_model(archive.unpack(bundle))
+    model, tokenizer, manifest = load_text_classifier(archive.unpack(bundle))
     labels: list[str] = manifest["labels"]
     app = FastAPI()
 
@@ -361,7 +376,7 @@ def naive_server(port: int, threads: int) -> None:
         if x_api_key != token:
             return JSONResponse({"error": "unauthorized"}, status_code=401)
         encodings = tokenizer.encode_batch(body.instances)
-        inputs = {key: torch.from_numpy(value) for key, value in optimize.feeds(encodings, optimize.INPUTS).items()}
+        inputs = {key: torch.from_numpy(value) for key, value in inference.feeds(encodings, inference.INPUTS).items()}
         with torch.no_grad():
             probabilities = torch.softmax(model(**inputs).logits, dim=-1).tolist()
         predictions = [{"label": labels[int(np.argmax(row))], "scores": dict(zip(labels, row))} for row in probabilities]
@@ -461,15 +476,15 @@ def batcher_classify(batcher: Any, labels: list[str]) -> Classify:
 
 def threads_classify(pool: concurrent.futures.ThreadPoolExecutor, servable: Any) -> Classify:
     """One text per call, on the pool thread's own OpenVINO infer request: no batching."""
-    from appliance import optimize
+    from appliance import inference
 
-    names, _ = optimize.inference(servable.compiled)
+    names, _ = inference.bind(servable.compiled)
     local = threading.local()
 
     def infer(text: str) -> str:
         if not hasattr(local, "request"):
             local.request = servable.compiled.create_infer_request()
-        logits = local.request.infer(optimize.feeds(servable.tokenizer.encode_batch([text]), names))[0]
+        logits = local.request.infer(inference.feeds(servable.tokenizer.encode_batch([text]), names))[0]
         return servable.labels[int(np.argmax(logits[0]))]
 
     async def classify(text: str) -> str:
@@ -480,12 +495,12 @@ def threads_classify(pool: concurrent.futures.ThreadPoolExecutor, servable: Any)
 
 def load_served() -> tuple[Any, str]:
     """The production version's chosen variant, compiled as the server compiles it, and a line on where it came from."""
-    from appliance import config, optimize, registry, store
+    from appliance import config, inference, registry, store
     from appliance.store import blobs
 
     with store.open(config.load()) as opened:
         version = registry.get(opened, f"{MODEL}@production")
-        servable = optimize.load_ir(blobs.read(opened, version.variants[version.chosen].blob_id))
+        servable = inference.load_ir(blobs.read(opened, version.variants[version.chosen].blob_id))
         params = version.lineage(opened)["params"]
     origin = (f"model: {version.ref}, all-MiniLM-L6-v2 fine-tuned {params['epochs']} epochs through the appliance CLI, "
               f"serving its {version.chosen} variant; the naive servers run the same version's torch bundle")
@@ -522,10 +537,12 @@ async def run(
         accuracy = {system.name: await score(system, validation) for system in systems}
         points = [await measure(system, validation.texts, clients, warmup, seconds)
                   for clients in concurrency for system in systems]
+        await asyncio.sleep(2)  # nothing in flight
+        idle = {system.name: at_rest(system.pid) for system in systems if system.pid}
     finally:
         await batcher.close()
         pool.shutdown(wait=True)
-    return Results(points, accuracy, notes, len(validation.texts))
+    return Results(points, accuracy, notes, len(validation.texts), idle)
 
 
 async def score(system: System, validation: Validation) -> float:
@@ -571,7 +588,8 @@ async def measure(system: System, texts: Sequence[str], clients: int, warmup: fl
     usage = asyncio.create_task(cpu_usage(system.pid, window_start, window_end))
     await asyncio.gather(*(client() for _ in range(clients)))
     server_cpu, client_cpu, others = await usage
-    point = Point(system.name, clients, seconds, latencies, errors, server_cpu, client_cpu, others)
+    rss = psutil.Process(system.pid).memory_info().rss / 2**20 if system.pid else None
+    point = Point(system.name, clients, seconds, latencies, errors, server_cpu, client_cpu, others, rss)
     log(f"{system.name}, {clients} clients: {point.throughput:.1f} req/s, p50 {point.percentile_ms(50):.1f} ms, "
         f"p99 {point.percentile_ms(99):.1f} ms, {errors} errors, others {others:.0%}")
     return point
@@ -587,6 +605,12 @@ async def cpu_usage(pid: int | None, start: float, end: float) -> tuple[float, f
     wall, machine, own, served = (b - a for a, b in zip(before, after))
     others = max(0.0, (machine - own - served) / (wall * (psutil.cpu_count() or 1)))
     return served, own, others
+
+
+def at_rest(pid: int) -> Memory:
+    process = psutil.Process(pid)
+    mapped = Path(f"/proc/{pid}/maps").read_text()
+    return Memory(process.memory_info().rss / 2**20, "libtorch" in mapped)
 
 
 def cpu_readings(server: psutil.Process | None) -> tuple[float, float, float, float]:
@@ -628,14 +652,15 @@ def report(results: Results, args: argparse.Namespace) -> None:
 
 def table(points: Sequence[Point]) -> None:
     header = (f"{'system':<22} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
-              f"{'server CPU ms/req':>17} {'client CPU ms/req':>17} {'others':>6}")
+              f"{'server CPU ms/req':>17} {'client CPU ms/req':>17} {'others':>6} {'server RSS MiB':>14}")
     print(header)
     print("-" * len(header))
     for point in points:
         server_ms = "-" if point.system in (BATCHER, THREADS) else f"{point.per_request_ms(point.server_cpu_s):.2f}"
+        rss = "-" if point.server_rss_mb is None else f"{point.server_rss_mb:.0f}"
         print(f"{point.system:<22} {point.concurrency:>7} {point.throughput:>8.1f} {point.percentile_ms(50):>8.1f} "
               f"{point.percentile_ms(99):>8.1f} {point.errors:>6} {server_ms:>17} "
-              f"{point.per_request_ms(point.client_cpu_s):>17.2f} {point.others:>6.0%}")
+              f"{point.per_request_ms(point.client_cpu_s):>17.2f} {point.others:>6.0%} {rss:>14}")
     print("(in-process rows: the client CPU column is the whole cost, inference included)")
 
 
@@ -663,6 +688,9 @@ def summary(results: Results, top: int, client: str) -> None:
           f"appliance serve {ours.per_request_ms(ours.server_cpu_s):.2f} ms in the server + "
           f"{ours.per_request_ms(ours.client_cpu_s):.2f} ms in the client: the server keeps {efficiency:.0%} of the "
           "in-process efficiency")
+    print("at rest after the run: " + "; ".join(
+        f"{name} {memory.rss_mb:.0f} MiB, libtorch {'mapped' if memory.maps_libtorch else 'not mapped'}"
+        for name, memory in results.idle.items()) + f" (target for appliance serve: under {TARGET_IDLE_RSS_MB} MiB)")
     accuracy = results.accuracy
     delta_pt = (accuracy[OURS] - max(accuracy[NAIVE], accuracy[NAIVE_1T])) * 100
     print(f"accuracy, appliance serve against naive: {delta_pt:+.1f} pt "
@@ -676,6 +704,8 @@ def summary(results: Results, top: int, client: str) -> None:
         f"server_cpu_efficiency_vs_inprocess_c{top}": round(efficiency, 2),
         "accuracy": {key(name): round(value, 4) for name, value in accuracy.items()},
         "accuracy_delta_pt": round(delta_pt, 2),
+        "serve_idle_rss_mb": round(results.idle[OURS].rss_mb), "target_serve_idle_rss_mb": TARGET_IDLE_RSS_MB,
+        "serve_maps_libtorch": results.idle[OURS].maps_libtorch,
         "client": client,
         "others_max": round(max(point.others for point in results.points), 2),
     }))

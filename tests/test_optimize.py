@@ -14,10 +14,11 @@ import pytest
 import tokenizers
 import torch
 
-from appliance import archive, hardware, optimize
+from appliance import archive, hardware, inference, optimize
 from appliance.config import Settings
 from appliance.errors import ArtifactError, OptimizeError
 from appliance.store import Store, blobs
+from appliance.train.bundle import load_text_classifier
 from tests.conftest import Trained
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32"}  # the CPU runs bf16 by default where it is fast; parity wants exact
@@ -27,11 +28,11 @@ HAS_ONNX = importlib.util.find_spec("onnx") is not None
 
 @pytest.fixture(scope="module")
 def loaded(trained: Trained) -> tuple[torch.nn.Module, tokenizers.Tokenizer, dict]:
-    return optimize.load_torch_model(archive.unpack(trained.bundle))
+    return load_text_classifier(archive.unpack(trained.bundle))
 
 
 @pytest.fixture(scope="module")
-def fp32_ir(loaded: tuple) -> optimize.Artifact:
+def fp32_ir(loaded: tuple) -> inference.Artifact:
     model, _, manifest = loaded
     return optimize.export_openvino(model, manifest["max_length"])
 
@@ -71,52 +72,52 @@ def test_a_bundle_that_cannot_be_optimised_is_refused_with_the_reason() -> None:
     with pytest.raises(ArtifactError, match="not a readable tar"):
         archive.unpack(b"not a tar")
     with pytest.raises(OptimizeError, match="lacks appliance.json, config.json"):
-        optimize.load_torch_model({"model.safetensors": b"", "tokenizer.json": b"{}"})
+        load_text_classifier({"model.safetensors": b"", "tokenizer.json": b"{}"})
     image = b'{"task": "image-classification", "labels": ["a", "b"], "image_size": 64}'
     with pytest.raises(OptimizeError, match="only text-classification"):
-        optimize.load_torch_model({"model.safetensors": b"", "appliance.json": image})
+        load_text_classifier({"model.safetensors": b"", "appliance.json": image})
 
 
-def test_an_artifact_that_cannot_be_served_is_refused_with_what_it_lacks(fp32_ir: optimize.Artifact) -> None:
+def test_an_artifact_that_cannot_be_served_is_refused_with_what_it_lacks(fp32_ir: inference.Artifact) -> None:
     with pytest.raises(ArtifactError, match="lacks model.bin, tokenizer.json"):
-        optimize.load_ir(archive.pack([("appliance.json", b"{}"), ("model.xml", fp32_ir.xml)]))
+        inference.load_ir(archive.pack([("appliance.json", b"{}"), ("model.xml", fp32_ir.xml)]))
     manifest = json.dumps({"variant": "int8", "labels": ["a"], "max_length": 8}).encode()
     broken = [("appliance.json", manifest), ("model.xml", b"<net/>"), ("model.bin", b""), ("tokenizer.json", b"{}")]
     with pytest.raises(ArtifactError, match="cannot compile the int8 artifact"):
-        optimize.load_ir(archive.pack(broken))
+        inference.load_ir(archive.pack(broken))
 
 
 def test_openvino_predicts_what_torch_predicts_for_any_batch_and_length(
-    trained: Trained, loaded: tuple, fp32_ir: optimize.Artifact
+    trained: Trained, loaded: tuple, fp32_ir: inference.Artifact
 ) -> None:
     model, tokenizer, _ = loaded
-    model_ir = optimize.read_openvino(fp32_ir)
-    assert [port.get_any_name() for port in model_ir.inputs] == list(optimize.INPUTS)
+    model_ir = inference.read_openvino(fp32_ir)
+    assert [port.get_any_name() for port in model_ir.inputs] == list(inference.INPUTS)
     assert all(port.get_partial_shape().is_dynamic for port in model_ir.inputs)
     texts = mixed_texts(trained)
     expected = torch_logits(model, tokenizer, texts)
     assert not model.training  # the export left the caller's model as it found it
 
-    compiled = optimize.compile_openvino(fp32_ir, config=F32)
+    compiled = inference.compile_openvino(fp32_ir, config=F32)
     for batch_size in (1, 7, 64):  # batch and sequence sizes the trace never saw
-        got = optimize.predict(compiled, tokenizer, texts, batch_size=batch_size)
+        got = inference.predict(compiled, tokenizer, texts, batch_size=batch_size)
         np.testing.assert_allclose(got, expected, atol=1e-4)
     # On the default (possibly bf16) precision the logits move a little, the predictions not.
-    default = optimize.predict(optimize.compile_openvino(fp32_ir), tokenizer, texts)
+    default = inference.predict(inference.compile_openvino(fp32_ir), tokenizer, texts)
     np.testing.assert_allclose(default, expected, atol=5e-2)
 
 
 @pytest.mark.skipif(not HAS_ONNX, reason="the TorchScript ONNX exporter needs the onnx package")
 def test_onnx_predicts_what_torch_predicts(trained: Trained, loaded: tuple) -> None:
     model, tokenizer, manifest = loaded
-    session = optimize.onnx_session(optimize.export_onnx(model, manifest["max_length"]))
-    assert [i.name for i in session.get_inputs()] == list(optimize.INPUTS)
+    session = inference.onnx_session(optimize.export_onnx(model, manifest["max_length"]))
+    assert [i.name for i in session.get_inputs()] == list(inference.INPUTS)
     texts = mixed_texts(trained)
-    np.testing.assert_allclose(optimize.predict(session, tokenizer, texts, batch_size=5),
+    np.testing.assert_allclose(inference.predict(session, tokenizer, texts, batch_size=5),
                                torch_logits(model, tokenizer, texts), atol=1e-4)
     _, validation_labels = trained.split(trained.data.validation)
     targets = [manifest["labels"].index(label) for label in validation_labels]
-    assert optimize.evaluate(session, tokenizer, trained.split(trained.data.validation)[0], targets)["accuracy"] > 0.9
+    assert inference.evaluate(session, tokenizer, trained.split(trained.data.validation)[0], targets)["accuracy"] > 0.9
 
 
 @pytest.mark.skipif(HAS_ONNX, reason="only where the onnx package is missing")
@@ -140,19 +141,19 @@ def fake_quantize_inputs(model: optimize.ov.Model) -> list[str]:
 
 
 def test_int8_quantisation_runs_and_keeps_the_accuracy(
-    trained: Trained, loaded: tuple, fp32_ir: optimize.Artifact
+    trained: Trained, loaded: tuple, fp32_ir: inference.Artifact
 ) -> None:
     _, tokenizer, manifest = loaded
     calibration, _ = trained.split(trained.data.train)
     texts, labels = trained.split(trained.data.validation)
     targets = [manifest["labels"].index(label) for label in labels]
 
-    fp32 = optimize.evaluate(optimize.compile_openvino(fp32_ir), tokenizer, texts, targets)
+    fp32 = inference.evaluate(inference.compile_openvino(fp32_ir), tokenizer, texts, targets)
     # Scored on this CPU, so quantised for it: without VNNI, full 8-bit weights overflow its int16 sums.
     fix = optimize.overflow_fix_for(hardware.detect())
-    int8 = optimize.quantize_int8(optimize.read_openvino(fp32_ir), calibration, tokenizer,
+    int8 = optimize.quantize_int8(inference.read_openvino(fp32_ir), calibration, tokenizer,
                                   overflow_fix=fix, subset_size=64)
-    gentle = optimize.quantize_int8(optimize.read_openvino(fp32_ir), calibration, tokenizer,
+    gentle = optimize.quantize_int8(inference.read_openvino(fp32_ir), calibration, tokenizer,
                                     overflow_fix="enable", subset_size=64, keep_head_fp32=True)
     int8_ops, gentle_ops = fake_quantize_inputs(int8), fake_quantize_inputs(gentle)
     assert any("classifier" in name for name in int8_ops)
@@ -160,15 +161,15 @@ def test_int8_quantisation_runs_and_keeps_the_accuracy(
 
     artifact = optimize.serialize(int8)
     assert len(artifact.weights) < len(fp32_ir.weights) / 2  # int8 weights, embeddings included
-    scored = optimize.evaluate(optimize.compile_openvino(artifact), tokenizer, texts, targets)
+    scored = inference.evaluate(inference.compile_openvino(artifact), tokenizer, texts, targets)
     assert fp32["accuracy"] > 0.9
     assert scored["accuracy"] >= fp32["accuracy"] - 0.05, (fp32, scored)
     assert set(scored) == {"accuracy", "macro_f1"}
 
 
-def test_quantisation_without_calibration_texts_is_refused(loaded: tuple, fp32_ir: optimize.Artifact) -> None:
+def test_quantisation_without_calibration_texts_is_refused(loaded: tuple, fp32_ir: inference.Artifact) -> None:
     with pytest.raises(OptimizeError, match="calibration"):
-        optimize.quantize_int8(optimize.read_openvino(fp32_ir), [], loaded[1], overflow_fix="enable")
+        optimize.quantize_int8(inference.read_openvino(fp32_ir), [], loaded[1], overflow_fix="enable")
 
 
 def machine(flags: tuple[str, ...]) -> hardware.Hardware:
@@ -268,7 +269,7 @@ def test_export_quantise_store_and_load_write_no_weights_to_disk(
 ) -> None:
     blob_id = blobs.put(opened, trained.bundle)
     files = archive.unpack(trained.bundle)
-    weights = optimize.load_torch_model(files)[0].state_dict()
+    weights = load_text_classifier(files)[0].state_dict()
     probes = [weights["classifier.weight"].numpy().tobytes()]  # changed by training, so seen nowhere else
     probes += [t.numpy().tobytes()[:4096] for t in weights.values() if t.numel() * 4 >= 4096]
     system_tmp = Path(tempfile.gettempdir())
@@ -282,8 +283,8 @@ def test_export_quantise_store_and_load_write_no_weights_to_disk(
     outcome = optimize.optimize(blobs.read(opened, blob_id), calibration_texts=calibration, texts=texts,
                                 labels=labels, hardware=machine(()), max_accuracy_drop=-1.0, subset_size=64)
     for name, artifact in outcome.artifacts.items():
-        stored = blobs.put(opened, optimize.pack_ir(artifact, files, name))
-        optimize.load_ir(blobs.read(opened, stored))  # as serving loads it: decrypt, unpack, compile
+        stored = blobs.put(opened, inference.pack_ir(artifact, files, name))
+        inference.load_ir(blobs.read(opened, stored))  # as serving loads it: decrypt, unpack, compile
         probes += [artifact.weights[:4096], artifact.weights[len(artifact.weights) // 2 :][:4096]]
 
     assert outcome.decision.variant == "fp32"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance import archive, datasets, optimize, pipeline, registry
+from appliance import archive, datasets, inference, pipeline, registry
 from appliance.errors import RegistryError
 from appliance.store import Store, audit, blobs
 from appliance.train import engine, runs
@@ -84,9 +84,9 @@ def test_a_stored_variant_serves_from_memory_with_its_tokenizer_and_labels(
     files = archive.unpack(packed)
     assert {"model.xml", "model.bin", "tokenizer.json", "appliance.json"} <= set(files)
     assert "model.safetensors" not in files  # serving needs no torch
-    servable = optimize.load_ir(packed)
+    servable = inference.load_ir(packed)
     assert servable.labels == ["billing", "shipping", "technical"] == json.loads(files["appliance.json"])["labels"]
-    logits = optimize.predict(servable.compiled, servable.tokenizer, ["refund for my invoice", "courier lost parcel"])
+    logits = inference.predict(servable.compiled, servable.tokenizer, ["refund for my invoice", "courier lost parcel"])
     assert [servable.labels[i] for i in np.argmax(logits, axis=1)] == ["billing", "shipping"]
 
 

@@ -84,14 +84,14 @@ def predict(ref: str, texts: tuple[str, ...], as_json: bool) -> None:
     """Classify texts with a version's serving variant, in this process: a quick check, no server needed."""
     import numpy as np
 
-    from appliance import optimize
+    from appliance import inference
     from appliance.serve import drift
     from appliance.store import blobs
 
     with opened_store() as opened:
         version = registry.get(opened, ref)
-        servable = optimize.load_ir(blobs.read(opened, version.serving_variant().blob_id))
-    probabilities = drift.softmax(optimize.predict(servable.compiled, servable.tokenizer, list(texts)))
+        servable = inference.load_ir(blobs.read(opened, version.serving_variant().blob_id))
+    probabilities = drift.softmax(inference.predict(servable.compiled, servable.tokenizer, list(texts)))
     rows = [{"text": text, "label": servable.labels[int(np.argmax(row))],
              "scores": {label: round(float(p), 4) for label, p in zip(servable.labels, row)}}
             for text, row in zip(texts, probabilities)]

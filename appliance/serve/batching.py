@@ -34,7 +34,7 @@ import openvino as ov
 import tokenizers
 from tokenizers import models, normalizers, pre_tokenizers
 
-from appliance import optimize
+from appliance import inference
 from appliance.errors import BadRequest, Overloaded, ServeError
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Batcher:
         max_queue: int = 1024,
         on_batch: Callable[[Batch], None] | None = None,
     ) -> None:
-        self._names, _ = optimize.inference(compiled)
+        self._names, _ = inference.bind(compiled)
         self._tokenizer = tokenizer
         self._chunks = tail_cut(tokenizer)
         self._max_batch, self._max_delay = max_batch_size, max_delay_ms / 1000
@@ -177,7 +177,7 @@ class Batcher:
                 self._answer(flight, piece, None, _Failure(exc, input_fault=True))
                 continue
             try:
-                feeds = optimize.feeds(encodings, self._names)
+                feeds = inference.feeds(encodings, self._names)
                 self._infer.start_async(feeds, (flight, piece, encodings, feeds["input_ids"].size))
             except Exception as exc:  # noqa: BLE001
                 self._answer(flight, piece, None, _Failure(exc, input_fault=False))

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from appliance import auth, events, feedback, optimize, registry, store, usage
+from appliance import auth, events, feedback, inference, registry, store, usage
 from appliance.config import Settings
 from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, ServeError
 from appliance.serve import drift
@@ -45,7 +45,7 @@ class Loaded:
     model: str
     version: int
     variant: str
-    servable: optimize.Servable
+    servable: inference.Servable
     batcher: Batcher
     reference: drift.Histograms | None
     window: drift.Histograms = field(default_factory=drift.Histograms)
@@ -280,7 +280,7 @@ class Runtime:
         log.info("model %s:%s (%s) is loaded and warm", model, version, loaded.variant)
         return loaded
 
-    def _batcher(self, model: str, version: int, servable: optimize.Servable) -> Batcher:
+    def _batcher(self, model: str, version: int, servable: inference.Servable) -> Batcher:
         serve = self.settings.serve
         return Batcher(servable.compiled, servable.tokenizer, max_batch_size=serve.max_batch_size,
                        max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue)
@@ -314,11 +314,11 @@ class Runtime:
         }
         return wanted, auth.verifier(self._store)
 
-    def _load(self, model: str, version: int) -> tuple[optimize.Servable, drift.Histograms | None]:
+    def _load(self, model: str, version: int) -> tuple[inference.Servable, drift.Histograms | None]:
         """Decrypt the chosen variant into memory, compile, warm up and check one inference."""
         entry = registry.get(self._store, f"{model}:{version}")
-        servable = optimize.load_ir(blobs.read(self._store, entry.serving_variant().blob_id))
-        logits = optimize.predict(servable.compiled, servable.tokenizer, ["warm up", "a second, longer warm-up text"])
+        servable = inference.load_ir(blobs.read(self._store, entry.serving_variant().blob_id))
+        logits = inference.predict(servable.compiled, servable.tokenizer, ["warm up", "a second, longer warm-up text"])
         if logits.shape != (2, len(servable.labels)) or not np.isfinite(logits).all():
             raise ModelNotFound(f"{entry.ref} failed its smoke inference (logits {logits.shape})")
         stored = servable.manifest.get("reference")

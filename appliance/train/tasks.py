@@ -208,17 +208,3 @@ def _to_tensor(image: bytes, size: int) -> torch.Tensor:
 
 def _manifest(kind: str, label_names: list[str], **extra: object) -> bytes:
     return json.dumps({"task": kind, "labels": label_names, **extra}, indent=2).encode()
-
-
-
-def metrics(predictions: Sequence[int], targets: Sequence[int], num_labels: int) -> dict[str, float]:
-    """Accuracy and macro-F1 (the mean F1 over every label, so rare classes count)."""
-    total = len(targets)
-    correct = sum(p == t for p, t in zip(predictions, targets))
-    f1s = []
-    for label in range(num_labels):
-        tp = sum(p == label and t == label for p, t in zip(predictions, targets))
-        fp = sum(p == label and t != label for p, t in zip(predictions, targets))
-        fn = sum(p != label and t == label for p, t in zip(predictions, targets))
-        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0)
-    return {"accuracy": correct / total if total else 0.0, "macro_f1": sum(f1s) / num_labels}

@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from appliance import archive, auth, config, datasets, optimize, pipeline, registry, store
+from appliance import archive, auth, config, datasets, inference, optimize, pipeline, registry, store
 from appliance.store import lifecycle
 from appliance.train import engine
+from appliance.train.bundle import load_text_classifier
 from appliance.train.params import TrainParams
 from tests.conftest import Trained, write_tickets
 
@@ -127,9 +128,9 @@ def server(state: State) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def servable(trained: Trained) -> optimize.Servable:
+def servable(trained: Trained) -> inference.Servable:
     """The trained tiny classifier exported to OpenVINO and compiled, as a server would load it."""
     files = archive.unpack(trained.bundle)
-    model, _, manifest = optimize.load_torch_model(files)
-    packed = optimize.pack_ir(optimize.export_openvino(model, manifest["max_length"]), files, "fp32")
-    return optimize.load_ir(packed, config=F32)
+    model, _, manifest = load_text_classifier(files)
+    packed = inference.pack_ir(optimize.export_openvino(model, manifest["max_length"]), files, "fp32")
+    return inference.load_ir(packed, config=F32)

@@ -11,7 +11,7 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance import optimize
+from appliance import inference
 from appliance.errors import BadRequest, ServeError
 from appliance.serve import batching
 
@@ -46,13 +46,13 @@ def run(batcher: batching.Batcher, requests: list[list[str]]) -> list[np.ndarray
     return asyncio.run(scenario())
 
 
-def test_a_text_that_will_not_tokenise_fails_its_request_alone(servable: optimize.Servable) -> None:
+def test_a_text_that_will_not_tokenise_fails_its_request_alone(servable: inference.Servable) -> None:
     spy = Spy(servable.tokenizer)
     batcher = batching.Batcher(servable.compiled, spy, max_batch_size=32, max_delay_ms=50)
     requests = [[f"{word} help" for word in WORDS[:3]], ["refund please", "poison"], ["where is my parcel"],
                 ["my login crashed", "broken"], [f"{word} again" for word in WORDS[3:]]]
     answers = run(batcher, requests)
-    expected = optimize.predict(servable.compiled, servable.tokenizer, [t for r in requests for t in r])
+    expected = inference.predict(servable.compiled, servable.tokenizer, [t for r in requests for t in r])
     assert isinstance(answers[1], BadRequest) and answers[1].status == 400
     assert answers[1].message == "instance 1 cannot be tokenised"  # its index, never its text
     assert isinstance(answers[3], ServeError) and answers[3].status == 503  # the model's failure, not the caller's
@@ -63,7 +63,7 @@ def test_a_text_that_will_not_tokenise_fails_its_request_alone(servable: optimiz
     assert any(len(given) > 2 for given in spy.given)  # they shared a batch before it was tried text by text
 
 
-def test_a_long_text_is_cut_to_what_the_model_sees_before_tokenising(servable: optimize.Servable) -> None:
+def test_a_long_text_is_cut_to_what_the_model_sees_before_tokenising(servable: inference.Servable) -> None:
     window = servable.tokenizer.truncation["max_length"]
     rng = np.random.default_rng(3)
     words = [WORDS[i] for i in rng.integers(0, len(WORDS), size=400_000)]
@@ -80,7 +80,7 @@ def test_a_long_text_is_cut_to_what_the_model_sees_before_tokenising(servable: o
 @given(st.lists(st.sampled_from(["word", "x" * 130, "!", "  ", "\t", "\n", "中", "é", "\x01", "\u200b", "[MASK]",
                                  "a.b", "_", "İ", "\ufffd", " ", " ", "12", "\u3000", "\u00a0", "refund", "ß"]),
                 max_size=300))
-def test_the_cut_never_changes_the_encoding(servable: optimize.Servable, pieces: list[str]) -> None:
+def test_the_cut_never_changes_the_encoding(servable: inference.Servable, pieces: list[str]) -> None:
     """Whitespace runs, words over WordPiece's length, marks, CJK, control characters: the tokens stay."""
     tokenizer = servable.tokenizer
     text = "".join(pieces)

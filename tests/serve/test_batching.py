@@ -7,17 +7,17 @@ import asyncio
 import numpy as np
 import pytest
 
-from appliance import optimize
+from appliance import inference
 from appliance.errors import Overloaded
 from appliance.serve import batching
 from tests.conftest import Trained
 
 
 def test_concurrent_requests_share_inferences_and_get_their_own_answers(
-    servable: optimize.Servable, trained: Trained
+    servable: inference.Servable, trained: Trained
 ) -> None:
     texts = trained.data.texts[:60] + ["parcel", "refund " * 60]
-    expected = optimize.predict(servable.compiled, servable.tokenizer, texts)
+    expected = inference.predict(servable.compiled, servable.tokenizer, texts)
     batches: list[batching.Batch] = []
 
     async def scenario() -> list[np.ndarray]:
@@ -45,7 +45,7 @@ def test_a_batch_is_cut_only_where_long_texts_would_pad_short_ones() -> None:
     assert [[request.texts[i][0] for _, i in piece] for piece in pieces] == [["a", "d", "f"], ["b"], ["e", "c"]]
 
 
-def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: optimize.Servable) -> None:
+def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: inference.Servable) -> None:
     async def scenario() -> None:
         batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=4, max_delay_ms=50,
                                    max_queue=5)
@@ -60,7 +60,7 @@ def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: opt
     asyncio.run(scenario())
 
 
-def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: optimize.Servable) -> None:
+def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: inference.Servable) -> None:
     """With no delay allowed, a text still waits for a free infer request, and the ones behind it ride along."""
     batches: list[batching.Batch] = []
 
@@ -83,7 +83,7 @@ def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: optimiz
     assert all(len(batch.encodings) <= 16 for batch in batches)
 
 
-def test_a_lone_request_does_not_wait_for_company(servable: optimize.Servable) -> None:
+def test_a_lone_request_does_not_wait_for_company(servable: inference.Servable) -> None:
     """The delay is for gathering texts while the model is busy; an idle model starts a lone text at once."""
 
     async def scenario() -> np.ndarray:

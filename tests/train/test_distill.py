@@ -12,6 +12,7 @@ from safetensors.torch import load as load_safetensors
 from appliance import archive, datasets, hardware, optimize
 from appliance.errors import JobError, OptimizeError
 from appliance.train import distill
+from appliance.train.bundle import load_text_classifier
 from tests.conftest import Trained
 
 MAX_LENGTH = 32
@@ -52,7 +53,7 @@ def test_the_student_bundle_loads_and_optimises_like_a_trained_one(
     teacher: tuple[bytes, datasets.LoadedDataset], student: distill.Student
 ) -> None:
     data = teacher[1]
-    model, _, manifest = optimize.load_torch_model(archive.unpack(student.bundle))
+    model, _, manifest = load_text_classifier(archive.unpack(student.bundle))
     assert len(model.base_model.encoder.layer) == 1 and manifest["labels"] == data.label_names
     machine = hardware.Hardware(cpu=hardware.Cpu(model="test CPU", physical_cores=2, logical_cores=2, flags=()),
                                 ram_total_bytes=2**33, ram_available_bytes=2**32, gpus=(), openvino_devices=(), notes=())

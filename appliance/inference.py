@@ -1,0 +1,199 @@
+"""The inference kernel: a packed model compiled from memory, its tokenizer, and texts in, logits out.
+
+What serving, evaluation, the optimiser's guard and distillation share, with numpy,
+`tokenizers` and OpenVINO (or onnxruntime) only: this module imports neither torch nor
+transformers, so the inference server never maps libtorch. A runner is anything that
+answers feeds with logits: an OpenVINO CompiledModel, an onnxruntime session, or a torch
+classifier wrapped by `train.bundle.TorchRunner`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import tokenizers
+
+from appliance import archive
+from appliance.errors import ArtifactError, OptimizeError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what load_tokenizer reads
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+Runner = Any  # an openvino.CompiledModel, an onnxruntime.InferenceSession or a train.bundle.TorchRunner
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An OpenVINO IR held in memory: the XML graph and its weights."""
+
+    xml: bytes
+    weights: bytes
+
+
+@dataclass(frozen=True)
+class Servable:
+    """A compiled variant ready to answer: what the inference server holds per model version."""
+
+    compiled: ov.CompiledModel
+    tokenizer: tokenizers.Tokenizer
+    labels: list[str]
+    manifest: dict[str, Any]
+
+
+# -- a model from bytes -------------------------------------------------------------------
+
+
+def load_tokenizer(files: Mapping[str, bytes], max_length: int) -> tokenizers.Tokenizer:
+    """The fast tokenizer, truncating as training did and padding to the longest text of each call."""
+    tokenizer = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode())
+    pad_token = json.loads(files.get("tokenizer_config.json", b"{}")).get("pad_token") or "[PAD]"
+    pad_token = pad_token["content"] if isinstance(pad_token, dict) else pad_token
+    pad_id = tokenizer.token_to_id(pad_token)
+    tokenizer.enable_truncation(max_length)  # tokenizer.json may carry its own (all-MiniLM: pad to a fixed 128)
+    tokenizer.enable_padding(pad_id=pad_id or 0, pad_token=pad_token if pad_id is not None else "[PAD]")
+    return tokenizer
+
+
+def read_openvino(artifact: Artifact) -> ov.Model:
+    """The IR as an ov.Model, read from bytes (weights as a uint8 tensor)."""
+    weights = ov.Tensor(np.frombuffer(artifact.weights, dtype=np.uint8))
+    return _core().read_model(model=artifact.xml, weights=weights)
+
+
+def compile_openvino(
+    model: Artifact | ov.Model, device: str = "CPU", config: dict[str, Any] | None = None
+) -> ov.CompiledModel:
+    """Compile for a device; the guard must use the config serving will use (CPU defaults to bf16 where fast)."""
+    model = read_openvino(model) if isinstance(model, Artifact) else model
+    return _core().compile_model(model, device, config or {})
+
+
+def pack_ir(
+    artifact: Artifact, bundle_files: Mapping[str, bytes], variant: str, reference: dict[str, Any] | None = None
+) -> bytes:
+    """One blob that serving can load without torch: the IR, the tokenizer, the label map, the drift reference."""
+    manifest = json.loads(bundle_files["appliance.json"]) | {"variant": variant, "format": "openvino-ir"}
+    if reference is not None:
+        manifest["reference"] = reference
+    files = {"model.xml": artifact.xml, "model.bin": artifact.weights, "appliance.json": json.dumps(manifest).encode()}
+    files |= {name: bundle_files[name] for name in TOKENIZER_FILES if name in bundle_files}
+    return archive.pack(sorted(files.items()))
+
+
+def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = None) -> Servable:
+    """Compile a packed IR from decrypted bytes: the weights go from memory to OpenVINO, never to a file."""
+    files = archive.unpack(blob)
+    missing = {"model.xml", "model.bin", "tokenizer.json", "appliance.json"} - set(files)
+    if missing:
+        raise ArtifactError(f"the OpenVINO artifact lacks {', '.join(sorted(missing))}")
+    manifest = json.loads(files["appliance.json"])
+    try:
+        compiled = compile_openvino(Artifact(files["model.xml"], files["model.bin"]), device, config)
+    except RuntimeError as exc:
+        raise ArtifactError(f"OpenVINO cannot compile the {manifest.get('variant')} artifact: {exc}") from exc
+    return Servable(compiled, load_tokenizer(files, manifest["max_length"]), manifest["labels"], manifest)
+
+
+def onnx_session(onnx: bytes) -> Any:
+    """An onnxruntime session on the CPU, loaded from bytes."""
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(onnx, providers=["CPUExecutionProvider"])
+
+
+@functools.cache
+def _core() -> ov.Core:
+    """One OpenVINO runtime per process: each Core loads its device plugins again."""
+    return ov.Core()
+
+
+# -- texts in, logits out -------------------------------------------------------------------
+
+
+def feeds(encodings: list[tokenizers.Encoding], names: set[str] | Sequence[str]) -> dict[str, np.ndarray]:
+    """The model's named int64 inputs from a padded batch of encodings."""
+    columns = {
+        "input_ids": [e.ids for e in encodings],
+        "attention_mask": [e.attention_mask for e in encodings],
+        "token_type_ids": [e.type_ids for e in encodings],
+    }
+    return {name: np.asarray(columns[name], dtype=np.int64) for name in names}
+
+
+def bind(runner: Runner) -> tuple[list[str], Callable[[dict[str, np.ndarray]], np.ndarray]]:
+    """The input names of a runner, and a call from feeds to logits."""
+    if hasattr(runner, "get_inputs"):  # an onnxruntime session, or a torch classifier dressed as one
+        return [i.name for i in runner.get_inputs()], lambda feeds: runner.run(None, feeds)[0]
+    return [port.get_any_name() for port in runner.inputs], lambda feeds: runner(feeds)[0]
+
+
+def predict(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    """Logits for every text, with numpy only, in batches of similar length so padding stays small."""
+    names, infer = bind(runner)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    logits = np.empty((0, 0), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        out = infer(feeds(tokenizer.encode_batch([texts[i] for i in chunk]), names))
+        if not start:
+            logits = np.empty((len(texts), out.shape[1]), dtype=np.float32)
+        logits[chunk] = out
+    return logits
+
+
+def metrics(predictions: Sequence[int], targets: Sequence[int], num_labels: int) -> dict[str, float]:
+    """Accuracy and macro-F1 (the mean F1 over every label, so rare classes count)."""
+    total = len(targets)
+    correct = sum(p == t for p, t in zip(predictions, targets))
+    f1s = []
+    for label in range(num_labels):
+        tp = sum(p == label and t == label for p, t in zip(predictions, targets))
+        fp = sum(p == label and t != label for p, t in zip(predictions, targets))
+        fn = sum(p != label and t == label for p, t in zip(predictions, targets))
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0)
+    return {"accuracy": correct / total if total else 0.0, "macro_f1": sum(f1s) / num_labels}
+
+
+def evaluate(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str], labels: Sequence[int]) -> dict[str, float]:
+    """Accuracy and macro-F1 of a runner, measured as training measures them."""
+    if not texts:
+        raise OptimizeError("there are no validation texts to score the model on")
+    logits = predict(runner, tokenizer, texts)
+    return metrics(logits.argmax(axis=1).tolist(), list(labels), logits.shape[1])
+
+
+def speed(
+    infer: Callable[[dict[str, np.ndarray]], Any],
+    names: Sequence[str],
+    tokenizer: tokenizers.Tokenizer,
+    texts: Sequence[str],
+    *,
+    min_seconds: float = 1.0,
+) -> dict[str, float]:
+    """p50 latency of one text, and texts/s at batch 1 and 16, tokenisation included, as a client sees it.
+
+    Texts are taken in the order given, cycling until min_seconds have passed (and each
+    text was seen once), so every variant is timed on the same inputs.
+    """
+    result = {}
+    for batch_size in (1, 16):
+        batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+        for batch in batches[:2]:  # warm up: first calls allocate and pick kernels
+            infer(feeds(tokenizer.encode_batch(batch), names))
+        timings, done, started = [], 0, time.perf_counter()
+        while done < len(batches) or time.perf_counter() - started < min_seconds:
+            batch = batches[done % len(batches)]
+            tick = time.perf_counter()
+            infer(feeds(tokenizer.encode_batch(batch), names))
+            timings.append((time.perf_counter() - tick, len(batch)))
+            done += 1
+        result[f"throughput_b{batch_size}"] = sum(n for _, n in timings) / sum(t for t, _ in timings)
+        if batch_size == 1:
+            result["latency_ms_p50"] = float(np.median([t for t, _ in timings]) * 1000)
+    return result
