@@ -20,7 +20,7 @@ import numpy as np
 import openvino as ov
 import tokenizers
 
-from appliance import archive
+from appliance import archive, scoring
 from appliance.errors import ArtifactError, OptimizeError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what load_tokenizer reads
@@ -147,25 +147,12 @@ def predict(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str
     return logits
 
 
-def metrics(predictions: Sequence[int], targets: Sequence[int], num_labels: int) -> dict[str, float]:
-    """Accuracy and macro-F1 (the mean F1 over every label, so rare classes count)."""
-    total = len(targets)
-    correct = sum(p == t for p, t in zip(predictions, targets))
-    f1s = []
-    for label in range(num_labels):
-        tp = sum(p == label and t == label for p, t in zip(predictions, targets))
-        fp = sum(p == label and t != label for p, t in zip(predictions, targets))
-        fn = sum(p != label and t == label for p, t in zip(predictions, targets))
-        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0)
-    return {"accuracy": correct / total if total else 0.0, "macro_f1": sum(f1s) / num_labels}
-
-
 def evaluate(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str], labels: Sequence[int]) -> dict[str, float]:
     """Accuracy and macro-F1 of a runner, measured as training measures them."""
     if not texts:
         raise OptimizeError("there are no validation texts to score the model on")
     logits = predict(runner, tokenizer, texts)
-    return metrics(logits.argmax(axis=1).tolist(), list(labels), logits.shape[1])
+    return scoring.metrics(logits.argmax(axis=1).tolist(), list(labels), logits.shape[1])
 
 
 def speed(

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from appliance import datasets, hardware, inference
+from appliance import datasets, hardware, scoring
 from appliance.errors import JobError
 from appliance.store import Store, blobs
 from appliance.train import checkpoint, runs, tasks
@@ -323,7 +323,7 @@ def evaluate(
         predictions += output.logits.argmax(dim=-1).tolist()
         targets += inputs["labels"].tolist()
     model.train()
-    return {"loss": loss_sum / len(indices), **inference.metrics(predictions, targets, len(task.label_names))}
+    return {"loss": loss_sum / len(indices), **scoring.metrics(predictions, targets, len(task.label_names))}
 
 
 def _optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.AdamW:
