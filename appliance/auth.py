@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from appliance import credentials, registry
+from appliance import clock, credentials, registry
 from appliance.errors import AuthError, Forbidden, RegistryError, Unauthenticated
 from appliance.store import Store, audit
 
@@ -54,7 +54,7 @@ def create(
     with audit.operation(store, "apikey.create", key_id, actor=actor, name=name, models=list(scope)):
         store.db.execute(
             "INSERT INTO api_keys (id, name, secret_hash, models, created_at) VALUES (?, ?, ?, ?, ?)",
-            (key_id, name, KIND.digest(store.secret, secret), json.dumps(list(scope)), credentials.now()),
+            (key_id, name, KIND.digest(store.secret, secret), json.dumps(list(scope)), clock.stamp()),
         )
     return get(store, key_id), token
 

@@ -31,11 +31,11 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from appliance import datasets, events, feedback, jobs, jobspec, registry
+from appliance import clock, datasets, events, feedback, jobs, jobspec, registry
 from appliance.config import Policy, Settings
 from appliance.errors import ApplianceError
 from appliance.serve.metrics import Counts, estimate_quantile_s
@@ -213,7 +213,7 @@ def _trigger(store: Store, model: str, production: registry.ModelVersion, policy
                                                   f" {found.get('psi')}", "alert": found}
     if policy.accuracy_drop:
         live = feedback.evidence(store, model, production.version,
-                                 (datetime.now(UTC) - feedback.WINDOWS[LIVE_WINDOW]).isoformat(timespec="seconds"))
+                                 clock.stamp(clock.now() - feedback.WINDOWS[LIVE_WINDOW]))
         validation = production.variants[production.chosen].metrics.get("accuracy")
         if live.feedback >= policy.min_feedback and validation is not None:
             drop = (validation - live.accuracy) * 100
@@ -252,4 +252,4 @@ def _moved_at(store: Store, model: str) -> str:
 
 
 def _age(stamp: str) -> timedelta:
-    return datetime.now(UTC) - datetime.fromisoformat(stamp) if stamp else timedelta.max
+    return clock.age(stamp) if stamp else timedelta.max

@@ -18,9 +18,10 @@ import secrets
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from appliance import clock
 from appliance.errors import AuthError, Unauthenticated
 from appliance.store import Store, audit, keys
 from appliance.store.db import transaction
@@ -85,11 +86,6 @@ def check_name(name: str, what: str) -> str:
     return name
 
 
-def now() -> str:
-    """A timestamp to the second: credentials need no finer one, and listings read better."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
 def revoke(store: Store, table: str, action: str, credential_id: str, find: Callable[[str], Any],
            actor: str | None) -> None:
     """Mark a credential revoked, audited; revoking a revoked one changes nothing but is recorded."""
@@ -97,17 +93,16 @@ def revoke(store: Store, table: str, action: str, credential_id: str, find: Call
         found = find(credential_id)
         details["name"] = found.name
         if found.revoked_at is None:
-            store.db.execute(f"UPDATE {table} SET revoked_at = ? WHERE id = ?", (now(), credential_id))
+            store.db.execute(f"UPDATE {table} SET revoked_at = ? WHERE id = ?", (clock.stamp(), credential_id))
         else:
             details["already_revoked_at"] = found.revoked_at
 
 
 def touch(store: Store, table: str, credential_id: str, last_used_at: str | None) -> str | None:
     """Record a use, at most once a minute (bookkeeping, not audited); the new stamp, or None if not written."""
-    moment = datetime.now(UTC)
-    if last_used_at is not None and moment - datetime.fromisoformat(last_used_at) < LAST_USED_EVERY:
+    if last_used_at is not None and clock.age(last_used_at) < LAST_USED_EVERY:
         return None
-    stamp = moment.isoformat(timespec="seconds")
+    stamp = clock.stamp()
     try:
         with transaction(store.db):
             store.db.execute(f"UPDATE {table} SET last_used_at = ? WHERE id = ?", (stamp, credential_id))

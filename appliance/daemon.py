@@ -40,14 +40,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 import uvloop
 
-from appliance import api, autopilot, config, events, jobs, registry, sdnotify, store, usage, users
+from appliance import api, autopilot, clock, config, events, jobs, registry, sdnotify, store, usage, users
 from appliance.errors import ApplianceError, DaemonError
 from appliance.serve.metrics import Metrics, quantile_s
 from appliance.store import audit, backups
@@ -266,7 +266,7 @@ class Supervisor:
 
 def take_backups(settings: config.Settings, passphrase: str | None, stop: threading.Event) -> None:
     """Scheduled online backups until stop is set; a thread with its own connection, so jobs never wait on one."""
-    started = datetime.now(UTC)
+    started = clock.now()
     if backups.due_in_s(settings, started) is None:
         return
     with store.open(settings, passphrase) as opened:
@@ -316,7 +316,7 @@ def _exit_reason(code: int) -> str:
 
 
 def _age_s(stamp: str | None) -> float:
-    return (datetime.now(UTC) - datetime.fromisoformat(stamp)).total_seconds() if stamp else 0.0
+    return clock.age(stamp).total_seconds() if stamp else 0.0
 
 
 # -- the process -------------------------------------------------------------------
@@ -361,7 +361,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
     diverged: str | None = None
     metrics = Metrics()
     supervisor = Supervisor(settings, passphrase, metrics)
-    started_at, started = datetime.now(UTC).isoformat(timespec="seconds"), time.monotonic()
+    started_at, started = clock.stamp(), time.monotonic()
 
     def status() -> dict[str, Any]:
         return {"pid": os.getpid(), "started_at": started_at, "uptime_s": round(time.monotonic() - started),

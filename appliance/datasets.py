@@ -25,13 +25,12 @@ import tarfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from PIL import Image, UnidentifiedImageError
 
-from appliance import archive, sources
+from appliance import archive, clock, sources
 from appliance.errors import ConfinementError, DatasetError
 from appliance.store import Store, audit, blobs
 
@@ -156,7 +155,7 @@ def import_data(
         _insert(store, DatasetVersion(
             id=blob_id, name=name, version=version, task=task, blob_id=blob_id, source=source.origin,
             examples=len(labels), labels=sorted(set(labels)), split=_split(labels, validation_fraction, seed),
-            warnings=warnings, residency=residency, created_at=datetime.now(UTC).isoformat()))
+            warnings=warnings, residency=residency, created_at=clock.stamp()))
         recorded.update(id=blob_id, version=version, examples=len(labels), warnings=len(warnings))
     return _select(store, "id = ?", (blob_id,))[0]
 
@@ -199,7 +198,7 @@ def extend(store: Store, base: DatasetVersion, additions: list[tuple[str, str]],
             id=blob_id, name=base.name, version=version, task=TEXT, blob_id=blob_id, source=source,
             examples=len(examples), labels=sorted(set(labels)),
             split=_split(labels, base.split["validation_fraction"], base.split["seed"]), warnings=warnings,
-            residency=base.residency, created_at=datetime.now(UTC).isoformat(), parent=base.id))
+            residency=base.residency, created_at=clock.stamp(), parent=base.id))
         recorded.update(id=blob_id, version=version)
     return _select(store, "id = ?", (blob_id,))[0]
 
@@ -690,7 +689,7 @@ def erase_rows(store: Store, version: DatasetVersion, rows: set[int]) -> Dataset
     replacement = _without(store, version, examples, kept) if kept else None
     store.db.execute(
         "UPDATE datasets SET blob_id = NULL, erased_at = ?, replaced_by = ? WHERE id = ?",
-        (datetime.now(UTC).isoformat(), replacement and replacement.id, version.id),
+        (clock.stamp(), replacement and replacement.id, version.id),
     )
     blobs.delete(store, version.blob_id)
     return replacement
@@ -713,7 +712,7 @@ def _without(store: Store, version: DatasetVersion, examples: list[_Example], ke
         version, id=blob_id, blob_id=blob_id, version=number,
         source=f"{version.ref} without {len(examples) - len(kept)} erased examples", examples=len(kept),
         labels=sorted({examples[index].label for index in kept}), split=split,
-        created_at=datetime.now(UTC).isoformat()))
+        created_at=clock.stamp()))
     return _select(store, "id = ?", (blob_id,))[0]
 
 

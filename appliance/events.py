@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from appliance import clock
 from appliance.store import Store
 from appliance.store.db import transaction
 
@@ -32,13 +33,13 @@ def emit(store: Store, topic: str, subject: str, kind: str, data: dict[str, Any]
     with transaction(store.db):
         store.db.execute(
             "INSERT INTO events (ts, topic, subject, kind, data) VALUES (?, ?, ?, ?, ?)",
-            (datetime.now(UTC).isoformat(timespec="milliseconds"), topic, subject, kind, json.dumps(data, default=str)),
+            (clock.stamp(), topic, subject, kind, json.dumps(data, default=str)),
         )
 
 
 def prune_progress(store: Store, older_than: timedelta = PROGRESS_KEPT) -> int:
     """Drop progress reports older than this (a job's stages, logs and outcome stay); how many went."""
-    cutoff = (datetime.now(UTC) - older_than).isoformat(timespec="milliseconds")
+    cutoff = clock.stamp(clock.now() - older_than)
     with transaction(store.db):
         return store.db.execute("DELETE FROM events WHERE kind = 'progress' AND ts < ?", (cutoff,)).rowcount
 

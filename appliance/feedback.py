@@ -24,7 +24,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from appliance import datasets, registry
+from appliance import clock, datasets, registry
 from appliance.errors import DatasetError, FeedbackError, Forbidden, PredictionNotFound, TamperDetected
 from appliance.store import Store, audit, keys
 from appliance.store.db import transaction
@@ -71,7 +71,7 @@ class PredictionLog:
     def add(self, model: str, version: int, labels: list[str], probabilities: np.ndarray,
             texts: list[str]) -> list[str]:
         """Record one answer per text; returns their prediction ids, in order."""
-        now = _now()
+        now = clock.stamp()
         ids = [new_id() for _ in texts]
         for prediction_id, text, row in zip(ids, texts, probabilities, strict=True):
             best = int(row.argmax())
@@ -137,7 +137,7 @@ def record(store: Store, items: Iterable[tuple[str, str]], *, actor: str, source
             problems.append(f"{prediction_id}: {label!r} is not a label of {model}:{version}"
                             f" (its labels: {', '.join(labels)})")
             continue
-        rows.append((prediction_id, label, int(label == predicted), source, actor, _now()))
+        rows.append((prediction_id, label, int(label == predicted), source, actor, clock.stamp()))
         by_model[model] = by_model.get(model, 0) + 1
     if missing and len(missing) == len(items):
         shown = ", ".join(missing[:MAX_SHOWN])
@@ -201,7 +201,7 @@ def evidence(store: Store, model: str, version: int, since: str | None = None) -
 
 def quality(store: Store, model: str | None = None) -> list[dict[str, Any]]:
     """Live accuracy on feedback by model version, over the last hour, day and week (by prediction time)."""
-    now = datetime.now(UTC)
+    now = clock.now()
     versions = store.db.execute(
         "SELECT DISTINCT p.model, p.version FROM feedback f CROSS JOIN predictions p ON p.id = f.prediction_id"
         + (" WHERE p.model = ?" if model else "") + " ORDER BY p.model, p.version", (model,) if model else ()
@@ -210,7 +210,7 @@ def quality(store: Store, model: str | None = None) -> list[dict[str, Any]]:
     for name, version in versions:
         windows = {}
         for label, span in WINDOWS.items():
-            found = evidence(store, name, version, (now - span).isoformat(timespec="seconds"))
+            found = evidence(store, name, version, clock.stamp(now - span))
             windows[label] = {"feedback": found.feedback, "correct": found.correct, "accuracy": found.accuracy}
         answer.append({"model": name, "version": version, "windows": windows})
     return answer
@@ -256,7 +256,7 @@ def used_by(store: Store, dataset_id: str) -> list[str]:
 
 def purge(store: Store, keep_days: float) -> int:
     """Delete predictions older than keep_days that nobody labelled; returns how many went."""
-    cutoff = (datetime.now(UTC) - timedelta(days=keep_days)).isoformat(timespec="seconds")
+    cutoff = clock.stamp(clock.now() - timedelta(days=keep_days))
     with transaction(store.db):
         gone = store.db.execute(
             "DELETE FROM predictions WHERE created_at < ? AND id NOT IN (SELECT prediction_id FROM feedback)",
@@ -338,7 +338,3 @@ def _open(aead: AESGCM, prediction_id: str, sealed: bytes) -> str:
         return aead.decrypt(sealed[:12], sealed[12:], prediction_id.encode()).decode()
     except InvalidTag as exc:
         raise TamperDetected(f"the stored text of prediction {prediction_id} does not authenticate") from exc
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from appliance import events, jobspec
+from appliance import clock, events, jobspec
 from appliance.errors import JobError, JobNotFound
 from appliance.store import Store, audit
 from appliance.store.db import transaction
@@ -73,7 +72,7 @@ def submit(store: Store, spec: jobspec.Spec, priority: int = 0, actor: str | Non
         store.db.execute(
             "INSERT INTO jobs (id, kind, params, priority, status, submitted_by, submitted_at)"
             " VALUES (?, ?, ?, ?, 'queued', ?, ?)",
-            (job_id, spec.kind, json.dumps(spec.dump()), priority, actor or audit.default_actor(), _now()),
+            (job_id, spec.kind, json.dumps(spec.dump()), priority, actor or audit.default_actor(), clock.stamp()),
         )
         events.emit(store, "job", job_id, "queued", {"kind": spec.kind, "priority": priority})
     return get(store, job_id)
@@ -104,7 +103,7 @@ def next_queued(store: Store) -> Job | None:
 def claim(store: Store, job_id: str) -> str | None:
     """Move a queued job to running under a new owner id; None if another attempt got it first."""
     owner = secrets.token_hex(8)
-    now = _now()
+    now = clock.stamp()
     with transaction(store.db):
         changed = store.db.execute(
             "UPDATE jobs SET status = 'running', owner = ?, attempts = attempts + 1, heartbeat_at = ?,"
@@ -122,11 +121,11 @@ def set_pid(store: Store, job_id: str, owner: str, pid: int) -> None:
 
 def heartbeat(store: Store, job_id: str, owner: str) -> bool:
     """Mark the attempt alive; False once it no longer owns the job (it should stop)."""
-    return _owned_update(store, job_id, owner, "heartbeat_at = ?", (_now(),))
+    return _owned_update(store, job_id, owner, "heartbeat_at = ?", (clock.stamp(),))
 
 
 def set_stage(store: Store, job_id: str, owner: str, stage: str) -> None:
-    if _owned_update(store, job_id, owner, "stage = ?, heartbeat_at = ?", (stage, _now())):
+    if _owned_update(store, job_id, owner, "stage = ?, heartbeat_at = ?", (stage, clock.stamp())):
         events.emit(store, "job", job_id, "stage", {"stage": stage})
 
 
@@ -192,7 +191,7 @@ def cancel(store: Store, job_id: str, actor: str | None = None) -> Job:
             raise JobError(f"job {job_id} is already {job.status}", hint="only queued or running jobs can be cancelled")
         if job.status == "queued":
             store.db.execute(
-                "UPDATE jobs SET status = 'cancelled', finished_at = ? WHERE id = ?", (_now(), job_id)
+                "UPDATE jobs SET status = 'cancelled', finished_at = ? WHERE id = ?", (clock.stamp(), job_id)
             )
             events.emit(store, "job", job_id, "cancelled", {})
         else:
@@ -214,7 +213,7 @@ def _end(store: Store, job_id: str, owner: str, status: str, **fields: Any) -> N
     with audit.operation(store, f"job.{status}", job_id, actor="daemon", **details):
         if not _owned_update(
             store, job_id, owner, "status = ?, result = ?, error = ?, finished_at = ?, owner = NULL, pid = NULL",
-            (status, json.dumps(fields.get("result")), fields.get("error"), _now()),
+            (status, json.dumps(fields.get("result")), fields.get("error"), clock.stamp()),
         ):
             raise JobError(f"job {job_id} is no longer run by this attempt", hint="a newer attempt owns it")
         events.emit(store, "job", job_id, status, {key: value for key, value in fields.items() if value is not None})
@@ -237,7 +236,3 @@ def _job(row: tuple) -> Job:
     values["result"] = json.loads(values["result"]) if values["result"] else None
     values["cancel_requested"] = bool(values["cancel_requested"])
     return Job(**values)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")

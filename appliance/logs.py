@@ -11,6 +11,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from appliance import clock
+
 FORMATS = ("text", "json")
 # Libraries that log every request at INFO, drowning the appliance's own lines.
 CHATTY = ("uvicorn.access", "httpx")
@@ -45,7 +47,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {key: value for key, value in vars(record).items() if key not in _STANDARD}
         entry |= {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "ts": clock.stamp(datetime.fromtimestamp(record.created, UTC)),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

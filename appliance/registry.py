@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from appliance import events
+from appliance import clock, events
 from appliance.errors import RegistryError
 from appliance.store import Store, audit
 from appliance.train import runs
@@ -89,7 +88,7 @@ def register(
         store.db.execute(
             "INSERT INTO model_versions (model, version, run_id, task, chosen, reason, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (model, version, run_id, task, chosen, reason, _now()),
+            (model, version, run_id, task, chosen, reason, clock.stamp()),
         )
         for variant in variants:
             store.db.execute(
@@ -199,12 +198,12 @@ def stop_canary(store: Store, model: str, actor: str | None = None) -> None:
 
 def _set_canary(store: Store, model: str, percent: float) -> None:
     store.db.execute(
-        "INSERT OR REPLACE INTO model_canary (model, percent, set_at) VALUES (?, ?, ?)", (model, percent, _now())
+        "INSERT OR REPLACE INTO model_canary (model, percent, set_at) VALUES (?, ?, ?)", (model, percent, clock.stamp())
     )
 
 
 def _move(store: Store, model: str, alias: str, version: int, kind: str) -> None:
-    now = _now()
+    now = clock.stamp()
     store.db.execute(
         "INSERT OR REPLACE INTO model_aliases (model, alias, version, moved_at) VALUES (?, ?, ?, ?)",
         (model, alias, version, now),
@@ -274,7 +273,3 @@ def _int(text: str, ref: str) -> int:
     if not text.isdigit():
         raise RegistryError(f"{ref!r}: the version must be a number", hint="write MODEL, MODEL:VERSION or MODEL@ALIAS")
     return int(text)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")

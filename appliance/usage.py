@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
-from datetime import UTC, date, datetime
+from datetime import date
 from typing import TYPE_CHECKING, Any
 
+from appliance import clock
 from appliance.store import Store
 from appliance.store.db import transaction
 
@@ -40,7 +41,7 @@ def add(store: Store, actor: str, model: str, day: date | None = None, **amounts
             f"INSERT INTO usage (day, actor, model, {', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             f" ON CONFLICT (day, actor, model) DO UPDATE SET "
             + ", ".join(f"{column} = {column} + excluded.{column}" for column in COLUMNS),
-            [(day or _today()).isoformat(), actor, model, *values],
+            [(day or clock.now().date()).isoformat(), actor, model, *values],
         )
 
 
@@ -107,7 +108,3 @@ def report(store: Store, since: date | None = None, by: str | None = None) -> li
     return [{**dict(zip(names, row)), "cpu_hours": round(row[-5] / 3600, 6), "gpu_hours": round(row[-4] / 3600, 6),
              "job_attempts": row[-3], "requests": row[-2], "inference_hours": round(row[-1] / 3600, 6)}
             for row in rows]
-
-
-def _today() -> date:
-    return datetime.now(UTC).date()

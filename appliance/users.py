@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance import credentials
+from appliance import clock, credentials
 from appliance.errors import AuthError, DaemonError, Forbidden, Unauthenticated
 from appliance.store import Store, audit, keys
 
@@ -54,7 +54,7 @@ def add(store: Store, name: str, role: str, actor: str | None = None) -> tuple[U
     with audit.operation(store, "user.add", user_id, actor=actor, name=name, role=role):
         store.db.execute(
             "INSERT INTO users (id, name, role, secret_hash, created_at) VALUES (?, ?, ?, ?, ?)",
-            (user_id, name, role, KIND.digest(store.secret, secret), credentials.now()),
+            (user_id, name, role, KIND.digest(store.secret, secret), clock.stamp()),
         )
     return get(store, user_id), token
 

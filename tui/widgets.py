@@ -7,12 +7,14 @@ so the TUI works on a serial console or with NO_COLOR set.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Label, Sparkline, Static
+
+from appliance import clock
 
 
 class NavBar(Static):
@@ -119,7 +121,7 @@ def ago(stamp: str | None, now: datetime | None = None) -> str:
     if not stamp:
         return "-"
     moment = datetime.fromisoformat(stamp).astimezone()
-    today = (now or datetime.now(UTC)).astimezone().date()
+    today = (now or clock.now()).astimezone().date()
     return moment.strftime("%H:%M:%S") if moment.date() == today else moment.strftime("%Y-%m-%d %H:%M")
 
 

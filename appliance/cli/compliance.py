@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
+from appliance import clock
 from appliance.cli.base import cli, opened_store, print_json
 from appliance.compliance import pack
 
@@ -21,7 +21,7 @@ def compliance_group() -> None:
               help="A new (or empty) folder for the pack; default: compliance-YYYYMMDDTHHMMSSZ here.")
 def compliance_report(out: Path | None) -> None:
     """Write report.html, report.json (and report.pdf where a converter is installed), signed; audited."""
-    out = out or Path(f"compliance-{datetime.now(UTC):%Y%m%dT%H%M%SZ}")
+    out = out or Path(f"compliance-{clock.now():%Y%m%dT%H%M%SZ}")
     with opened_store() as opened:
         written = pack.write(opened, out)
     click.echo(f"compliance pack written to {written.folder}: {', '.join(written.files)}")

@@ -14,12 +14,11 @@ import json
 import stat
 from collections import defaultdict
 from dataclasses import asdict
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from appliance import auth, datasets, feedback, privacy, registry, users
+from appliance import auth, clock, datasets, feedback, privacy, registry, users
 from appliance.store import Store, anchor, audit, blobs, keys, migrations
 from appliance.train import runs
 
@@ -30,7 +29,7 @@ def collect(store: Store) -> dict[str, Any]:
     """Every section of the report, in the order the report shows them."""
     return {
         "format": FORMAT,
-        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "generated_at": clock.stamp(),
         "appliance_version": metadata.version("appliance"),
         "store": _store(store),
         "datasets": _datasets(store),

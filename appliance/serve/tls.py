@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from appliance import clock
 from appliance.config import Settings
 
 VALID_DAYS = 825  # the longest validity browsers and most clients accept
@@ -38,7 +39,7 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     host = socket.gethostname()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host),
                       x509.NameAttribute(NameOID.ORGANIZATION_NAME, "appliance (self-signed)")])
-    now = datetime.datetime.now(datetime.UTC)
+    now = clock.now()
     names = [x509.DNSName(host), x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     cert = (
         x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())

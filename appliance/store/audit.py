@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from appliance import clock
 from appliance.errors import AuditDiverged, AuditWriteFailed
 from appliance.store import Store, anchor, keys
 from appliance.store.db import transaction
@@ -90,7 +91,7 @@ def _append(store: Store, actor: str, action: str, object: str, outcome: str, de
         seq, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS)
         row = {
             "seq": seq,
-            "ts": datetime.now(UTC).isoformat(timespec="microseconds"),
+            "ts": clock.stamp(),
             "actor": actor,
             "action": action,
             "object": object,
@@ -201,7 +202,7 @@ def rows(
     where, params = [], []
     if since is not None:
         where.append("ts >= ?")
-        params.append(since.astimezone(UTC).isoformat(timespec="microseconds"))
+        params.append(clock.stamp(since))
     if actor is not None:
         where.append("actor = ?")
         params.append(actor)
@@ -224,7 +225,7 @@ def parse_since(text: str) -> datetime:
     relative = re.fullmatch(r"(\d+)([mhd])", text.strip())
     if relative:
         amount, unit = int(relative[1]), relative[2]
-        return datetime.now(UTC) - timedelta(**{{"m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
+        return clock.now() - timedelta(**{{"m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

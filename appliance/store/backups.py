@@ -32,6 +32,7 @@ from typing import Any
 
 import sqlite_utils
 
+from appliance import clock
 from appliance import store as store_pkg
 from appliance.config import Settings
 from appliance.errors import BackupError, KeyMismatch, StoreError, TamperDetected
@@ -94,7 +95,7 @@ def create(store: Store, progress: Progress = lambda done, total: None, *, actor
            scheduled: bool = False) -> tuple[Backup, list[Path]]:
     """Take a backup into the backup directory, then delete the oldest beyond `backup.keep`."""
     directory = private_dir(store.settings.backup_dir)
-    target = directory / f"appliance-{datetime.now(UTC).strftime(STAMP)}.db"
+    target = directory / f"appliance-{clock.now().strftime(STAMP)}.db"
     lifecycle.backup(store, target, progress, action="backup.created", actor=actor, scheduled=scheduled,
                      key_fingerprint=store.master.fingerprint)
     return describe(target), prune(store, actor=actor)
@@ -158,7 +159,7 @@ def due_in_s(settings: Settings, since: datetime) -> float | None:
     found = _files(settings)
     last = _taken_at(found[0]) if found else since
     due = last + timedelta(hours=settings.backup.every_hours)
-    return (due - datetime.now(UTC)).total_seconds()
+    return (due - clock.now()).total_seconds()
 
 
 def private_dir(directory: Path) -> Path:
@@ -262,7 +263,7 @@ def restore(settings: Settings, path: Path, passphrase: str | None = None, progr
         staged = dataclasses.replace(settings, state_dir=staging)
         _copy_private(path, staged.db_path)
         abandoned = anchor.read_head(settings.audit_head_path)
-        stamp = datetime.now(UTC).strftime(STAMP)
+        stamp = clock.now().strftime(STAMP)
         replaced = settings.db_path.with_name(f"{settings.db_path.name}.replaced-{stamp}")
         with store_pkg.open(staged, passphrase) as restored:  # migrates a backup of an older schema
             head = restored.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()

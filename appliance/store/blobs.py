@@ -20,13 +20,13 @@ import io
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from itertools import chain, islice
 from typing import BinaryIO, TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from appliance import clock
 from appliance.errors import BlobNotFound, TamperDetected
 from appliance.store import Store, keys
 from appliance.store.db import start_writeback, transaction
@@ -77,7 +77,7 @@ def put(store: Store, source: Source) -> str:
             store.db.execute(
                 "INSERT INTO blobs (id, storage_id, size, chunk_count, wrapped_key, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
-                (blob_id, storage_id, size, count, wrapped, datetime.now(UTC).isoformat()),
+                (blob_id, storage_id, size, count, wrapped, clock.stamp()),
             )
     except _AlreadyStored:
         pass

@@ -8,10 +8,10 @@ since an older build might misread or damage it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 import sqlite_utils
 
+from appliance import clock
 from appliance.errors import SchemaTooNew, StoreError
 from appliance.store import db as store_db
 
@@ -404,7 +404,7 @@ def migrate(db: sqlite_utils.Database) -> int:
             MIGRATIONS[number - 1](db)
             db.execute(
                 "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
-                (number, datetime.now(UTC).isoformat()),
+                (number, clock.stamp()),
             )
     return LATEST
 

@@ -10,11 +10,11 @@ commits the new one, so there is always exactly one to resume from.
 from __future__ import annotations
 
 import io
-from datetime import UTC, datetime
 from typing import Any
 
 import torch
 
+from appliance import clock
 from appliance.store import Store, audit, blobs
 
 
@@ -27,7 +27,7 @@ def save(store: Store, run_id: str, step: int, state: dict[str, Any]) -> str:
         store.db.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
         store.db.execute(
             "INSERT INTO checkpoints (run_id, step, blob_id, created_at) VALUES (?, ?, ?, ?)",
-            (run_id, step, blob_id, datetime.now(UTC).isoformat(timespec="seconds")),
+            (run_id, step, blob_id, clock.stamp()),
         )
         for old in set(older) - {blob_id}:
             blobs.delete(store, old)

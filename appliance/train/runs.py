@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from appliance import clock
 from appliance.errors import JobError
 from appliance.store import Store, audit, blobs
 
@@ -32,10 +32,6 @@ class Run:
     trained_on: str | None = None  # None: on this appliance; else the remote job, e.g. ray://host:8265/raysubmit_...
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
 def create(store: Store, *, dataset_id: str, base_model: str, task: str, params: dict, plan: dict,
            trained_on: str | None = None) -> str:
     run_id = uuid.uuid4().hex[:12]
@@ -44,7 +40,7 @@ def create(store: Store, *, dataset_id: str, base_model: str, task: str, params:
         store.db.execute(
             "INSERT INTO runs (id, dataset_id, base_model, task, params, plan, status, created_at, trained_on)"
             " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
-            (run_id, dataset_id, base_model, task, json.dumps(params), json.dumps(plan), _now(), trained_on),
+            (run_id, dataset_id, base_model, task, json.dumps(params), json.dumps(plan), clock.stamp(), trained_on),
         )
     return run_id
 
@@ -66,7 +62,7 @@ def record_epoch(store: Store, run_id: str, row: Epoch) -> None:
         store.db.execute(
             "INSERT OR REPLACE INTO run_epochs"
             " (run_id, epoch, step, train_loss, metrics, samples_per_s, elapsed_s, ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, row.epoch, row.step, row.train_loss, json.dumps(row.metrics), row.samples_per_s, row.elapsed_s, _now()),
+            (run_id, row.epoch, row.step, row.train_loss, json.dumps(row.metrics), row.samples_per_s, row.elapsed_s, clock.stamp()),
         )
 
 
@@ -74,7 +70,7 @@ def set_status(store: Store, run_id: str, status: str, **details: Any) -> None:
     with audit.operation(store, f"train.{status}", run_id, **details):
         store.db.execute(
             "UPDATE runs SET status = ?, finished_at = ? WHERE id = ?",
-            (status, _now() if status != "running" else None, run_id),
+            (status, clock.stamp() if status != "running" else None, run_id),
         )
 
 
@@ -82,7 +78,7 @@ def finish(store: Store, run_id: str, model_blob: str, metrics: dict) -> None:
     with audit.operation(store, "train.finished", run_id, model=model_blob, **metrics):
         store.db.execute(
             "UPDATE runs SET status = 'finished', model_blob = ?, metrics = ?, finished_at = ? WHERE id = ?",
-            (model_blob, json.dumps(metrics), _now(), run_id),
+            (model_blob, json.dumps(metrics), clock.stamp(), run_id),
         )
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from appliance import clock
 from appliance.errors import JobError, StudyNotFound
 from appliance.store import Store, audit
 from appliance.store.db import transaction
@@ -64,7 +64,7 @@ def create(store: Store, *, dataset_id: str, base_model: str, task: str, metric:
             "INSERT INTO studies (id, dataset_id, base_model, task, metric, sampler, space, base_params, device,"
             " budget_s, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?)",
             (study_id, dataset_id, base_model, task, metric, sampler, json.dumps(space), json.dumps(base_params),
-             device, budget_s, _now()),
+             device, budget_s, clock.stamp()),
         )
     return get(store, study_id)
 
@@ -136,7 +136,7 @@ def set_status(store: Store, study_id: str, status: str, best_run_id: str | None
     with audit.operation(store, f"tune.{status}", study_id, best_run=best_run_id):
         store.db.execute(
             "UPDATE studies SET status = ?, best_run_id = COALESCE(?, best_run_id), finished_at = ? WHERE id = ?",
-            (status, best_run_id, _now() if status == "finished" else None, study_id),
+            (status, best_run_id, clock.stamp() if status == "finished" else None, study_id),
         )
 
 
@@ -160,7 +160,3 @@ def describe(store: Store, study_id: str) -> dict[str, Any]:
     record, rows = ranked(store, study_id)
     return {**asdict(record), "trials": [{**asdict(row.trial), "epochs": [asdict(epoch) for epoch in row.epochs]}
                                          for row in rows]}
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")

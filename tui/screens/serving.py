@@ -3,7 +3,7 @@ and a box to try a model."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Input, Label, Select, Static
 
+from appliance import clock
 from appliance.errors import ApplianceError
 from tui.screens.base import ApplianceScreen
 from tui.widgets import Table, number, percent
@@ -58,7 +59,7 @@ class ServingScreen(ApplianceScreen):
             (f"{model['model']}:{version['version']}", _row(model, version))
             for model in models for version in model["versions"])
         self._offer([model["model"] for model in models])
-        since = (datetime.now(UTC).date() - timedelta(days=USAGE_DAYS - 1)).isoformat()
+        since = (clock.now().date() - timedelta(days=USAGE_DAYS - 1)).isoformat()
         self.query_one("#usage", Table).fill(
             (f"{row['day']} {row['user']} {row['model']}", _usage_row(row))
             for row in reversed(await self.app.request("GET", "/v1/usage", since=since)))
