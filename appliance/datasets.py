@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 from PIL import Image, UnidentifiedImageError
 
-from appliance import archive, clock, sources
+from appliance import archive, clock, schema, sources
 from appliance.errors import ConfinementError, DatasetError
 from appliance.store import Store, audit, blobs
 
@@ -41,7 +41,7 @@ TEXT_SUFFIXES = (".csv", ".jsonl", ".ndjson")
 MAX_IMAGE_BYTES = 20 * 2**20
 MAX_SHOWN = 20  # problems (and dropped lines) listed one by one; the rest are counted
 PROGRESS_STEP = 256 * 1024  # bytes read between two progress reports on a text file
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NAME = schema.NAME  # the control API's dataset field takes the same pattern
 ID_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")
 ACTION = "dataset.import"
 LOCAL_ONLY, BURST_ALLOWED = "local-only", "burst-allowed"
@@ -262,11 +262,7 @@ def _read(
 
 def _check_request(source: sources.Source, name: str, task: str, validation_fraction: float) -> None:
     """Refuse arguments that cannot work before reading anything."""
-    if not NAME.fullmatch(name):
-        raise DatasetError(
-            f"{name[:80]!r} is not a usable dataset name",
-            hint="use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
-        )
+    schema.check_name(name, "dataset", DatasetError)
     if task not in TASKS:
         raise DatasetError(f"unknown task {task[:80]!r}", hint=f"use one of: {', '.join(TASKS)}")
     if not 0 < validation_fraction < 1:

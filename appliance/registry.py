@@ -11,17 +11,15 @@ history of what served when can be replayed.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from appliance import clock, events
+from appliance import clock, events, schema
 from appliance.errors import RegistryError
 from appliance.store import Store, audit
 from appliance.train import runs
 
 ALIASES = ("production", "candidate")
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -104,10 +102,7 @@ def register(
 
 def check_name(model: str) -> str:
     """The name, if a model may have it."""
-    if not NAME.fullmatch(model):
-        raise RegistryError(f"{model!r} is not a usable model name",
-                            hint="up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    return model
+    return schema.check_name(model, "model", RegistryError)
 
 
 def get(store: Store, ref: str) -> ModelVersion:

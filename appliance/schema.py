@@ -10,6 +10,7 @@ written once.
 from __future__ import annotations
 
 import json
+import re
 import types
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
@@ -19,11 +20,13 @@ from pydantic import BaseModel, ConfigDict, ModelWrapValidatorHandler, Validatio
 from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from appliance.errors import JobError
+from appliance.errors import ApplianceError, JobError
 
 SHOWN_CHARS = 60
 SHOWN_PROBLEMS = 5
 EXPLAINED = "explained"  # the type of a refusal already put in words
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a dataset's or a model's name
+NAME_RULE = "up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,13 @@ class Strict(BaseModel):
 def refusal(message: str) -> PydanticCustomError:
     """An error for a validator to raise, already in words."""
     return PydanticCustomError(EXPLAINED, "{message}", {"message": message})
+
+
+def check_name(name: str, what: str, error: type[ApplianceError]) -> str:
+    """The name, if a dataset or a model may have it: it goes into refs (name:3, name@production) and URLs."""
+    if not NAME.fullmatch(name):
+        raise error(f"{name[:80]!r} is not a usable {what} name", hint=NAME_RULE)
+    return name
 
 
 def problems(exc: ValidationError) -> str:
