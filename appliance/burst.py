@@ -28,7 +28,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import secrets
 import tempfile
@@ -39,14 +38,14 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 import appliance
 from appliance import archive, datasets
 from appliance.config import BurstSettings, Settings
-from appliance.errors import ApplianceError, BurstError, ResidencyRefused
+from appliance.errors import ApplianceError, BurstError, ResidencyRefused, TamperDetected
 from appliance.store import Store, audit, blobs, keys
+from appliance.store import seal as sealing
 from appliance.train import runs
 from appliance.train.params import TrainParams
 
@@ -60,7 +59,6 @@ RESULT_LINE_BYTES = 192 * 2**10  # plaintext per sealed result line in the job's
 PACKAGE_BYTES = 64 * 2**20  # sealed bytes per py_modules package: well under Ray's package cap
 UNREACHABLE_GRACE_S = 120.0  # a cluster silent this long while a job runs there fails the job
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-_NONCE = 12
 
 
 class Interrupted(Exception):
@@ -75,34 +73,20 @@ def new_key() -> bytes:
 
 
 def seal(key: bytes, label: str, data: bytes, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """data as sealed chunks: a last-chunk flag byte, a nonce, the ciphertext; the AAD binds label, index, flag."""
-    count = max(1, math.ceil(len(data) / chunk_bytes))
-    for index in range(count):
-        flag = b"\x01" if index == count - 1 else b"\x00"
-        nonce = os.urandom(_NONCE)
-        piece = data[index * chunk_bytes:(index + 1) * chunk_bytes]
-        yield flag + nonce + AESGCM(key).encrypt(nonce, piece, _aad(label, index, flag))
+    """data as sealed chunks (seal.py, framed: one key seals every payload of a job); the AAD binds the label."""
+    return sealing.seal_framed(AESGCM(key), sealing.pieces(data, chunk_bytes), functools.partial(_aad, label))
 
 
 def unseal(key: bytes, label: str, chunks: Iterable[bytes]) -> bytes:
     """The data back from its chunks, in order; BurstError if any chunk was changed, moved, added or cut off."""
-    parts, ended = [], False
-    for index, chunk in enumerate(chunks):
-        flag, nonce, sealed = chunk[:1], chunk[1:1 + _NONCE], chunk[1 + _NONCE:]
-        if ended:
-            raise BurstError(f"the {label} has data after its last chunk")
-        try:
-            parts.append(AESGCM(key).decrypt(nonce, sealed, _aad(label, index, flag)))
-        except (InvalidTag, ValueError) as exc:
-            raise BurstError(f"chunk {index} of the {label} does not authenticate: it was changed or damaged") from exc
-        ended = flag == b"\x01"
-    if not ended:
-        raise BurstError(f"the {label} is cut short: its last chunk is missing")
-    return b"".join(parts)
+    try:
+        return sealing.open_framed(AESGCM(key), chunks, functools.partial(_aad, label), f"the {label}")
+    except TamperDetected as exc:
+        raise BurstError(exc.message) from exc
 
 
-def _aad(label: str, index: int, flag: bytes) -> bytes:
-    return b"appliance/burst|%s|%d|%s" % (label.encode(), index, flag.hex().encode())
+def _aad(label: str, index: int, last: bool) -> bytes:
+    return b"appliance/burst|%s|%d|%s" % (label.encode(), index, b"01" if last else b"00")
 
 
 # -- the backend: Ray's Job Submission API ------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from appliance import archive, burst, config, datasets, jobs, jobspec, pipeline, registry, worker
 from appliance.compliance import evidence
@@ -216,6 +217,16 @@ def test_sealed_chunks_refuse_a_change_a_swap_and_a_cut() -> None:
         burst.unseal(key, "base", chunks)
     with pytest.raises(BurstError, match="does not authenticate"):
         burst.unseal(burst.new_key(), "dataset", chunks)
+
+
+def test_a_sealed_chunk_is_framed_as_the_format_says() -> None:
+    """The job on the cluster and the appliance must agree: the format, spelled out without the code."""
+    key, data = burst.new_key(), os.urandom(5000)
+    for index, chunk in enumerate(burst.seal(key, "dataset", data, chunk_bytes=4096)):
+        flag, nonce, sealed = chunk[:1], chunk[1:13], chunk[13:]
+        assert flag == (b"\x01" if index == 1 else b"\x00")
+        aad = b"appliance/burst|dataset|%d|%s" % (index, flag.hex().encode())
+        assert AESGCM(key).decrypt(nonce, sealed, aad) == data[index * 4096:(index + 1) * 4096]
 
 
 def test_burst_settings_and_job_flags_are_checked(monkeypatch: pytest.MonkeyPatch, opened: Store) -> None:

@@ -2,39 +2,36 @@
 
 A blob's id is the SHA-256 of its plaintext, so identical content is stored once.
 Each blob has its own random data key (wrapped by the master key) and is cut into
-1 MiB chunks, each sealed with AES-256-GCM. The chunk's nonce is its index, unique
-because the key is fresh for every put. Its AAD binds the blob's random storage id,
-the chunk index and whether it is the last chunk (the STREAM construction: the count
-is not known while streaming), and the wrapped data key's AAD binds the content id,
-size and chunk count. So a chunk edited, reordered, moved between blobs, dropped or
-cut off the tail fails to authenticate. Put and get stream in constant memory; a put
-is one transaction, so a crash leaves no partial blob. Each hashes and seals (or
-opens) one chunk in a worker thread while SQLite writes (or reads) the next: hashlib,
-AESGCM and sqlite3 release the GIL, so the crypto and the database overlap.
+1 MiB chunks, each sealed with AES-256-GCM (seal.py, counted). The chunk's nonce is its
+index, unique because the key is fresh for every put. Its AAD binds the blob's random
+storage id, the chunk index and whether it is the last chunk (the STREAM construction:
+the count is not known while streaming), and the wrapped data key's AAD binds the
+content id, size and chunk count. So a chunk edited, reordered, moved between blobs,
+dropped or cut off the tail fails to authenticate. Put and get stream in constant
+memory; a put is one transaction, so a crash leaves no partial blob. Each hashes and
+seals (or opens) one chunk in a worker thread while SQLite writes (or reads) the next:
+hashlib, AESGCM and sqlite3 release the GIL, so the crypto and the database overlap.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import io
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain, islice
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from appliance import clock
 from appliance.errors import BlobNotFound, TamperDetected
-from appliance.store import Store, keys
+from appliance.store import Store, keys, seal
 from appliance.store.db import start_writeback, transaction
 
 CHUNK_SIZE = 1 << 20
 WRITEBACK_EVERY = 32  # chunks: how often a put has the kernel start writing its WAL pages out
-
-Source = bytes | BinaryIO | Iterable[bytes]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -44,7 +41,7 @@ class _AlreadyStored(Exception):
     """The content was already there: roll back the chunks just written."""
 
 
-def put(store: Store, source: Source) -> str:
+def put(store: Store, source: seal.Source) -> str:
     """Store the bytes of source encrypted and return their content id."""
     storage_id = os.urandom(16)
     data_key = keys.generate()
@@ -52,16 +49,18 @@ def put(store: Store, source: Source) -> str:
     digest = hashlib.sha256()
     size = count = 0
 
-    def seal(chunk: tuple[int, tuple[bytes, bool]]) -> tuple[int, bytes]:
+    aad = functools.partial(_chunk_aad, storage_id)
+
+    def seal_chunk(chunk: tuple[int, tuple[bytes, bool]]) -> tuple[int, bytes]:
         index, (plain, last) = chunk
         digest.update(plain)
-        return len(plain), sealer.encrypt(_nonce(index), plain, _chunk_aad(storage_id, index, last))
+        return len(plain), seal.seal_counted(sealer, index, plain, last, aad)
 
     try:
         with transaction(store.db):
             # The worker seals the next chunk while this thread writes this one, and the disk
             # writes the WAL behind them both, so the commit's fsync finds little left to do.
-            for index, (length, sealed) in enumerate(_one_ahead(seal, enumerate(_chunks(source)))):
+            for index, (length, sealed) in enumerate(_one_ahead(seal_chunk, enumerate(seal.pieces(source, CHUNK_SIZE)))):
                 size += length
                 count = index + 1
                 store.db.execute(
@@ -102,21 +101,16 @@ def get(store: Store, blob_id: str) -> Iterator[bytes]:
         ).fetchone()
         return index, None if found is None else found[0]
 
-    def unseal(chunk: tuple[int, bytes | None]) -> bytes:
+    aad = functools.partial(_chunk_aad, storage_id)
+
+    def open_chunk(chunk: tuple[int, bytes | None]) -> bytes:
         index, sealed = chunk
-        if sealed is None:
-            raise TamperDetected(f"blob {blob_id}: chunk {index} of {count} is missing")
-        try:
-            plain = opener.decrypt(_nonce(index), sealed, _chunk_aad(storage_id, index, index == count - 1))
-        except InvalidTag as exc:
-            raise TamperDetected(
-                f"blob {blob_id}: chunk {index} of {count} was changed, moved or reordered"
-            ) from exc
+        plain = seal.open_counted(opener, index, count, sealed, aad, f"blob {blob_id}")
         digest.update(plain)
         return plain
 
     # This thread reads the next chunk from SQLite while the worker opens this one.
-    yield from _one_ahead(unseal, map(fetch, range(count)))
+    yield from _one_ahead(open_chunk, map(fetch, range(count)))
     if digest.hexdigest() != blob_id:
         raise TamperDetected(f"blob {blob_id}: content does not match its id")
 
@@ -165,55 +159,6 @@ def _one_ahead(work: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
             yield pending.result()
             pending = following
         yield pending.result()
-
-
-def _chunks(source: Source) -> Iterator[tuple[bytes, bool]]:
-    """CHUNK_SIZE pieces (the last shorter, or empty for empty content), each with is-last."""
-    read = _reader(source)
-    current = _read_exact(read, CHUNK_SIZE)
-    while True:
-        following = _read_exact(read, CHUNK_SIZE) if len(current) == CHUNK_SIZE else b""
-        yield current, not following
-        if not following:
-            return
-        current = following
-
-
-def _reader(source: Source) -> Callable[[int], bytes]:
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return io.BytesIO(source).read
-    if hasattr(source, "read"):
-        return source.read
-    pieces = iter(source)
-    rest = bytearray()
-
-    def read(size: int) -> bytes:
-        if not rest:
-            piece = next(pieces, b"")
-            if len(piece) == size:
-                return bytes(piece)  # a piece that is already a whole chunk: no copy if it is bytes
-            rest.extend(piece)
-        while len(rest) < size and (piece := next(pieces, None)) is not None:
-            rest.extend(piece)
-        taken = bytes(rest[:size])
-        del rest[:size]
-        return taken
-
-    return read
-
-
-def _read_exact(read: Callable[[int], bytes], size: int) -> bytes:
-    """Up to size bytes, fewer only at the end of the stream (file reads may come short)."""
-    parts = []
-    wanted = size
-    while wanted and (piece := read(wanted)):
-        parts.append(piece)
-        wanted -= len(piece)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def _nonce(index: int) -> bytes:
-    return index.to_bytes(12, "big")
 
 
 def _chunk_aad(storage_id: bytes, index: int, last: bool) -> bytes:

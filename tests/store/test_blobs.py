@@ -7,9 +7,10 @@ import os
 import random
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from appliance.errors import BlobNotFound, TamperDetected
-from appliance.store import Store, blobs
+from appliance.store import Store, blobs, keys
 
 CHUNK = blobs.CHUNK_SIZE
 
@@ -134,3 +135,16 @@ def test_a_failed_put_leaves_nothing(opened: Store) -> None:
         blobs.put(opened, source())
     assert opened.db.execute("SELECT COUNT(*) FROM blob_chunks").fetchone()[0] == 0
     assert opened.db.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
+
+
+def test_a_stored_chunk_is_sealed_as_the_format_says(opened: Store) -> None:
+    """Blobs already stored must open after any change of code: the format, spelled out without the code."""
+    data = os.urandom(CHUNK + 10)
+    blob_id = blobs.put(opened, data)
+    storage_id, size, count, wrapped = opened.db.execute(
+        "SELECT storage_id, size, chunk_count, wrapped_key FROM blobs WHERE id = ?", (blob_id,)).fetchone()
+    aead = AESGCM(keys.unwrap(opened.master, wrapped, keys.key_aad(blob_id, storage_id, size, count)))
+    for index, stored in opened.db.execute(
+            "SELECT idx, data FROM blob_chunks WHERE storage_id = ? ORDER BY idx", (storage_id,)).fetchall():
+        aad = b"appliance/chunk|" + storage_id + index.to_bytes(8, "big") + bytes([index == count - 1])
+        assert aead.decrypt(index.to_bytes(12, "big"), stored, aad) == data[index * CHUNK:(index + 1) * CHUNK]
