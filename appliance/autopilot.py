@@ -25,7 +25,6 @@ deploy` and `rollback` (or the TUI) end a canary before it is judged.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -128,21 +127,20 @@ class Autopilot:
         if now - self._last < settings.autopilot.check_s:
             return
         self._last = now
-        for model in _in_production(store):
+        for model, deployed in registry.deployments(store).items():
             policy = settings.autopilot.policy(model)
             if not policy.enabled:
                 continue
-            if registry.canary_percent(store, model) > 0:
-                self._judge(store, model, policy)
+            if deployed.canary_percent > 0:
+                self._judge(store, model, deployed, policy)
             else:
-                self._maybe_retrain(store, model, policy)
+                self._maybe_retrain(store, model, deployed, policy)
 
     # -- canaries ---------------------------------------------------------------------
 
-    def _judge(self, store: Store, model: str, policy: Policy) -> None:
-        production = registry.get(store, f"{model}@production").version
-        candidate = registry.get(store, f"{model}@candidate").version
-        since = store.db.execute("SELECT set_at FROM model_canary WHERE model = ?", (model,)).fetchone()[0]
+    def _judge(self, store: Store, model: str, deployed: registry.Deployment, policy: Policy) -> None:
+        production, candidate, since = deployed.production, deployed.candidate, deployed.canary_since
+        assert candidate is not None  # a canary share is only ever set with a candidate
         counts = self._counts()
         verdict = judge(feedback.evidence(store, model, production, since),
                         feedback.evidence(store, model, candidate, since), policy,
@@ -163,13 +161,14 @@ class Autopilot:
 
     # -- retraining -------------------------------------------------------------------
 
-    def _maybe_retrain(self, store: Store, model: str, policy: Policy) -> None:
-        last = _last_retrain(store, model)
-        if last is not None and (last["status"] in jobs.ACTIVE
-                                 or _age(last["submitted_at"]) < timedelta(hours=policy.cooldown_hours)):
+    def _maybe_retrain(self, store: Store, model: str, deployed: registry.Deployment, policy: Policy) -> None:
+        last = jobs.newest(store, "pipeline", "retrain", model)
+        if last is not None and (last.status in jobs.ACTIVE
+                                 or _age(last.submitted_at) < timedelta(hours=policy.cooldown_hours)):
             return
-        production = registry.get(store, f"{model}@production")
-        trigger = _trigger(store, model, production, policy, last)
+        production = registry.get(store, f"{model}:{deployed.production}")
+        since = max(deployed.production_since, last.submitted_at if last else "")
+        trigger = _trigger(store, model, production, policy, since)
         if trigger is None:
             return
         unused = feedback.unused(store, model)
@@ -200,16 +199,13 @@ class Autopilot:
 
 
 def _trigger(store: Store, model: str, production: registry.ModelVersion, policy: Policy,
-             last: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The first reason to retrain that holds now, with its evidence; None when nothing calls for it."""
-    since = max(_moved_at(store, model), last["submitted_at"] if last else "")
+             since: str) -> dict[str, Any] | None:
+    """The first reason to retrain since production moved or the last retrain, with its evidence; None when none."""
     if policy.retrain_on_drift:
-        alert = store.db.execute(
-            "SELECT data, ts FROM events WHERE topic = 'drift' AND kind = 'alert' AND subject = ? AND ts > ?"
-            " ORDER BY seq DESC LIMIT 1", (model, since)).fetchone()
-        if alert and json.loads(alert[0]).get("version") == production.ref:
-            found = json.loads(alert[0])
-            return {"trigger": "drift", "reason": f"drift alert at {alert[1]}: {found.get('feature')} PSI"
+        alert = events.latest(store, "drift", "alert", model, since)
+        if alert and alert.data.get("version") == production.ref:
+            found = alert.data
+            return {"trigger": "drift", "reason": f"drift alert at {alert.ts}: {found.get('feature')} PSI"
                                                   f" {found.get('psi')}", "alert": found}
     if policy.accuracy_drop:
         live = feedback.evidence(store, model, production.version,
@@ -232,23 +228,6 @@ def _trigger(store: Store, model: str, production: registry.ModelVersion, policy
 def _base_name(settings: Settings, run: runs.Run) -> str | None:
     """The base model a retrain names: the run's own (an image model has none to name)."""
     return None if run.task == datasets.IMAGE else jobspec.base_name(Path(run.base_model), settings)
-
-
-def _in_production(store: Store) -> list[str]:
-    return [row[0] for row in store.db.execute(
-        "SELECT model FROM model_aliases WHERE alias = 'production' ORDER BY model")]
-
-
-def _last_retrain(store: Store, model: str) -> dict[str, Any] | None:
-    row = store.db.execute(
-        "SELECT status, submitted_at FROM jobs WHERE kind = 'pipeline' AND json_extract(params, '$.retrain') = ?"
-        " ORDER BY submitted_at DESC LIMIT 1", (model,)).fetchone()
-    return {"status": row[0], "submitted_at": row[1]} if row else None
-
-
-def _moved_at(store: Store, model: str) -> str:
-    return store.db.execute("SELECT moved_at FROM model_aliases WHERE model = ? AND alias = 'production'",
-                            (model,)).fetchone()[0]
 
 
 def _age(stamp: str) -> timedelta:

@@ -49,6 +49,15 @@ def last_seq(store: Store) -> int:
     return store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
 
 
+def latest(store: Store, topic: str, kind: str, subject: str, since: str = "") -> Event | None:
+    """The newest event of this topic, kind and subject stamped after `since`, if any."""
+    row = store.db.execute(
+        "SELECT seq, ts, topic, subject, kind, data FROM events"
+        " WHERE topic = ? AND kind = ? AND subject = ? AND ts > ? ORDER BY seq DESC LIMIT 1",
+        (topic, kind, subject, since)).fetchone()
+    return Event(*row[:5], json.loads(row[5])) if row else None
+
+
 def after(store: Store, seq: int, subject: str | None = None, limit: int = 500) -> list[Event]:
     """Events newer than seq (all, or one job's or model's), oldest first."""
     where, params = ("AND subject = ?", (subject,)) if subject else ("", ())

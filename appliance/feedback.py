@@ -56,6 +56,16 @@ class Evidence:
         return self.correct / self.feedback if self.feedback else None
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A model's served texts kept (sealed) for feedback: how many, how many have a true label, the oldest."""
+
+    model: str
+    kept: int
+    labelled: int
+    oldest: str
+
+
 class PredictionLog:
     """Predictions answered and not yet written: filled on the event loop, emptied on the store thread.
 
@@ -252,6 +262,13 @@ def used_by(store: Store, dataset_id: str) -> list[str]:
     """The predictions whose feedback went into a dataset version."""
     return [row[0] for row in store.db.execute(
         "SELECT prediction_id FROM feedback WHERE dataset_id = ? ORDER BY prediction_id", (dataset_id,))]
+
+
+def kept(store: Store) -> list[Kept]:
+    """What each model's served texts amount to, by model."""
+    return [Kept(*row) for row in store.db.execute(
+        "SELECT p.model, COUNT(*), COUNT(f.prediction_id), MIN(p.created_at) FROM predictions p"
+        " LEFT JOIN feedback f ON f.prediction_id = p.id GROUP BY p.model ORDER BY p.model")]
 
 
 def purge(store: Store, keep_days: float) -> int:

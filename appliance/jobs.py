@@ -91,6 +91,21 @@ def list_jobs(store: Store, status: str | None = None) -> list[Job]:
     return [_job(row) for row in store.db.execute(f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY rowid DESC", params)]
 
 
+def newest(store: Store, kind: str, param: str, value: str) -> Job | None:
+    """The job of this kind submitted last whose parameter `param` is `value` (the autopilot's last retrain)."""
+    if not param.isidentifier():
+        raise ValueError(f"not a parameter name: {param!r}")
+    row = store.db.execute(
+        f"SELECT {_COLUMNS} FROM jobs WHERE kind = ? AND json_extract(params, '$.{param}') = ?"
+        " ORDER BY submitted_at DESC, rowid DESC LIMIT 1", (kind, value)).fetchone()
+    return _job(row) if row else None
+
+
+def counts(store: Store) -> dict[str, int]:
+    """How many jobs are in each status."""
+    return dict(store.db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
+
+
 def next_queued(store: Store) -> Job | None:
     """The job that should run next: highest priority, then oldest."""
     row = store.db.execute(

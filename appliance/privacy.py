@@ -24,9 +24,10 @@ import hmac
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from appliance import datasets, feedback
+from appliance import datasets, feedback, jobs, registry
 from appliance.errors import ErasureError
 from appliance.store import Store, audit, keys
+from appliance.train import runs
 
 ACTION = "privacy.erased"
 MIN_IDENTIFIER = 3  # shorter needles would match half of any dataset
@@ -81,10 +82,8 @@ class DatasetExamples:
         ids = [datasets.get(store, ref).id for ref in refs]
         if not ids:
             return []
-        rows = store.db.execute(
-            "SELECT DISTINCT m.model, m.version FROM model_versions m JOIN runs r ON r.id = m.run_id"
-            f" WHERE r.dataset_id IN ({', '.join('?' * len(ids))}) ORDER BY m.model, m.version", ids)
-        return [f"{model}:{version}" for model, version in rows]
+        trained = {run.id for run in runs.list_runs(store) if run.dataset_id in ids}
+        return [version.ref for version in registry.list_versions(store) if version.run_id in trained]
 
 
 class ServedTexts:
@@ -179,9 +178,8 @@ def _source(name: str) -> Source:
 def _refuse_busy(store: Store, request: Request) -> None:
     """A queued or running job on a dataset being erased would train on the rows (or fail): refuse until it ends."""
     names = {finding.object.partition(":")[0] for finding in request.findings if finding.source == "datasets"}
-    busy = [job_id for job_id, dataset in store.db.execute(
-        "SELECT id, json_extract(params, '$.dataset') FROM jobs WHERE status IN ('queued', 'running')")
-        if dataset and str(dataset).partition(":")[0] in names]
+    busy = [job.id for status in jobs.ACTIVE for job in jobs.list_jobs(store, status)
+            if str(job.params.get("dataset") or "").partition(":")[0] in names]
     if busy:
         raise ErasureError(f"jobs {', '.join(busy)} use a dataset this request changes, so nothing was erased",
                            hint="wait for them to finish or cancel them ('appliance jobs cancel ID'), then ask again")

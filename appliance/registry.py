@@ -178,6 +178,51 @@ def deploy(store: Store, ref: str, canary_percent: float | None = None, actor: s
     return get(store, version.ref)
 
 
+@dataclass(frozen=True)
+class Deployment:
+    """What a model's aliases say should serve now: its production version, the candidate and its share."""
+
+    production: int
+    candidate: int | None
+    canary_percent: float  # 0: no canary runs, whatever the candidate alias says
+    production_since: str  # when production last moved
+    canary_since: str | None  # when the canary share was last set
+
+
+@dataclass(frozen=True)
+class AliasMove:
+    """One move of an alias: set by a deploy, or a rollback to where it pointed before."""
+
+    model: str
+    alias: str
+    version: int
+    kind: str  # set | rollback
+    moved_at: str
+
+
+def deployments(store: Store) -> dict[str, Deployment]:
+    """Every model with a production version, by name: what the inference server should serve."""
+    aliases: dict[str, dict[str, tuple[int, str]]] = {}
+    for model, alias, version, moved_at in store.db.execute(
+            "SELECT model, alias, version, moved_at FROM model_aliases ORDER BY model"):
+        aliases.setdefault(model, {})[alias] = (version, moved_at)
+    canaries = {model: (percent, set_at) for model, percent, set_at in
+                store.db.execute("SELECT model, percent, set_at FROM model_canary")}
+    found = {}
+    for model, moved in aliases.items():
+        if "production" in moved:
+            percent, set_at = canaries.get(model, (0.0, None))
+            candidate = moved["candidate"][0] if "candidate" in moved else None
+            found[model] = Deployment(moved["production"][0], candidate, percent, moved["production"][1], set_at)
+    return found
+
+
+def alias_moves(store: Store) -> list[AliasMove]:
+    """Every move of every alias, oldest first: the history of what served when."""
+    return [AliasMove(*row) for row in store.db.execute(
+        "SELECT model, alias, version, kind, moved_at FROM model_alias_moves ORDER BY seq")]
+
+
 def canary_percent(store: Store, model: str) -> float:
     """The share of a model's traffic its candidate gets now (0: none)."""
     row = store.db.execute("SELECT percent FROM model_canary WHERE model = ?", (model,)).fetchone()

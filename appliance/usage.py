@@ -15,7 +15,6 @@ Counts are metering, like metrics: they are not audited one by one.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import defaultdict
 from datetime import date
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from appliance import clock
 from appliance.store import Store
 from appliance.store.db import transaction
+from appliance.train import runs
 
 if TYPE_CHECKING:
     from appliance.jobs import Job
@@ -64,8 +64,7 @@ def gpus_used(store: Store, job: Job) -> int:
     if job.params.get("burst"):
         return 0  # the cluster's GPUs, not this box's
     run_id = job.state.get("run_id")
-    row = store.db.execute("SELECT plan FROM runs WHERE id = ?", (run_id,)).fetchone() if run_id else None
-    device = json.loads(row[0]).get("device") if row else job.params.get("device")
+    device = runs.get(store, run_id).plan.get("device") if run_id else job.params.get("device")
     return 1 if str(device or "").startswith("cuda") else 0
 
 

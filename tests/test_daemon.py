@@ -394,7 +394,7 @@ def test_sighup_rereads_the_config_file(daemon: Daemon, tmp_path: Path) -> None:
 
 def test_serving_slower_than_its_objective_holds_jobs_back(opened: store.Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor's judgement on the daemon's own metrics, in-process: windows of fast, then slow, answers."""
-    from appliance import daemon as service
+    from appliance import supervisor as service
     from appliance.serve.metrics import Metrics
 
     monkeypatch.setattr(service, "LATENCY_WINDOW_S", 0.0)

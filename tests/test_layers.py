@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("operations", ("appliance.pipeline", "appliance.jobspec", "appliance.jobs", "appliance.worker",
                     "appliance.burst", "appliance.burst_remote", "appliance.autopilot", "appliance.privacy",
                     "appliance.compliance")),
-    ("service", ("appliance.api", "appliance.daemon", "appliance.client", "appliance.doctor")),
+    ("service", ("appliance.api", "appliance.daemon", "appliance.supervisor", "appliance.client", "appliance.doctor")),
     ("interface", ("appliance.cli", "appliance.__main__", "tui")),
 ]
 

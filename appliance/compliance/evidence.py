@@ -20,7 +20,7 @@ from typing import Any
 
 from appliance import auth, clock, datasets, feedback, privacy, registry, users
 from appliance.store import Store, anchor, audit, blobs, keys, migrations
-from appliance.train import runs
+from appliance.train import runs, studies
 
 FORMAT = "appliance-compliance-report/1"
 
@@ -46,8 +46,7 @@ def collect(store: Store) -> dict[str, Any]:
 
 
 def _store(store: Store) -> dict[str, Any]:
-    created = store.db.execute("SELECT applied_at FROM schema_version WHERE version = 1").fetchone()
-    return {"id": store.store_id, "path": str(store.settings.db_path), "created_at": created[0] if created else None,
+    return {"id": store.store_id, "path": str(store.settings.db_path), "created_at": migrations.created_at(store.db),
             "schema_version": migrations.current_version(store.db)}
 
 
@@ -57,8 +56,8 @@ def _datasets(store: Store) -> list[dict[str, Any]]:
         used_by[run.dataset_id]["runs"].add(run.id)
     for model in registry.list_versions(store):
         used_by[runs.get(store, model.run_id).dataset_id]["models"].add(model.ref)
-    for study_id, dataset_id in store.db.execute("SELECT id, dataset_id FROM studies"):
-        used_by[dataset_id]["studies"].add(study_id)
+    for study in studies.list_studies(store):
+        used_by[study.dataset_id]["studies"].add(study.id)
     for row in audit.rows(store, action="burst.send"):
         used_by[json.loads(row["details"]).get("dataset")]["bursts"].add(row["object"])
     return [
@@ -77,11 +76,8 @@ def _datasets(store: Store) -> list[dict[str, Any]]:
 
 def _served_texts(store: Store) -> list[dict[str, Any]]:
     """Customer texts the server answered and keeps (sealed) for feedback, per model, and for how long."""
-    return [{"model": model, "kept": kept, "labelled": labelled, "oldest": oldest,
-             "keep_days": store.settings.serve.keep_predictions_days}
-            for model, kept, labelled, oldest in store.db.execute(
-                "SELECT p.model, COUNT(*), COUNT(f.prediction_id), MIN(p.created_at) FROM predictions p"
-                " LEFT JOIN feedback f ON f.prediction_id = p.id GROUP BY p.model ORDER BY p.model")]
+    return [asdict(kept) | {"keep_days": store.settings.serve.keep_predictions_days}
+            for kept in feedback.kept(store)]
 
 
 def _lineage(store: Store) -> dict[str, Any]:
@@ -107,13 +103,9 @@ def _lineage(store: Store) -> dict[str, Any]:
             }
             for run in runs.list_runs(store)
         ],
-        "alias_moves": [
-            {"model": model, "alias": alias, "version": version, "kind": kind, "moved_at": moved_at}
-            for model, alias, version, kind, moved_at in store.db.execute(
-                "SELECT model, alias, version, kind, moved_at FROM model_alias_moves ORDER BY seq")
-        ],
-        "canaries": [{"model": model, "percent": percent, "set_at": set_at} for model, percent, set_at in
-                     store.db.execute("SELECT model, percent, set_at FROM model_canary WHERE percent > 0")],
+        "alias_moves": [asdict(move) for move in registry.alias_moves(store)],
+        "canaries": [{"model": model, "percent": deployed.canary_percent, "set_at": deployed.canary_since}
+                     for model, deployed in registry.deployments(store).items() if deployed.canary_percent > 0],
     }
 
 
@@ -146,10 +138,10 @@ def _keys(store: Store) -> dict[str, Any]:
 
 def _kdf(store: Store) -> dict[str, Any] | None:
     """The passphrase's scrypt cost in force (the salt is not secret, but not needed here); None for a key file."""
-    row = store.db.execute("SELECT value FROM meta WHERE key = 'kdf'").fetchone()
-    if store.master.source != "passphrase" or row is None:
+    params = store.master.kdf_params
+    if store.master.source != "passphrase" or params is None:
         return None
-    return {"algorithm": "scrypt", **{name: json.loads(row[0])[name] for name in ("n", "r", "p")}}
+    return {"algorithm": "scrypt", **{name: params[name] for name in ("n", "r", "p")}}
 
 
 def _access(store: Store) -> dict[str, Any]:
@@ -157,14 +149,14 @@ def _access(store: Store) -> dict[str, Any]:
         "roles": list(users.ROLES),
         "users": [asdict(user) for user in users.list_users(store)],
         "api_keys": [{**asdict(key), "models": list(key.models)} for key in auth.list_keys(store)],
-        "refused_requests": store.db.execute("SELECT COUNT(*) FROM audit WHERE action = 'api.refused'").fetchone()[0],
+        "refused_requests": audit.count(store, "api.refused"),
     }
 
 
 def _audit(store: Store) -> dict[str, Any]:
     """The chain walked now, and its head as of that walk, signed with the key that signs the audit head."""
     verification = audit.verify(store)
-    last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    last = audit.newest(store)
     head = anchor.sign(store, *last) if last else None
     return {"verification": asdict(verification), "signed_head": head and asdict(head),
             "public_key": anchor.public_key(store), "public_key_sha256": anchor.fingerprint(anchor.public_key(store))}

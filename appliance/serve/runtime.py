@@ -78,13 +78,6 @@ class Route:
         return [self.production] + ([self.candidate] if self.candidate else [])
 
 
-@dataclass(frozen=True)
-class _Wanted:
-    production: int
-    candidate: int | None
-    canary_percent: float
-
-
 class Runtime:
     """Loads what the registry says should serve, keeps it current, and routes requests."""
 
@@ -98,7 +91,7 @@ class Runtime:
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self._store: store.Store | None = None
         self._failed: set[tuple[str, int]] = set()  # versions that would not load: not retried until moved
-        self._wanted: dict[str, _Wanted] = {}
+        self._wanted: dict[str, registry.Deployment] = {}
         self._poller: asyncio.Task[None] | None = None
         self._verifier: auth.Verifier | None = None
         self.predictions = feedback.PredictionLog() if settings.serve.keep_predictions_days > 0 else None
@@ -298,21 +291,11 @@ class Runtime:
     async def _on_worker(self, work: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._worker, work, *args)
 
-    def _read_wanted(self, previous: auth.Verifier | None) -> tuple[dict[str, _Wanted], auth.Verifier]:
+    def _read_wanted(self, previous: auth.Verifier | None) -> tuple[dict[str, registry.Deployment], auth.Verifier]:
         """Which versions should serve, and the API keys; notes when the previous keys were last used."""
         if previous is not None:
             auth.record_use(self._store, previous)
-        db = self._store.db
-        aliases: dict[str, dict[str, int]] = {}
-        for model, alias, version in db.execute("SELECT model, alias, version FROM model_aliases"):
-            aliases.setdefault(model, {})[alias] = version
-        canary = dict(db.execute("SELECT model, percent FROM model_canary").fetchall())
-        wanted = {
-            model: _Wanted(found["production"], found.get("candidate"), canary.get(model, 0.0))
-            for model, found in aliases.items()
-            if "production" in found
-        }
-        return wanted, auth.verifier(self._store)
+        return registry.deployments(self._store), auth.verifier(self._store)
 
     def _load(self, model: str, version: int) -> tuple[inference.Servable, drift.Histograms | None]:
         """Decrypt the chosen variant into memory, compile, warm up and check one inference."""

@@ -85,7 +85,7 @@ def record(store: Store, action: str, object: str, *, actor: str | None = None, 
 def _append(store: Store, actor: str, action: str, object: str, outcome: str, details: dict,
             *, rewind: bool = False) -> None:
     try:
-        last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        last = newest(store)
         if not rewind and (problem := divergence(store)):
             raise AuditDiverged(f"nothing was written: {problem}", hint=REWIND_HINT)
         seq, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS)
@@ -113,7 +113,7 @@ def _append(store: Store, actor: str, action: str, object: str, outcome: str, de
 
 
 def _move_anchor(store: Store, *, backwards: bool = False) -> None:
-    last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    last = newest(store)
     try:
         anchor.write_head(store, anchor.sign(store, last[0], last[1]), backwards=backwards)
     except OSError as exc:
@@ -171,7 +171,7 @@ def accept_rewind(store: Store, reason: str, actor: str | None = None) -> dict[s
         raise AuditWriteFailed("the audit log agrees with its head file: there is no rewind to accept",
                                hint="'appliance audit verify' checks the whole chain")
     head = anchor.read_head(store.settings.audit_head_path)
-    last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    last = newest(store)
     details = {"problem": problem, "reason": reason,
                "abandoned_head": {"seq": head.seq, "hash": head.hash} if head and head.seq > 0 else None,
                "log_tail": {"seq": last[0], "hash": last[1]} if last else None}
@@ -217,6 +217,17 @@ def rows(
     return newest_first[::-1]
 
 
+def count(store: Store, action: str) -> int:
+    """How many records of this action the log holds (a glob such as 'keys.*' too)."""
+    return store.db.execute("SELECT COUNT(*) FROM audit WHERE action GLOB ?", (action,)).fetchone()[0]
+
+
+def newest(store: Store) -> tuple[int, str] | None:
+    """The newest record's seq and hash: the head of the chain; None for an empty log."""
+    row = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    return (row[0], row[1]) if row else None
+
+
 def parse_since(text: str) -> datetime:
     """A moment given as a date or time (2026-11-01, 2026-11-01T08:00, UTC unless it says) or an age (30m, 12h, 7d).
 
@@ -244,7 +255,7 @@ def export_jsonl(store: Store) -> Iterator[str]:
 def checkpoint(store: Store) -> anchor.Head:
     """A signed head for safekeeping outside the appliance; the export itself is recorded."""
     record(store, "audit.checkpoint", store.store_id)
-    last = store.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    last = newest(store)
     return anchor.sign(store, last[0], last[1])
 
 

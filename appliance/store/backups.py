@@ -20,10 +20,12 @@ is kept aside.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import shutil
 import sqlite3
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -41,6 +43,9 @@ from appliance.store import db as store_db
 
 NAME = re.compile(r"appliance-(\d{8}T\d{6}\.\d{6}Z)\.db")
 STAMP = "%Y%m%dT%H%M%S.%fZ"
+RETRY_S = 300.0  # after a failed scheduled backup, the next try
+
+log = logging.getLogger("appliance.backups")
 Progress = Callable[[int, int], None]
 
 
@@ -309,3 +314,25 @@ def _set_aside(database: Path, aside: Path) -> Path | None:
             os.replace(journal, aside.with_name(aside.name + suffix))
     return kept
 
+
+# -- the schedule ------------------------------------------------------------------------------
+
+
+def keep_taking(settings: Settings, passphrase: str | None, stop: threading.Event) -> None:
+    """Scheduled online backups until stop is set; a thread with its own connection, so jobs never wait on one."""
+    started = clock.now()
+    if due_in_s(settings, started) is None:
+        return
+    with store_pkg.open(settings, passphrase) as opened:
+        while True:
+            wait = due_in_s(settings, started) or 0.0
+            if wait <= 0:
+                try:
+                    made, pruned = create(opened, actor="service:backup", scheduled=True)
+                    log.info("backup %s taken (%d bytes); %d old ones deleted", made.path, made.bytes, len(pruned))
+                    wait = 1.0
+                except Exception as exc:  # a full disk must not stop the daemon: say so, try again later
+                    log.error("scheduled backup failed: %s", getattr(exc, "message", exc))
+                    wait = RETRY_S
+            if stop.wait(min(wait, RETRY_S)):  # a manual backup in between moves the next one
+                return

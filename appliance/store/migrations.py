@@ -392,6 +392,14 @@ def current_version(db: sqlite_utils.Database) -> int:
     return db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
 
 
+def created_at(db: sqlite_utils.Database) -> str | None:
+    """When the first migration ran: the store's birth."""
+    if "schema_version" not in db.table_names():
+        return None
+    row = db.execute("SELECT applied_at FROM schema_version WHERE version = 1").fetchone()
+    return row[0] if row else None
+
+
 def migrate(db: sqlite_utils.Database) -> int:
     """Bring the schema to LATEST; refuse a database newer than this code."""
     if checked_version(db) == LATEST:
