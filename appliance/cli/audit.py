@@ -11,7 +11,7 @@ from typing import TextIO
 
 import click
 
-from appliance.cli.base import cli, opened_store, print_json
+from appliance.cli.base import cli, json_option, opened_store, print_json
 from appliance.store import audit
 
 
@@ -25,7 +25,7 @@ def audit_group() -> None:
 @click.option("--actor", help="Only records by this actor, e.g. user:alice.")
 @click.option("--action", help="Only this action; globs work: 'keys.*'.")
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many (the newest).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def audit_list(since: str | None, actor: str | None, action: str | None, limit: int | None, as_json: bool) -> None:
     """List audit records, oldest first."""
     with opened_store() as opened:
@@ -54,7 +54,7 @@ def _parse_since(text: str | None) -> datetime | None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Also check the chain against a checkpoint exported earlier.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def audit_verify(checkpoint: Path | None, as_json: bool) -> None:
     """Check every record, the chain and its anchored head; exit 1 on any tampering."""
     with opened_store() as opened:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from appliance import client, config, store
-from appliance.cli.base import cli, load_settings, opened_store, print_json, progress_bar
+from appliance.cli.base import cli, json_option, load_settings, opened_store, print_json, progress_bar
 from appliance.errors import BackupError, StoreError
 from appliance.store import backups
 
@@ -30,7 +30,7 @@ def backup_now() -> None:
 
 
 @backup_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def backup_list(as_json: bool) -> None:
     """The backups, newest first, with the master key each one needs."""
     settings = load_settings()
@@ -55,7 +55,7 @@ def backup_list(as_json: bool) -> None:
 
 @backup_group.command("verify")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def backup_verify(file: Path, as_json: bool) -> None:
     """Check a backup end to end without touching the store; exit 1 if any check fails."""
     settings = load_settings()

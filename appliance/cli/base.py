@@ -57,6 +57,10 @@ def schema_option(model: type[BaseModel], field: str, *decls: str, **attrs: Any)
     return click.option(*decls, **attrs)
 
 
+# The flag of every command that can print JSON instead of lines for people; the command takes it as as_json.
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
 @contextmanager
 def opened_store() -> Iterator[store.Store]:
     """The unlocked store; a passphrase comes from APPLIANCE_PASSPHRASE or, at a terminal, a prompt."""

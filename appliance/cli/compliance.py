@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from appliance import clock
-from appliance.cli.base import cli, opened_store, print_json
+from appliance.cli.base import cli, json_option, opened_store, print_json
 from appliance.compliance import pack
 
 
@@ -36,7 +36,7 @@ def compliance_report(out: Path | None) -> None:
 @click.option("--public-key", help="The key the pack must be signed by (hex, or its SHA-256), received separately.")
 @click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="An audit checkpoint exported earlier: the pack must be signed by the same key and store.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def compliance_verify(folder: Path, public_key: str | None, checkpoint: Path | None, as_json: bool) -> None:
     """Check that no file of the pack in FOLDER changed since it was signed; exit 1 naming any that did.
 

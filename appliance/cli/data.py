@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from appliance import datasets, feedback, sources
-from appliance.cli.base import cli, daemon_client, opened_store, print_json, progress_bar
+from appliance.cli.base import cli, daemon_client, json_option, opened_store, print_json, progress_bar
 
 
 @cli.group("data")
@@ -79,7 +79,7 @@ def data_residency(ref: str, residency: str) -> None:
 
 
 @data_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def data_list(as_json: bool) -> None:
     """List every version of every dataset."""
     with opened_store() as opened:
@@ -99,7 +99,7 @@ def data_list(as_json: bool) -> None:
 
 @data_group.command("show")
 @click.argument("ref")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def data_show(ref: str, as_json: bool) -> None:
     """Show one version: REF is a name (its latest version), name:version or an id prefix."""
     with opened_store() as opened:

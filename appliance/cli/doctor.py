@@ -9,11 +9,11 @@ from dataclasses import asdict
 import click
 
 from appliance import doctor as checks
-from appliance.cli.base import cli, load_settings, print_json
+from appliance.cli.base import cli, json_option, load_settings, print_json
 
 
 @cli.command("doctor")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def doctor(as_json: bool) -> None:
     """Check hardware, key, store, audit log, ports and disk space; exit 1 if anything fails."""
     found = checks.run(load_settings(), os.environ.get("APPLIANCE_PASSPHRASE"))

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from appliance import feedback
-from appliance.cli.base import cli, daemon_client, opened_store, print_json
+from appliance.cli.base import cli, daemon_client, json_option, opened_store, print_json
 from appliance.store import audit
 
 
@@ -34,7 +34,7 @@ def feedback_import(path: Path) -> None:
 
 @feedback_group.command("show")
 @click.argument("model", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def feedback_show(model: str | None, as_json: bool) -> None:
     """Live accuracy on feedback by model version over the last hour, day and week, and labels not trained on."""
     with opened_store() as opened:

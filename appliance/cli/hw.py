@@ -8,11 +8,11 @@ from pathlib import Path
 import click
 
 from appliance import hardware
-from appliance.cli.base import cli, load_settings, print_json
+from appliance.cli.base import cli, json_option, load_settings, print_json
 
 
 @cli.command("hw")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.option("--base", type=click.Path(file_okay=False, path_type=Path), help="Local Hugging Face model directory.")
 @click.option("--max-length", type=click.IntRange(8, 8192), default=128, show_default=True)
 @click.option("--batch-size", type=click.IntRange(1, 4096), default=32, show_default=True, help="Effective batch.")

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from appliance import client, jobs, jobspec
-from appliance.cli.base import cli, daemon_client, opened_store, print_json, progress_bar
+from appliance.cli.base import cli, daemon_client, json_option, opened_store, print_json, progress_bar
 from appliance.errors import JobError
 from appliance.store import Store
 
@@ -64,7 +64,7 @@ def jobs_group() -> None:
 
 @jobs_group.command("list")
 @click.option("--status", type=click.Choice(["queued", "running", "finished", "failed", "cancelled"]))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def jobs_list(status: str | None, as_json: bool) -> None:
     """Every job, newest first."""
     with _jobs() as source:
@@ -82,7 +82,7 @@ def jobs_list(status: str | None, as_json: bool) -> None:
 
 @jobs_group.command("show")
 @click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def jobs_show(job_id: str, as_json: bool) -> None:
     """One job: parameters, stage, what its steps made, result or error."""
     with _jobs() as source:

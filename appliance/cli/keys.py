@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from appliance import store
-from appliance.cli.base import cli, load_settings, opened_store, print_json
+from appliance.cli.base import cli, json_option, load_settings, opened_store, print_json
 from appliance.store import audit, lifecycle
 
 
@@ -52,7 +52,7 @@ def keys_rotate(new_key_file: Path | None) -> None:
 
 
 @keys_group.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def keys_status(as_json: bool) -> None:
     """Show where the master key comes from and whether it opens the store."""
     with opened_store() as opened:

@@ -7,7 +7,7 @@ import dataclasses
 import click
 
 from appliance import registry
-from appliance.cli.base import cli, opened_store, print_json
+from appliance.cli.base import cli, json_option, opened_store, print_json
 
 
 @cli.group("models")
@@ -16,7 +16,7 @@ def models_group() -> None:
 
 
 @models_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def models_list(as_json: bool) -> None:
     """Every version of every model, with its chosen variant and aliases."""
     with opened_store() as opened:
@@ -34,7 +34,7 @@ def models_list(as_json: bool) -> None:
 
 @models_group.command("show")
 @click.argument("ref")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def models_show(ref: str, as_json: bool) -> None:
     """One version (MODEL, MODEL:VERSION or MODEL@ALIAS): variants side by side, lineage, decision."""
     with opened_store() as opened:

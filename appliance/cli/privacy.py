@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from appliance import privacy
-from appliance.cli.base import cli, daemon_client, opened_store, print_json
+from appliance.cli.base import cli, daemon_client, json_option, opened_store, print_json
 
 
 @cli.group("privacy")
@@ -22,7 +22,7 @@ def privacy_group() -> None:
                    " which keeps it out of the process list and shell history.")
 @click.option("--dry-run", is_flag=True, help="List what would be erased and change nothing.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def privacy_erase(subject: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     """Remove every record containing SUBJECT: dataset examples (a new version without them); audited.
 

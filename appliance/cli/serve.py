@@ -8,7 +8,7 @@ import os
 import click
 
 from appliance import registry
-from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json
+from appliance.cli.base import cli, daemon_client, json_option, load_settings, opened_store, print_json
 
 
 @cli.command("serve")
@@ -79,7 +79,7 @@ def rollback(model: str) -> None:
 @cli.command("predict")
 @click.argument("ref", metavar="MODEL[:VERSION]")
 @click.argument("texts", nargs=-1, required=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def predict(ref: str, texts: tuple[str, ...], as_json: bool) -> None:
     """Classify texts with a version's serving variant, in this process: a quick check, no server needed."""
     import numpy as np

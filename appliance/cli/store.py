@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from appliance.cli.base import cli, opened_store, print_json, progress_bar
+from appliance.cli.base import cli, json_option, opened_store, print_json, progress_bar
 from appliance.store import lifecycle
 
 
@@ -17,7 +17,7 @@ def store_group() -> None:
 
 
 @store_group.command("info")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def store_info(as_json: bool) -> None:
     """Sizes, counts and SQLite's integrity check."""
     with opened_store() as opened:

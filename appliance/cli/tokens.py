@@ -7,7 +7,7 @@ import dataclasses
 import click
 
 from appliance import auth
-from appliance.cli.base import cli, opened_store, print_json
+from appliance.cli.base import cli, json_option, opened_store, print_json
 
 
 @cli.group("api-keys")
@@ -18,7 +18,7 @@ def api_keys_group() -> None:
 @api_keys_group.command("create")
 @click.argument("name")
 @click.option("--model", "models", multiple=True, help="A model the key may call; repeat for more (default: all).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def api_keys_create(name: str, models: tuple[str, ...], as_json: bool) -> None:
     """Create a key for NAME; its token is printed this once only."""
     with opened_store() as opened:
@@ -35,7 +35,7 @@ def api_keys_create(name: str, models: tuple[str, ...], as_json: bool) -> None:
 
 
 @api_keys_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def api_keys_list(as_json: bool) -> None:
     """Every key with its models and when it was last used; no secrets."""
     with opened_store() as opened:

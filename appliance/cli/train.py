@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from appliance import datasets, jobspec, pipeline, registry
-from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar, schema_option
+from appliance.cli.base import (
+    cli,
+    daemon_client,
+    json_option,
+    load_settings,
+    opened_store,
+    print_json,
+    progress_bar,
+    schema_option,
+)
 from appliance.cli.jobs import run_job
 from appliance.errors import JobError
 from appliance.train import runs
@@ -201,7 +210,7 @@ def runs_group() -> None:
 
 
 @runs_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def runs_list(as_json: bool) -> None:
     """Every training run, oldest first."""
     with opened_store() as opened:
@@ -218,7 +227,7 @@ def runs_list(as_json: bool) -> None:
 
 @runs_group.command("show")
 @click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def runs_show(run_id: str, as_json: bool) -> None:
     """One run: hyperparameters, hardware plan and per-epoch metrics."""
     with opened_store() as opened:

@@ -11,7 +11,16 @@ from typing import Any
 import click
 
 from appliance import datasets, jobspec, pipeline, registry
-from appliance.cli.base import cli, daemon_client, load_settings, opened_store, print_json, progress_bar, schema_option
+from appliance.cli.base import (
+    cli,
+    daemon_client,
+    json_option,
+    load_settings,
+    opened_store,
+    print_json,
+    progress_bar,
+    schema_option,
+)
 from appliance.cli.jobs import run_job, tune_label
 from appliance.cli.train import _StopFlag
 from appliance.train import space, studies
@@ -105,7 +114,7 @@ def _foreground(dataset: str | None, budget_s: float | None, base: Path | None, 
 
 @tune_group.command("show")
 @click.argument("search")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def tune_show(search: str, as_json: bool) -> None:
     """A search's trials, best first, and how much each parameter mattered (SEARCH: its id, or its job's)."""
     with opened_store() as opened:

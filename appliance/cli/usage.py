@@ -9,7 +9,7 @@ from datetime import date
 import click
 
 from appliance import usage
-from appliance.cli.base import cli, opened_store, print_json
+from appliance.cli.base import cli, json_option, opened_store, print_json
 from appliance.store import audit
 
 HEADINGS = {"day": "day", "user": "user", "model": "model", "cpu_hours": "CPU h", "gpu_hours": "GPU h",
@@ -20,7 +20,7 @@ HEADINGS = {"day": "day", "user": "user", "model": "model", "cpu_hours": "CPU h"
 @click.option("--since", help="From this day on: 2026-11-01, or an age: 7d, 12h.")
 @click.option("--by", type=click.Choice(usage.BY), help="Sum by user or by model (default: both).")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def usage_command(since: str | None, by: str | None, as_csv: bool, as_json: bool) -> None:
     """CPU and GPU hours of jobs and inference requests and hours, per day, user and model."""
     with opened_store() as opened:

@@ -7,7 +7,7 @@ import dataclasses
 import click
 
 from appliance import users
-from appliance.cli.base import cli, opened_store, print_json
+from appliance.cli.base import cli, json_option, opened_store, print_json
 
 
 @cli.group("users")
@@ -31,7 +31,7 @@ def users_add(name: str, role: str) -> None:
 
 
 @users_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 def users_list(as_json: bool) -> None:
     """Every user with their role and when they last called; no secrets."""
     with opened_store() as opened:
