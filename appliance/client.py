@@ -1,8 +1,9 @@
 """The CLI's and the TUI's side of the control API: HTTP over the daemon's unix socket.
 
 The token is $APPLIANCE_TOKEN, else the local admin token the daemon leaves (mode 0600)
-for its own user in the state directory. An error answer becomes the ApplianceError it
-describes, so commands report it like any other. Client serves the CLI; AsyncClient,
+for its own user in the state directory. An error answer becomes the ApplianceError its
+body names (`type`), so commands report it, and catch it, like any other; a type this
+client does not know is an ApplianceError. Client serves the CLI; AsyncClient,
 the same calls awaited, serves the TUI's event loop.
 """
 
@@ -18,13 +19,12 @@ from typing import Any, Self
 import httpx
 
 from appliance import config, sources
-from appliance.errors import ApplianceError, DaemonUnreachable, Forbidden, JobNotFound, Unauthenticated
+from appliance.errors import ApplianceError, DaemonUnreachable, RateLimited
 
 TIMEOUT_S = 30.0
 UPLOAD_TIMEOUT_S = 3600.0  # the daemon checks a large upload (every image decoded) before it answers
 UPLOAD_CHUNK = 1 << 20
 EVENTS_SILENCE_S = 10.0  # the daemon sends a keep-alive every half second: this much silence means it is gone
-_BY_STATUS: dict[int, type[ApplianceError]] = {401: Unauthenticated, 403: Forbidden, 404: JobNotFound}
 
 
 def daemon_running(settings: config.Settings) -> bool:
@@ -174,12 +174,21 @@ def _raise_for(response: httpx.Response, content: bytes) -> None:
         return
     try:
         body = json.loads(content)
-        message, hint = body["error"], body.get("hint")
-    except (ValueError, KeyError, TypeError):
-        message, hint = f"the daemon answered {response.status_code}", None
+        kind, message, hint = _ERRORS.get(body.get("type"), ApplianceError), body["error"], body.get("hint")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        kind, message, hint = ApplianceError, f"the daemon answered {response.status_code}", None
     if response.status_code == 401 and not os.environ.get("APPLIANCE_TOKEN"):
         hint = "set APPLIANCE_TOKEN to a token from 'appliance users add NAME --role ROLE'"
-    raise _BY_STATUS.get(response.status_code, ApplianceError)(message, hint=hint)
+    if issubclass(kind, RateLimited):
+        raise kind(message, hint=hint, retry_after_s=float(response.headers.get("Retry-After", 1)))
+    raise kind(message, hint=hint)
+
+
+def _subclasses(kind: type[ApplianceError]) -> list[type[ApplianceError]]:
+    return [kind, *(found for sub in kind.__subclasses__() for found in _subclasses(sub))]
+
+
+_ERRORS = {kind.__name__: kind for kind in _subclasses(ApplianceError)}  # what an error body's type may name
 
 
 def _unreachable(exc: Exception) -> DaemonUnreachable:

@@ -1,6 +1,6 @@
 """Every error the appliance reports to a person, as one tree.
 
-    ApplianceError
+    ApplianceError                anything else the operator can understand and act on (400)
      ├── ConfigError              a setting is missing, misspelt or of the wrong type
      ├── StoreError               the database or its key cannot be used as asked
      │    ├── KeyMissing          no master key from any source
@@ -10,13 +10,13 @@
      │    ├── BlobNotFound        no blob with that id
      │    └── BackupError         a backup cannot be made, fails its check, or cannot be restored now
      ├── DatasetError             a dataset file is invalid, or no such dataset version
- ├── ConfinementError         a file named outside the folders the daemon may read, through a link, or not plain
+     ├── ConfinementError         a file outside the folders the daemon may read, through a link, or not plain
      ├── ErasureError             a data subject request cannot be carried out as asked
      ├── EvidenceError            a compliance evidence pack cannot be written, or does not verify
-     ├── FeedbackError            true labels that cannot be taken (400)
+     ├── FeedbackError            true labels that cannot be taken
      │    └── PredictionNotFound  no prediction with that id, or no longer (404)
      ├── AuditWriteFailed         the audit record could not be written, so nothing happened
- │    └── AuditDiverged       the log no longer reaches its anchored head (cut or rolled back): nothing is written
+     │    └── AuditDiverged       the log no longer reaches its anchored head: nothing is written (503)
      ├── JobError                 a job cannot be submitted, start or go on
      │    ├── JobNotFound         no job with that id (404)
      │    └── StudyNotFound       no hyperparameter search with that id (404)
@@ -24,20 +24,24 @@
      ├── ArtifactError            a stored model bundle or artifact cannot be read
      ├── OptimizeError            export, quantisation or distillation failed
      ├── RegistryError            no such model, version or alias, or a move that cannot be made
-     ├── AuthError                a request has no valid API key or the key may not do this
-     │    ├── Unauthenticated     no key, or a malformed, unknown, revoked or wrong one (401)
+     ├── AuthError                a request has no valid API key or the key may not do this (401)
+     │    ├── Unauthenticated     no key, or a malformed, unknown, revoked or wrong one
      │    └── Forbidden           a valid key that may not call this model (403)
-     ├── DaemonError              the daemon cannot start, or none runs to ask
+     ├── DaemonError              the daemon cannot start, or none runs to ask (503)
      │    └── DaemonUnreachable   nothing answers on the control socket
      ├── BurstError               a burst to the Ray cluster cannot start, failed there, or came back bad
-     │    └── ResidencyRefused    the dataset is local-only: it may not leave this box
-     └── ServeError               the inference server cannot answer this request
+     │    └── ResidencyRefused    the dataset is local-only: it may not leave this box (403)
+     └── ServeError               the inference server cannot answer this request (503)
           ├── ModelNotFound       no model of that name is being served (404)
-          ├── BadRequest          the request body is malformed or out of bounds (400, 413)
+          ├── BadRequest          the request is malformed or out of bounds (400)
+          │    ├── PayloadTooLarge  the body, or one of its texts, is over its limit (413)
+          │    └── RequestTimeout   the body did not arrive in time (408)
           ├── RateLimited         this API key sent more than its rate; retry after a while (429)
-          └── Overloaded          too much is queued already; retry later (503)
+          └── Overloaded          too much is queued already; retry later
 
-Foreign errors (sqlite3, InvalidTag, OSError) are translated where they enter, with
+The statuses in brackets are what both HTTP APIs answer (a class without one takes its parent's); they come
+from one table, `appliance.web.STATUS`. An error body names its class (`type`), so the client raises the
+same class again. Foreign errors (sqlite3, InvalidTag, OSError) are translated where they enter, with
 ``raise ... from exc``; the CLI turns any ApplianceError into a message and exit code 1.
 """
 
@@ -104,13 +108,9 @@ class EvidenceError(ApplianceError):
 class FeedbackError(ApplianceError):
     """True labels that cannot be attached: unknown labels, too many at once, nothing new to train on."""
 
-    status = 400
-
 
 class PredictionNotFound(FeedbackError):
     """No prediction with that id: never made, or deleted after its keeping time."""
-
-    status = 404
 
 
 class AuditWriteFailed(ApplianceError):
@@ -121,8 +121,6 @@ class AuditDiverged(AuditWriteFailed):
     """The audit log disagrees with its anchored head (records cut off, an older database put back): the appliance
     writes nothing until an admin accepts the rewind or restores a verified backup."""
 
-    status = 503
-
 
 class JobError(ApplianceError):
     """A training job cannot start or go on as asked."""
@@ -131,13 +129,9 @@ class JobError(ApplianceError):
 class JobNotFound(JobError):
     """No job with that id."""
 
-    status = 404
-
 
 class StudyNotFound(JobError):
     """No hyperparameter search with that id."""
-
-    status = 404
 
 
 class PlanError(ApplianceError):
@@ -159,25 +153,17 @@ class RegistryError(ApplianceError):
 class AuthError(ApplianceError):
     """A request has no valid API key, or the key may not do this."""
 
-    status = 401
-
 
 class Unauthenticated(AuthError):
     """No API key, or one that is malformed, unknown, revoked or does not match."""
-
-    status = 401
 
 
 class Forbidden(AuthError):
     """A valid API key that is not allowed to call this model."""
 
-    status = 403
-
 
 class DaemonError(ApplianceError):
     """The daemon cannot start (its socket or port is taken), or no daemon answers."""
-
-    status = 503
 
 
 class DaemonUnreachable(DaemonError):
@@ -191,31 +177,29 @@ class BurstError(ApplianceError):
 class ResidencyRefused(BurstError):
     """The dataset's residency keeps it on this box, so it may not be sent to a cluster."""
 
-    status = 403
-
 
 class ServeError(ApplianceError):
     """The inference server cannot answer this request."""
-
-    status = 503  # the model failed on a batch: a retry may well succeed
 
 
 class ModelNotFound(ServeError):
     """No model of that name is being served."""
 
-    status = 404
-
 
 class BadRequest(ServeError):
     """The request body is malformed or out of bounds."""
 
-    status = 400
+
+class PayloadTooLarge(BadRequest):
+    """The request body, or one of its texts, is over its limit."""
+
+
+class RequestTimeout(BadRequest):
+    """The request body did not arrive in full, or not in time."""
 
 
 class RateLimited(ServeError):
     """The API key sent more texts than its rate allows; the client should retry after `retry_after_s`."""
-
-    status = 429
 
     def __init__(self, message: str, *, retry_after_s: float, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
@@ -224,5 +208,3 @@ class RateLimited(ServeError):
 
 class Overloaded(ServeError):
     """Too much is queued already; the client should retry later."""
-
-    status = 503

@@ -35,9 +35,8 @@ def test_a_key_calls_only_the_models_it_lists(opened: Store) -> None:
     _, everything = auth.create(opened, "admin")  # the default is every model
     assert auth.verify(opened, scoped, "intent").name == "scoped"
     assert auth.verify(opened, scoped, "tickets:3").name == "scoped"  # a version or alias of a listed model
-    with pytest.raises(Forbidden, match="may not call model 'sentiment'") as raised:
+    with pytest.raises(Forbidden, match="may not call model 'sentiment'"):
         auth.verify(opened, scoped, "sentiment")
-    assert raised.value.status == 403
     with pytest.raises(Forbidden):
         auth.verify(opened, scoped, "ticketsX")
     for model in ("tickets", "sentiment", "anything-else@production", None):
@@ -49,9 +48,8 @@ def test_a_revoked_key_is_unauthenticated(opened: Store) -> None:
     auth.verify(opened, token, "tickets")
     revoked = auth.revoke(opened, key.id, actor="user:security")
     assert revoked.revoked_at is not None
-    with pytest.raises(Unauthenticated, match=f"API key {key.id} was revoked") as raised:
+    with pytest.raises(Unauthenticated, match=f"API key {key.id} was revoked"):
         auth.verify(opened, token, "tickets")
-    assert raised.value.status == 401
     record = audit.rows(opened, action="apikey.revoke")[-1]
     assert (record["object"], record["actor"], record["outcome"]) == (key.id, "user:security", "ok")
     assert auth.revoke(opened, key.id).revoked_at == revoked.revoked_at  # again: nothing changes

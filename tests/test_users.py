@@ -65,7 +65,6 @@ def test_a_revoked_user_is_unauthenticated_and_revoking_again_changes_nothing(op
     with pytest.raises(Unauthenticated) as raised:
         users.authenticate(opened, token)
     assert raised.value.message == f"the token of user leaked was revoked at {revoked.revoked_at}"
-    assert raised.value.status == 401
     again = users.revoke(opened, token, actor="user:security")
     assert again.revoked_at == revoked.revoked_at
     records = audit.rows(opened, action="user.revoke")
@@ -91,7 +90,7 @@ def test_missing_or_malformed_tokens_are_unauthenticated_and_nothing_else(opened
     for candidate in moved:
         with pytest.raises(Unauthenticated) as raised:
             users.authenticate(opened, candidate)  # type: ignore[arg-type]
-        assert type(raised.value) is Unauthenticated and raised.value.status == 401, candidate
+        assert type(raised.value) is Unauthenticated, candidate
         assert _secret(token) not in raised.value.message + (raised.value.hint or "")
     assert users.authenticate(opened, token).name == "app"  # and the good one still works
 
@@ -134,7 +133,7 @@ def test_each_role_may_do_what_the_ones_before_it_may() -> None:
         users.require(user(role), role)
     with pytest.raises(Forbidden, match=r"^user a viewer \(viewer\) may not do this: needs operator$") as raised:
         users.require(user("viewer"), "operator")
-    assert raised.value.status == 403 and raised.value.hint
+    assert raised.value.hint
     with pytest.raises(Forbidden, match=r"\(operator\) may not do this: needs admin"):
         users.require(user("operator"), "admin")
 

@@ -2,11 +2,11 @@
 
 Every endpoint but health needs an API key (`Authorization: Bearer apl_...` or
 `X-API-Key`), scoped per model; the key is checked, and the key's rate admitted, before
-the body is read. Every error is JSON `{"error": ..., "hint": ...}` with the status that
-says whose fault it is; a bad request changes nothing. The OpenAPI document at
-/openapi.json (for key holders) states the keys, the limits and every status a route
-can answer, for clients and fuzzers to hold the server to; the one rule JSON Schema
-cannot state is that an OIP input's shape must match its data.
+the body is read. Every error is a JSON body of `appliance.web` (type, error, hint) with
+the status that says whose fault it is; a bad request changes nothing. The OpenAPI
+document at /openapi.json (for key holders) states the keys, the limits and every status
+a route can answer, for clients and fuzzers to hold the server to; the one rule JSON
+Schema cannot state is that an OIP input's shape must match its data.
 
 What one client can hold is bounded: its key's texts per second (429), the time it may
 take to send a request's head and body (the connection is closed, or 408), and
@@ -28,22 +28,20 @@ from typing import Annotated, Any, Literal, TypeVar
 import uvicorn
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, StrictStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from appliance import auth
 from appliance.config import ServeSettings, Settings
-from appliance.errors import ApplianceError, BadRequest, Forbidden, RateLimited
+from appliance.errors import ApplianceError, BadRequest, Forbidden, RateLimited, RequestTimeout
 from appliance.serve import metrics as serve_metrics
 from appliance.serve import tls
-from appliance.serve.runtime import Runtime, refusal, surrogate_at
-from appliance.web import BodyLimit, describe_error, json_error
+from appliance.serve.runtime import Runtime, surrogate_at
+from appliance.web import EXCEPTION_HANDLERS, Body, BodyLimit, Handler, document_errors, error_answers, error_body
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -59,11 +57,7 @@ def _unicode(text: str) -> str:
 Text = Annotated[StrictStr, AfterValidator(_unicode)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class InferInput(_Strict):
+class InferInput(Body):
     name: Text
     shape: list[int]
     datatype: Literal["BYTES"]
@@ -71,12 +65,12 @@ class InferInput(_Strict):
     parameters: dict[str, Any] | None = None
 
 
-class RequestedOutput(_Strict):
+class RequestedOutput(Body):
     name: Literal["label", "probabilities"]
     parameters: dict[str, Any] | None = None
 
 
-class InferRequest(_Strict):
+class InferRequest(Body):
     """Open Inference Protocol request: one BYTES input of texts."""
 
     id: Text | None = None
@@ -85,28 +79,22 @@ class InferRequest(_Strict):
     parameters: dict[str, Any] | None = None
 
 
-class PredictRequest(_Strict):
+class PredictRequest(Body):
     """The plain endpoint: texts in, a label and scores per text out."""
 
     instances: list[StrictStr]
 
 
-class Label(_Strict):
+class Label(Body):
     prediction_id: Text
     label: Text
 
 
-class FeedbackRequest(_Strict):
-    """True labels for earlier answers, by the prediction ids the server gave."""
+class FeedbackRequest(Body):
+    """True labels for earlier answers, by the prediction ids the server gave (the control API's body adds a
+    source)."""
 
-    feedback: list[Label] = Field(min_length=1)
-
-
-class ErrorBody(BaseModel):
-    """Every error the server answers: what went wrong, and how to fix it when that is known."""
-
-    error: str
-    hint: str | SkipJsonSchema[None] = None
+    feedback: list[Label] = Field(min_length=1, description="true labels for predictions the server answered")
 
 
 # -- keys and rates ----------------------------------------------------------------------
@@ -196,11 +184,6 @@ _STATUS = {
     429: "the key sent more texts than its rate; retry after Retry-After seconds",
     503: "too many texts queued, or the model failed; retry after Retry-After seconds",
 }
-_HEADERS = {
-    401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
-    429: {"Retry-After": {"description": "seconds until the key may send again", "schema": {"type": "integer"}}},
-    503: {"Retry-After": {"description": "seconds to wait before a retry", "schema": {"type": "integer"}}},
-}
 _CROWDED = "past serve.max_connections, uvicorn answers any request with a plain-text 503"
 
 
@@ -214,15 +197,14 @@ class Readiness(BaseModel):
 def _answers(*statuses: int, unready: bool = False) -> dict[int | str, dict[str, Any]]:
     """The error answers a route documents, each with the JSON error body (or its readiness, when unready says a 503
     is not ready yet); and on every route the plain-text 503 of too many connections."""
-    answers: dict[int | str, dict[str, Any]] = {
-        status: {"model": ErrorBody, "description": _STATUS[status], "headers": _HEADERS.get(status, {})}
-        for status in statuses}
+    answers = error_answers({status: _STATUS[status] for status in statuses})
     if unready:
         answers[200] = {"model": Readiness}
         answers[503] = {"model": Readiness, "description": "not ready: a model is loading"}
     crowded = answers.get(503, {"description": ""})
     crowded["description"] = "; ".join(filter(None, (crowded["description"], _CROWDED)))
-    answers[503] = crowded | {"content": {"text/plain": {"schema": {"type": "string"}}}}
+    crowded["content"] = crowded.get("content", {}) | {"text/plain": {"schema": {"type": "string"}}}
+    answers[503] = crowded
     return answers
 
 
@@ -245,7 +227,8 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
 
     # The docs pages load scripts from a CDN (the box is offline); the OpenAPI document is for key holders.
     app = FastAPI(title="appliance inference", version=metadata.version("appliance"), lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+                  docs_url=None, redoc_url=None, openapi_url=None,
+                  exception_handlers={kind: _counted(handler) for kind, handler in EXCEPTION_HANDLERS.items()})
     app.add_middleware(BodyLimit, limit=lambda _scope: settings.serve.max_body_bytes,
                        hint="send fewer or shorter texts per request")
     metrics = runtime.metrics
@@ -349,37 +332,24 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         """This document: the routes, their keys, limits and answers."""
         return JSONResponse(app.openapi())
 
-    app.openapi = lambda: _openapi(app, settings.serve)  # type: ignore[method-assign]
-
-    def refused(request: Request, status: int) -> None:
-        """Count a refusal under its model when that model serves, else under one label: no caller adds series."""
-        name = request.path_params.get("name")
-        metrics.request(name if name in runtime.routes else serve_metrics.OTHER, None, status)
-
-    @app.exception_handler(ApplianceError)
-    async def appliance_error(request: Request, exc: ApplianceError) -> JSONResponse:
-        status = getattr(exc, "status", 400)
-        if not getattr(exc, "counted", False):  # the runtime counted a version's failure itself
-            refused(request, status)
-        headers = {
-            401: {"WWW-Authenticate": "Bearer"},
-            429: {"Retry-After": str(math.ceil(getattr(exc, "retry_after_s", 1)))},
-            503: {"Retry-After": "1"},
-        }.get(status)
-        return json_error(status, exc.message, exc.hint, headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        refused(request, 400)
-        problems = "; ".join(describe_error(error) for error in exc.errors()[:5])
-        return json_error(400, f"the request body is not valid: {problems}", "see the OpenAPI document at /openapi.json")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        refused(request, exc.status_code)
-        return json_error(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
-
+    document_errors(app, amend=lambda document: _describe_bodies(document, settings.serve))
     return app
+
+
+def _counted(handler: Handler) -> Handler:
+    """`handler`, also counting the refusal in the metrics: under its model when that model serves, else under one
+    label, so no caller adds series. A version's own failure the runtime counted already."""
+
+    async def answer(request: Request, exc: Exception) -> JSONResponse:
+        response = await handler(request, exc)
+        if not getattr(exc, "counted", False):
+            runtime: Runtime = request.app.state.runtime
+            name = request.path_params.get("name")
+            runtime.metrics.request(name if name in runtime.routes else serve_metrics.OTHER, None,
+                                    response.status_code)
+        return response
+
+    return answer
 
 
 async def _json(request: Request, model: type[M]) -> M:
@@ -387,7 +357,8 @@ async def _json(request: Request, model: type[M]) -> M:
     try:
         raw = await request.body()
     except ClientDisconnect:  # the client went away, or the body timeout cut it off (see _TimedHttp)
-        raise refusal(408, "the request body did not arrive in full", "send the whole body without pausing") from None
+        raise RequestTimeout("the request body did not arrive in full",
+                             hint="send the whole body without pausing") from None
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != "application/json" and not media_type.endswith("+json"):
         raise BadRequest("the request body must be JSON", hint="send Content-Type: application/json")
@@ -406,26 +377,17 @@ async def _json(request: Request, model: type[M]) -> M:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
 
 
-def _openapi(app: FastAPI, serve: ServeSettings) -> dict[str, Any]:
-    """The OpenAPI document as the server behaves: bodies and their limits, keys, and 400 (never 422) for a bad body."""
-    if app.openapi_schema is None:
-        document = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        schemas = document.setdefault("components", {}).setdefault("schemas", {})
-        for model in (InferRequest, PredictRequest, FeedbackRequest):
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(schema.pop("$defs", {}))
-            schemas[model.__name__] = schema
-        schemas["InferInput"]["properties"]["shape"]["description"] = "[n] or [n, 1] for the n texts in data"
-        for texts in (schemas["PredictRequest"]["properties"]["instances"], schemas["InferInput"]["properties"]["data"]):
-            texts.update(minItems=1, maxItems=serve.max_instances)
-            texts["items"]["maxLength"] = serve.max_text_chars
-        for name in ("HTTPValidationError", "ValidationError"):
-            schemas.pop(name, None)
-        for operations in document["paths"].values():
-            for operation in operations.values():
-                operation["responses"].pop("422", None)
-        app.openapi_schema = document
-    return app.openapi_schema
+def _describe_bodies(document: dict[str, Any], serve: ServeSettings) -> None:
+    """The bodies the routes read themselves (see _json) in the OpenAPI document, with the text limits."""
+    schemas = document["components"]["schemas"]
+    for model in (InferRequest, PredictRequest, FeedbackRequest):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    schemas["InferInput"]["properties"]["shape"]["description"] = "[n] or [n, 1] for the n texts in data"
+    for texts in (schemas["PredictRequest"]["properties"]["instances"], schemas["InferInput"]["properties"]["data"]):
+        texts.update(minItems=1, maxItems=serve.max_instances)
+        texts["items"]["maxLength"] = serve.max_text_chars
 
 
 def hardened_options(serve: ServeSettings) -> dict[str, Any]:
@@ -522,8 +484,8 @@ def _raw_answer(status: int, reason: str, body: dict[str, str]) -> bytes:
     return head.encode() + content
 
 
-_LATE_BODY = _raw_answer(408, "Request Timeout", {"error": "the request body did not arrive in time",
-                                                  "hint": "send the whole body without pausing"})
+_LATE_BODY = _raw_answer(408, "Request Timeout", error_body(
+    RequestTimeout.__name__, "the request body did not arrive in time", "send the whole body without pausing"))
 
 
 def _report_start_failure(task: asyncio.Task[None]) -> None:

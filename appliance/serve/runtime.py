@@ -25,11 +25,12 @@ import numpy as np
 
 from appliance import auth, events, feedback, inference, registry, store, usage
 from appliance.config import Settings
-from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, ServeError
+from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, PayloadTooLarge, ServeError
 from appliance.serve import drift
 from appliance.serve.batching import Batch, Batcher
 from appliance.serve.metrics import Metrics
 from appliance.store import audit, blobs
+from appliance.web import status_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -149,8 +150,9 @@ class Runtime:
         try:
             probabilities = await loaded.predict(texts)
         except ServeError as exc:
-            if exc.status >= 500 and not isinstance(exc, Overloaded):  # the version failed: counted against it
-                self.metrics.request(model, loaded.version, exc.status)
+            status = status_of(type(exc))
+            if status >= 500 and not isinstance(exc, Overloaded):  # the version failed: counted against it
+                self.metrics.request(model, loaded.version, status)
                 exc.counted = True  # type: ignore[attr-defined]
             raise
         elapsed = time.perf_counter() - started
@@ -384,8 +386,8 @@ def check_texts(texts: list[str], max_instances: int, max_chars: int) -> None:
                          hint="split it into several requests")
     for index, text in enumerate(texts):
         if len(text) > max_chars:
-            raise refusal(413, f"instance {index} holds {len(text)} characters; at most {max_chars} are allowed",
-                          "send a shorter text: the model reads only the beginning of one")
+            raise PayloadTooLarge(f"instance {index} holds {len(text)} characters; at most {max_chars} are allowed",
+                                  hint="send a shorter text: the model reads only the beginning of one")
         if (at := surrogate_at(text)) is not None:
             raise BadRequest(f"instance {index} is not valid Unicode text (a lone surrogate at character {at})",
                              hint="send UTF-8 text; a \\uD800-\\uDFFF escape in JSON must be one of a pair")
@@ -401,10 +403,3 @@ def surrogate_at(text: str) -> int | None:
     except UnicodeEncodeError as exc:
         return exc.start
     return None
-
-
-def refusal(status: int, message: str, hint: str) -> BadRequest:
-    """A request out of bounds with the status that says how (413 too large, 408 too slow); errors.py has one class."""
-    refused = BadRequest(message, hint=hint)
-    refused.status = status  # type: ignore[misc]
-    return refused

@@ -110,7 +110,7 @@ def test_other_strings_of_a_body_with_a_lone_surrogate_are_refused_too(server: S
     assert [answer.status_code for answer in (request_id, label, key)] == [400] * 3
     assert "id: Value error, not valid Unicode text" in request_id.json()["error"]
     assert "prediction_id: Value error, not valid Unicode text" in label.json()["error"]
-    assert key.json()["error"].startswith("the request body is not valid")
+    assert key.json()["error"].startswith("the request is not valid")
 
 
 # -- 2. client errors never count as server errors -------------------------------------------------
@@ -174,6 +174,7 @@ def test_a_key_over_its_rate_gets_429_with_retry_after(state: State) -> None:
     key_id = state.token.split("_")[1]
     assert refused.status_code == 429 and refused.headers["Retry-After"] == "2"  # 1 text at 0.5/s, rounded up
     assert refused.json()["error"] == f"API key {key_id} (tests) sent more than its rate of 0.5 texts a second"
+    assert refused.json()["type"] == "RateLimited"
     assert body.status_code == 429
     assert 'appliance_requests_total{model="tickets",status="429",version=""} 2.0' in text
 
@@ -255,7 +256,7 @@ def test_the_openapi_document_says_what_the_server_does(server: Server) -> None:
             for status, answer in responses.items():
                 body = answer.get("content", {}).get("application/json", {}).get("schema")
                 if status != "200" and body is not None:
-                    shown = "Readiness" if path.endswith("/ready") and status == "503" else "ErrorBody"
+                    shown = "Readiness" if path.endswith("/ready") and status == "503" else "Error"
                     assert body == {"$ref": f"#/components/schemas/{shown}"}, (path, status)
     assert not {"HTTPValidationError", "ValidationError"} & set(document["components"]["schemas"])
     predict_doc = document["paths"]["/v1/models/{name}:predict"]["post"]
@@ -265,5 +266,5 @@ def test_the_openapi_document_says_what_the_server_does(server: Server) -> None:
     assert instances["maxItems"] == 256 and instances["minItems"] == 1 and instances["items"]["maxLength"] == MAX_TEXT
     data = document["components"]["schemas"]["InferInput"]["properties"]["data"]
     assert data["maxItems"] == 256 and data["items"]["maxLength"] == MAX_TEXT
-    assert document["components"]["schemas"]["ErrorBody"]["required"] == ["error"]
+    assert document["components"]["schemas"]["Error"]["required"] == ["type", "error"]
     assert empty.status_code == 400 and too_long.status_code == 413  # what the document promises for each

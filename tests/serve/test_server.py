@@ -114,6 +114,27 @@ def test_an_unknown_model_is_a_404_that_names_what_the_key_may_call(server: Serv
     assert response.status_code == 404 and response.json()["hint"] == "served models this key may call: tickets"
 
 
+def test_every_error_body_names_its_class(server: Server) -> None:
+    with server.client(token=None) as anonymous, server.client(server.state.scoped_token) as other_team, \
+            server.client() as client:
+        answers = {
+            "Unauthenticated": predict(anonymous, [BILLING]),
+            "Forbidden": predict(other_team, [BILLING]),
+            "ModelNotFound": predict(client, [BILLING], model="nope"),
+            "BadRequest": predict(client, []),
+            "PayloadTooLarge": predict(client, ["z" * 20_001]),
+            "ValidationError": client.post("/v1/models/tickets:predict", json={"texts": [BILLING]}),
+            "PredictionNotFound": client.post("/v1/feedback", json={"feedback": [{"prediction_id": "p_00",
+                                                                                  "label": "billing"}]}),
+            "RouteNotFound": client.get("/v3/models"),
+            "MethodNotAllowed": client.delete("/v2/health/live"),
+        }
+        answers["too large a body"] = client.post("/v1/models/tickets:predict", content=b"x" * 2_000_000)
+    assert {name: answer.json()["type"] for name, answer in answers.items()} == {
+        **{name: name for name in answers}, "too large a body": "PayloadTooLarge"}
+    assert answers["MethodNotAllowed"].headers["Allow"] == "GET"
+
+
 def test_metrics_count_requests_errors_batches_and_queue_per_version(server: Server) -> None:
     with server.client() as client:
         predict(client, [BILLING, SHIPPING])

@@ -61,3 +61,4 @@ def test_a_body_that_stops_arriving_gets_408(server: Server) -> None:
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408 ") and json.loads(body)["error"] == "the request body did not arrive in time"
+    assert json.loads(body)["type"] == "RequestTimeout"
