@@ -29,10 +29,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("registry", ("appliance.registry", "appliance.auth", "appliance.users", "appliance.feedback",
                   "appliance.usage")),
     ("serve", ("appliance.serve", "appliance.web")),
-    ("operations", ("appliance.pipeline", "appliance.jobspec", "appliance.jobs", "appliance.worker",
-                    "appliance.burst", "appliance.burst_remote", "appliance.autopilot", "appliance.privacy",
+    ("operations", ("appliance.operations", "appliance.pipeline", "appliance.jobspec", "appliance.jobs",
+                    "appliance.worker", "appliance.burst", "appliance.burst_remote", "appliance.autopilot", "appliance.privacy",
                     "appliance.compliance")),
-    ("service", ("appliance.api", "appliance.daemon", "appliance.supervisor", "appliance.client", "appliance.doctor")),
+    ("service", ("appliance.api", "appliance.daemon", "appliance.supervisor", "appliance.client",
+                 "appliance.doctor")),
     ("interface", ("appliance.cli", "appliance.__main__", "tui")),
 ]
 

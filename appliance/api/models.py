@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import Field
 
-from appliance import registry
+from appliance import operations, registry
 from appliance.api.deps import Operator, Shared, Viewer, actor
 from appliance.web import Body
 
@@ -36,7 +36,5 @@ def deploy(model: str, body: DeployRequest, user: Operator, shared: Shared) -> d
 @router.post("/v1/models/{model}/rollback")
 def rollback(model: str, user: Operator, shared: Shared) -> dict[str, Any]:
     with shared.use() as store:
-        if registry.canary_percent(store, model) > 0:
-            registry.stop_canary(store, model, actor=actor(user))
-            return {"model": model, "canary": "stopped"}
-        return {"model": model, "production": registry.rollback(store, model, actor=actor(user))}
+        done = operations.rollback(store, model, actor=actor(user))
+    return {"model": model, **({"canary": "stopped"} if done.canary_stopped else {"production": done.production})}

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from appliance import datasets, feedback, sources
-from appliance.cli.base import cli, daemon_client, json_option, opened_store, print_json, progress_bar
+from appliance import datasets, feedback
+from appliance.cli.base import cli, json_option, opened_store, print_json
+from appliance.cli.connect import connected
 
 
 @cli.group("data")
@@ -38,25 +39,9 @@ def data_import(
     """Check PATH (a CSV or JSONL file, or a folder of class subfolders of images) and store it encrypted."""
     options = {"name": name, "task": task, "text_column": text_column, "label_column": label_column,
                "validation_fraction": validation_fraction, "seed": seed, "residency": residency}
-    with daemon_client() as api:
-        if api is not None:  # the file's bytes go to the daemon, which audits the import under the caller's user
-            total = sources.LocalPath(path).size()
-            with progress_bar(f"sending {path.name}") as progress:
-                done = 0
-
-                def sent(size: int) -> None:
-                    nonlocal done
-                    done += size
-                    progress(done, total, "checking" if done >= total else None)
-
-                answer = api.upload(path, options, sent)
-            ref, unchanged = f"{answer['name']}:{answer['version']}", answer["unchanged"]
+    with connected() as appliance:  # a daemon gets the file's bytes and audits the import under the caller's user
+        ref, unchanged = appliance.import_data(path, options)
     with opened_store() as opened:
-        if api is None:
-            known = {version.id for version in datasets.list_versions(opened)}
-            with progress_bar(f"reading {path.name}") as progress:
-                version = datasets.import_file(opened, path, progress=progress, **options)
-            ref, unchanged = version.ref, version.id in known
         version = datasets.get(opened, ref)
         counts = datasets.load(opened, version).counts
     click.echo(f"{'unchanged, already stored as' if unchanged else 'imported as'} {version.ref}")
@@ -68,13 +53,8 @@ def data_import(
 @click.argument("residency", type=click.Choice(datasets.RESIDENCIES))
 def data_residency(ref: str, residency: str) -> None:
     """Say whether REF (a name: every version; or name:version) may leave this box for a burst; audited."""
-    with daemon_client() as api:
-        if api is not None:
-            changed = [version["name"] + f":{version['version']}" for version in
-                       api.post(f"/v1/datasets/{ref}/residency", {"residency": residency})]
-    if api is None:
-        with opened_store() as opened:
-            changed = [version.ref for version in datasets.set_residency(opened, ref, residency)]
+    with connected() as appliance:
+        changed = appliance.set_residency(ref, residency)
     click.echo(f"{', '.join(changed)}: {residency}")
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from appliance import feedback
-from appliance.cli.base import cli, daemon_client, json_option, opened_store, print_json
-from appliance.store import audit
+from appliance.cli.base import cli, json_option, opened_store, print_json
+from appliance.cli.connect import connected
 
 
 @cli.group("feedback")
@@ -21,13 +21,8 @@ def feedback_group() -> None:
 def feedback_import(path: Path) -> None:
     """Attach the labels in PATH, a CSV file with columns prediction_id and label; all of them, or none."""
     pairs = feedback.read_csv(path)
-    with daemon_client() as api:
-        if api is not None:  # the daemon writes it, audited under the caller's user
-            answer = api.post("/v1/feedback", {"feedback": [{"prediction_id": p, "label": label} for p, label in pairs],
-                                               "source": path.name})
-    if api is None:
-        with opened_store() as opened:
-            answer = feedback.record(opened, pairs, actor=audit.default_actor(), source=path.name)
+    with connected() as appliance:  # a daemon writes it, audited under the caller's user
+        answer = appliance.record_feedback(pairs, path.name)
     models = ", ".join(f"{model} {count}" for model, count in sorted(answer["by_model"].items()))
     click.echo(f"{answer['accepted']} labels stored ({models})")
 

@@ -8,53 +8,18 @@ and submit and cancel queue or cancel for the next daemon start.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from typing import Any
 
 import click
 
 from appliance import client, jobs, jobspec
-from appliance.cli.base import cli, daemon_client, json_option, opened_store, print_json, progress_bar
+from appliance.cli.base import cli, json_option, print_json, progress_bar
+from appliance.cli.connect import Remote, connected
 from appliance.errors import JobError
 from appliance.store import Store
-
-
-class _Jobs:
-    """The same questions, asked of the daemon or of the store."""
-
-    def __init__(self, api: client.Client | None, store: Store | None) -> None:
-        self.api, self.store = api, store
-
-    def list(self, status: str | None) -> list[dict[str, Any]]:
-        if self.api:
-            return self.api.get("/v1/jobs", status=status)
-        return [asdict(job) for job in jobs.list_jobs(self.store, status)]
-
-    def get(self, job_id: str) -> dict[str, Any]:
-        return self.api.get(f"/v1/jobs/{job_id}") if self.api else asdict(jobs.get(self.store, job_id))
-
-    def logs(self, job_id: str) -> list[str]:
-        return self.api.get(f"/v1/jobs/{job_id}/logs") if self.api else jobs.log_lines(self.store, job_id)
-
-    def submit(self, spec: jobspec.Spec, priority: int) -> dict[str, Any]:
-        if self.api:
-            return self.api.post("/v1/jobs", spec.body(priority))
-        return asdict(jobs.submit(self.store, spec, priority))
-
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        return self.api.post(f"/v1/jobs/{job_id}/cancel") if self.api else asdict(jobs.cancel(self.store, job_id))
-
-
-@contextmanager
-def _jobs() -> Iterator[_Jobs]:
-    with daemon_client() as api:
-        if api is not None:
-            yield _Jobs(api, None)
-            return
-    with opened_store() as opened:
-        yield _Jobs(None, opened)
 
 
 @cli.group("jobs")
@@ -67,8 +32,8 @@ def jobs_group() -> None:
 @json_option
 def jobs_list(status: str | None, as_json: bool) -> None:
     """Every job, newest first."""
-    with _jobs() as source:
-        found = source.list(status)
+    with connected() as appliance:
+        found = appliance.jobs(status)
     if as_json:
         print_json(found)
         return
@@ -85,8 +50,8 @@ def jobs_list(status: str | None, as_json: bool) -> None:
 @json_option
 def jobs_show(job_id: str, as_json: bool) -> None:
     """One job: parameters, stage, what its steps made, result or error."""
-    with _jobs() as source:
-        job = source.get(job_id)
+    with connected() as appliance:
+        job = appliance.job(job_id)
     if as_json:
         print_json(job)
         return
@@ -106,8 +71,8 @@ def jobs_show(job_id: str, as_json: bool) -> None:
 @click.argument("job_id")
 def jobs_logs(job_id: str) -> None:
     """What the job's process wrote, oldest first."""
-    with _jobs() as source:
-        for line in source.logs(job_id):
+    with connected() as appliance:
+        for line in appliance.job_logs(job_id):
             click.echo(line)
 
 
@@ -115,8 +80,8 @@ def jobs_logs(job_id: str) -> None:
 @click.argument("job_id")
 def jobs_cancel(job_id: str) -> None:
     """Cancel a queued job, or stop a running one (it checkpoints first)."""
-    with _jobs() as source:
-        job = source.cancel(job_id)
+    with connected() as appliance:
+        job = appliance.cancel(job_id)
     if job["status"] == "cancelled":
         click.echo(f"job {job_id} is cancelled")
     else:
@@ -137,11 +102,11 @@ def jobs_submit(kind: str, pairs: tuple[str, ...], priority: int, follow: bool) 
     train.base_models_dir, never paths.
     """
     spec = jobspec.parse(kind, dict(_pair(pair) for pair in pairs))  # refused here, before anything is sent
-    with _jobs() as source:
-        job = source.submit(spec, priority)
+    with connected() as appliance:
+        job = appliance.submit(spec, priority)
         click.echo(f"job {job['id']} queued ({kind}, priority {priority})")
-        if follow and source.api:
-            follow_job(source.api, job["id"])
+        if follow and isinstance(appliance, Remote):
+            follow_job(appliance.api, job["id"])
 
 
 def run_job(api: client.Client, spec: jobspec.Spec) -> dict[str, Any]:
@@ -175,10 +140,59 @@ def follow_job(api: client.Client, job_id: str) -> dict[str, Any]:
     return api.get(f"/v1/jobs/{job_id}")
 
 
+class Foreground:
+    """This command as an operation's Context when no daemon answers: state in memory, progress on a bar,
+    SIGTERM or Ctrl-C asks the operation to checkpoint and stop."""
+
+    def __init__(self, store: Store, bar: Callable[..., None], state: dict[str, Any] | None = None,
+                 stoppable: bool = True) -> None:
+        self.store, self.actor, self.max_threads = store, None, None
+        self.state = dict(state or {})
+        self.stop_requested = False
+        self._bar = bar
+        if stoppable:  # else Ctrl-C interrupts at once, as it does any command
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, self._stop)
+
+    def _stop(self, _signum: int, _frame: object) -> None:
+        self.stop_requested = True
+
+    def stage(self, name: str) -> None:
+        self._bar(0, 1, name)
+
+    def save(self, **made: Any) -> None:
+        self.state.update(made)
+
+    def report(self, data: dict[str, Any], force: bool = False) -> None:
+        if data.get("total_steps"):
+            self._bar(data["step"], data["total_steps"], _describe(data))
+        elif "remote" in data:
+            self._bar(0, 1, f"ray job {data['remote'].lower()}")
+
+    def log(self, line: str) -> None:
+        click.echo(line, err=True)
+
+    def should_stop(self) -> bool:
+        return self.stop_requested
+
+    def cancelled(self) -> bool:
+        return True  # nothing resumes a foreground burst: a stop cancels the Ray job
+
+
+@contextmanager
+def foreground(store: Store, label: str, state: dict[str, Any] | None = None,
+               stoppable: bool = True) -> Iterator[Foreground]:
+    """A Foreground context drawing on a progress bar for as long as the operations run; stoppable ones
+    checkpoint and stop on SIGTERM or Ctrl-C."""
+    with progress_bar(label) as bar:
+        yield Foreground(store, bar, state, stoppable)
+
+
 def _describe(progress: dict[str, Any]) -> str:
     if progress.get("stage") == "train":
         eta = f" eta {progress['eta_s']:.0f}s" if progress.get("eta_s") is not None else ""
-        return f"train epoch {progress['epoch']}/{progress['epochs']} loss {progress['loss']:.4f}{eta}"
+        speed = f" {progress['samples_per_s']:.1f} samples/s" if progress.get("samples_per_s") is not None else ""
+        return f"train epoch {progress['epoch']}/{progress['epochs']} loss {progress['loss']:.4f}{speed}{eta}"
     if progress.get("stage") == "tune" and "trial" in progress:
         return tune_label(progress)
     return f"{progress.get('stage')}: {progress.get('what', '')}"[:48]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from appliance import registry
-from appliance.cli.base import cli, daemon_client, opened_store, progress_bar, schema_option
-from appliance.cli.jobs import run_job
+from appliance.cli.base import cli, opened_store, schema_option
+from appliance.cli.connect import connected
 from appliance.cli.models import show_version
 from appliance.jobspec import OptimizeJob
 
@@ -24,17 +24,11 @@ def optimize(
     ref: str, no_int8: bool, distill_layers: int | None, max_accuracy_drop: float, calibration_size: int, metric: str
 ) -> None:
     """Export to OpenVINO, quantise to INT8 under an accuracy guard, and register the result as a new version."""
-    from appliance import pipeline  # openvino and torch load only for the commands that need them
-
     spec = OptimizeJob.parse({"version": ref, "int8": not no_int8, "distill_layers": distill_layers,
                               "max_accuracy_drop": max_accuracy_drop, "calibration_size": calibration_size,
                               "metric": metric})
-    with daemon_client() as api:
-        if api is not None:  # the daemon runs it as a job, audited under the caller's user
-            ref = run_job(api, spec)["version"]
+    with connected() as appliance:  # a daemon runs it as a job, audited under the caller's user
+        ref = appliance.run(spec, "optimising")["version"]
     with opened_store() as opened:
-        if api is None:
-            with progress_bar("optimising") as bar:
-                ref = pipeline.optimize_version(opened, ref, spec.optimize_options(), progress=bar).ref
         version = registry.get(opened, ref)
         show_version(version, version.lineage(opened))

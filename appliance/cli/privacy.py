@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from appliance import privacy
-from appliance.cli.base import cli, daemon_client, json_option, opened_store, print_json
+from appliance.cli.base import cli, json_option, print_json
+from appliance.cli.connect import connected
 
 
 @cli.group("privacy")
@@ -31,16 +31,10 @@ def privacy_erase(subject: str, dry_run: bool, yes: bool, as_json: bool) -> None
     """
     if subject == "-":
         subject = sys.stdin.readline().strip()
-    with daemon_client() as api:
-        if api is not None:  # through the daemon: admin only, audited under the caller's user
-            found = api.post("/v1/privacy/erase", {"subject": subject, "dry_run": True})
-            _confirm(found, dry_run or yes)
-            result = found if dry_run else api.post("/v1/privacy/erase", {"subject": subject, "dry_run": False})
-    if api is None:
-        with opened_store() as opened:
-            found = privacy.find(opened, subject).summary()
-            _confirm(found, dry_run or yes)
-            result = found if dry_run else privacy.erase(opened, subject).summary()
+    with connected() as appliance:  # through a daemon: admin only, audited under the caller's user
+        found = appliance.erasure(subject, dry_run=True)
+        _confirm(found, dry_run or yes)
+        result = found if dry_run else appliance.erasure(subject, dry_run=False)
     if as_json:
         print_json({**result, "dry_run": dry_run})
         return

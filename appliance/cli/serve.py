@@ -8,7 +8,8 @@ import os
 import click
 
 from appliance import registry
-from appliance.cli.base import cli, daemon_client, json_option, load_settings, opened_store, print_json
+from appliance.cli.base import cli, json_option, load_settings, opened_store, print_json
+from appliance.cli.connect import connected
 
 
 @cli.command("serve")
@@ -38,16 +39,8 @@ def serve(host: str | None, port: int | None) -> None:
               help="Send this share of traffic (percent) to the version; production keeps the rest.")
 def deploy(ref: str, percent: float | None) -> None:
     """Make a version serve (the newest if none is named): all traffic, or a canary share."""
-    with daemon_client() as api:
-        if api is not None:  # audited under the caller's user
-            model, _, number = ref.partition(":")
-            body = {"canary_percent": percent} | ({"version": int(number)} if number.isdigit() else {})
-            answer = api.post(f"/v1/models/{model}/deploy", body)
-            model, deployed = answer["model"], f"{answer['model']}:{answer['version']}"
-        else:
-            with opened_store() as opened:
-                version = registry.deploy(opened, ref, percent)
-            model, deployed = version.model, version.ref
+    with connected() as appliance:  # a daemon audits it under the caller's user
+        model, deployed = appliance.deploy(ref, percent)
     if percent is None:
         click.echo(f"{deployed} is production; a running server switches to it once it is loaded and warm")
     else:
@@ -59,21 +52,12 @@ def deploy(ref: str, percent: float | None) -> None:
 @click.argument("model")
 def rollback(model: str) -> None:
     """Stop a running canary; with none, production goes back to the version it had before."""
-    with daemon_client() as api:
-        if api is not None:
-            answer = api.post(f"/v1/models/{model}/rollback")
-            canary_stopped, version = "canary" in answer, answer.get("production")
-        else:
-            with opened_store() as opened:
-                canary_stopped = registry.canary_percent(opened, model) > 0
-                if canary_stopped:
-                    registry.stop_canary(opened, model)
-                else:
-                    version = registry.rollback(opened, model)
-    if canary_stopped:
+    with connected() as appliance:
+        done = appliance.rollback(model)
+    if done.canary_stopped:
         click.echo(f"the canary of {model} is stopped: production takes all traffic again")
     else:
-        click.echo(f"{model} production is back to version {version}")
+        click.echo(f"{model} production is back to version {done.production}")
 
 
 @cli.command("predict")

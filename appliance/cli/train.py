@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
 
-from appliance import datasets, jobspec, pipeline, registry
+from appliance import datasets, jobspec, operations, registry
 from appliance.cli.base import (
     cli,
     daemon_client,
@@ -19,34 +16,12 @@ from appliance.cli.base import (
     load_settings,
     opened_store,
     print_json,
-    progress_bar,
     schema_option,
 )
-from appliance.cli.jobs import run_job
+from appliance.cli.jobs import foreground, run_job
 from appliance.errors import JobError
 from appliance.train import runs
 from appliance.train.params import TrainParams
-
-if TYPE_CHECKING:
-    from appliance.store import Store
-    from appliance.train.engine import Progress, RunResult
-
-
-class _StopFlag:
-    """SIGTERM or Ctrl-C asks the run to checkpoint and stop at the next step."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __call__(self) -> bool:
-        return self.requested
-
-    def install(self) -> None:
-        def handler(_signum: int, _frame: object) -> None:
-            self.requested = True
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
 
 
 @cli.command("train")
@@ -98,110 +73,42 @@ def train(
         epochs=epochs, learning_rate=lr, batch_size=batch_size, max_length=max_length, lora=lora, schedule=schedule,
         patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
     )
+    settings = load_settings()
+    job = {"dataset": dataset, "params": params, "device": device, "name": model_name, "burst": burst or None,
+           "fallback": fallback or None}
     if resume_run is None:
         with daemon_client() as api:
             if api is not None:  # the daemon trains it as a job: it survives this shell, and crashes
-                job = {"dataset": dataset, "params": params, "device": device, "name": model_name,
-                       "base": jobspec.base_name(base, load_settings()) if base else None, "burst": burst or None,
-                       "fallback": fallback or None}
-                result = run_job(api, jobspec.TrainJob.parse({key: value for key, value in job.items()
+                named = {"base": jobspec.base_name(base, settings) if base else None}
+                result = run_job(api, jobspec.TrainJob.parse({key: value for key, value in (job | named).items()
                                                               if value is not None}))
                 click.echo(f"run {result['run_id']} finished; registered as {result['version']}")
                 click.echo(f"  optimise it with 'appliance optimize {result['version']}'")
                 return
-    stop = _StopFlag()
-    stop.install()
     with opened_store() as opened:
         source = datasets.get(opened, runs.get(opened, resume_run).dataset_id if resume_run else dataset)
         name = registry.check_name(model_name or source.name)  # before hours of training, not after
-        burst_run = _burst(opened, dataset, base, device, stop, params, fallback) if burst else None
-        if burst_run is not None:
-            result = burst_run
-        else:
-            with progress_bar("training") as bar:
-                result = _run(opened, bar, resume_run, dataset, base, device, stop, params)
+        job["dataset"] = dataset or source.ref
+        spec = jobspec.TrainJob.parse({key: value for key, value in job.items() if value is not None})
+        resumed = {"run_id": runs.get(opened, resume_run).id} if resume_run else {}
+        with foreground(opened, "burst" if burst else "training", resumed) as here:
+            try:
+                result = operations.train(here, spec, spec.dataset, base or settings.base_model)
+            except operations.Stopped:
+                raise JobError("the burst was stopped; the Ray job is cancelled", hint="nothing was stored") from None
         if result.status == "finished":
-            registered = pipeline.register_run(opened, result.run_id, name)
+            trained_on = runs.get(opened, result.run_id).trained_on
+            if trained_on:
+                click.echo(f"trained on {trained_on}")
+            registered = operations.register(here, name, spec.dataset, result.run_id)
     if result.status == "interrupted":
         click.echo(f"run {result.run_id} stopped at step {result.steps} and checkpointed")
         click.echo(f"  continue it with: appliance train --resume {result.run_id}")
-        sys.exit(143 if stop.requested else 1)
+        sys.exit(143 if here.stop_requested else 1)
     summary = ", ".join(f"{metric} {value:.4f}" for metric, value in result.metrics.items())
     click.echo(f"run {result.run_id} finished after {result.steps} steps" + (" (stopped early)" if result.stopped_early else ""))
     click.echo(f"  best validation: {summary}")
     click.echo(f"  registered as {registered.ref}; optimise it with 'appliance optimize {registered.ref}'")
-
-
-def _run(
-    opened: Store, bar: Callable[..., None], resume_run: str | None, dataset: str | None, base: Path | None,
-    device: str | None, stop: _StopFlag, params: TrainParams,
-) -> RunResult:
-    """Start or resume the run, feeding the progress bar."""
-    from appliance.train import engine  # torch loads only for the commands that train
-
-    def show(report: Progress) -> None:
-        bar(report.step, report.total_steps, _describe(report))
-
-    if resume_run:
-        return engine.resume(opened, resume_run, progress=show, should_stop=stop)
-    base_dir = base or load_settings().base_model
-    return engine.start(opened, dataset=dataset, base_dir=base_dir, params=params, device=device, progress=show,
-                        should_stop=stop)
-
-
-def _burst(
-    opened: Store, dataset: str, base: Path | None, device: str | None, stop: _StopFlag, params: TrainParams,
-    fallback: bool,
-) -> RunResult | None:
-    """Train on the Ray cluster in the foreground (Ctrl-C stops the remote job); None to fall back to here."""
-    from appliance import burst
-    from appliance.train.engine import RunResult
-
-    settings = load_settings()
-    request = burst.Request(dataset, base or settings.base_model, params, device, f"cli-{os.getpid()}")
-    with progress_bar("burst") as bar:
-        try:
-            run_id = burst.attempt(opened, settings, request, _BurstWatcher(bar, stop), fallback=fallback)
-        except burst.Interrupted:
-            raise JobError("the burst was stopped; the Ray job is cancelled", hint="nothing was stored") from None
-    if run_id is None:
-        return None
-    run, history = runs.get(opened, run_id), runs.epochs(opened, run_id)
-    click.echo(f"trained on {run.trained_on}")
-    return RunResult(run_id, run.status, run.metrics or {}, run.model_blob, history[-1].step if history else 0, False)
-
-
-class _BurstWatcher:
-    """A foreground burst: progress to the bar, remote log lines to stderr, Ctrl-C cancels."""
-
-    def __init__(self, bar: Callable[..., None], stop: _StopFlag) -> None:
-        self.bar, self.stop = bar, stop
-
-    def submitted(self, submission: dict[str, str]) -> None:
-        pass  # nothing resumes a foreground burst
-
-    def progress(self, data: dict[str, Any]) -> None:
-        if data.get("total_steps"):
-            self.bar(data["step"], data["total_steps"], f"ray: epoch {data['epoch']}/{data['epochs']} {data['phase']}")
-        elif "remote" in data:
-            self.bar(0, 1, f"ray job {data['remote'].lower()}")
-
-    def log(self, line: str) -> None:
-        click.echo(line, err=True)
-
-    def should_stop(self) -> bool:
-        return self.stop()
-
-    def cancelled(self) -> bool:
-        return True
-
-
-def _describe(report: Progress) -> str:
-    eta = f" eta {report.eta_s:.0f}s" if report.eta_s is not None else ""
-    return (
-        f"epoch {report.epoch}/{report.epochs} {report.phase} loss {report.loss:.4f} "
-        f"{report.samples_per_s:.1f} samples/s{eta}"
-    )
 
 
 @cli.group("runs")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 import click
 
-from appliance import datasets, jobspec, pipeline, registry
+from appliance import datasets, jobspec, operations, pipeline, registry
 from appliance.cli.base import (
     cli,
     daemon_client,
@@ -18,11 +17,9 @@ from appliance.cli.base import (
     load_settings,
     opened_store,
     print_json,
-    progress_bar,
     schema_option,
 )
-from appliance.cli.jobs import run_job, tune_label
-from appliance.cli.train import _StopFlag
+from appliance.cli.jobs import foreground, run_job
 from appliance.train import space, studies
 from appliance.train.params import TrainParams
 
@@ -82,8 +79,7 @@ def _foreground(dataset: str | None, budget_s: float | None, base: Path | None, 
                 resume_study: str | None) -> None:
     from appliance.train import tune  # torch and Optuna load only for the commands that train
 
-    stop = _StopFlag()
-    stop.install()
+
     with opened_store() as opened:
         if resume_study:
             study_id = studies.get(opened, resume_study).id
@@ -96,15 +92,13 @@ def _foreground(dataset: str | None, budget_s: float | None, base: Path | None, 
                                    metric=metric, narrowing=narrowing, base_params=TrainParams(), sampler=sampler,
                                    device=device)
             study_id = tune.create(opened, request)
-        with progress_bar(f"search {study_id}") as bar:
-            def show(report: tune.Progress) -> None:
-                bar(round(report.spent_s), round(report.budget_s), tune_label(dataclasses.asdict(report)))
-
-            result = tune.resume(opened, study_id, progress=show, should_stop=stop)
+        with foreground(opened, f"search {study_id}") as here:
+            result = tune.resume(opened, study_id, progress=lambda report: here.report(operations.tune_progress(report)),
+                                 should_stop=here.should_stop)
         if result.status == "interrupted":
             click.echo(f"search {study_id} stopped and checkpointed after {result.trials} trials")
             click.echo(f"  continue it with: appliance tune --resume {study_id}")
-            sys.exit(143 if stop.requested else 1)
+            sys.exit(143 if here.stop_requested else 1)
         registered = pipeline.register_run(opened, result.best_run_id, name)
         _print_study(opened, study_id)
     click.echo(f"best trial: run {result.best_run_id}, {metric} {result.best_value:.4f}; registered as "

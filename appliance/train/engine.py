@@ -50,6 +50,12 @@ class RunResult:
     steps: int
     stopped_early: bool
 
+    @classmethod
+    def of(cls, store: Store, run_id: str) -> RunResult:
+        """A run as its records tell it: one trained earlier, or on the Ray cluster."""
+        run, history = runs.get(store, run_id), runs.epochs(store, run_id)
+        return cls(run_id, run.status, run.metrics or {}, run.model_blob, history[-1].step if history else 0, False)
+
 
 @dataclass
 class _Position:

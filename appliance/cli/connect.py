@@ -1,0 +1,158 @@
+"""The one way a command reaches the appliance: the running daemon, or the store in this process when none answers.
+
+`connected()` yields a Remote (the daemon's control API: authorised and audited as the
+caller's user, long work run as a job the daemon keeps going) or a Local (the store,
+opened with the master key; long work runs here, in the foreground). Both answer the
+same questions in the same shapes, so a command is written once, whichever it gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+from appliance import client, datasets, feedback, jobs, jobspec, operations, privacy, registry, sources
+from appliance.cli.base import daemon_client, opened_store, progress_bar
+from appliance.store import Store, audit
+
+
+class Appliance(Protocol):
+    """What a command may ask, of the daemon or of the store; jobs come back as the control API shows them."""
+
+    def import_data(self, path: Path, options: dict[str, Any]) -> tuple[str, bool]: ...
+    def set_residency(self, ref: str, residency: str) -> list[str]: ...
+    def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]: ...
+    def rollback(self, model: str) -> operations.Rollback: ...
+    def record_feedback(self, pairs: list[tuple[str, str]], source: str) -> dict[str, Any]: ...
+    def erasure(self, subject: str, *, dry_run: bool) -> dict[str, Any]: ...
+    def jobs(self, status: str | None) -> list[dict[str, Any]]: ...
+    def job(self, job_id: str) -> dict[str, Any]: ...
+    def job_logs(self, job_id: str) -> list[str]: ...
+    def submit(self, spec: jobspec.Spec, priority: int) -> dict[str, Any]: ...
+    def cancel(self, job_id: str) -> dict[str, Any]: ...
+    def run(self, spec: jobspec.Spec, label: str) -> dict[str, Any]: ...
+
+
+class Remote:
+    """The running daemon, through its control API."""
+
+    def __init__(self, api: client.Client) -> None:
+        self.api = api
+
+    def import_data(self, path: Path, options: dict[str, Any]) -> tuple[str, bool]:
+        total = sources.LocalPath(path).size()
+        with progress_bar(f"sending {path.name}") as progress:
+            done = 0
+
+            def sent(size: int) -> None:
+                nonlocal done
+                done += size
+                progress(done, total, "checking" if done >= total else None)
+
+            answer = self.api.upload(path, options, sent)
+        return f"{answer['name']}:{answer['version']}", answer["unchanged"]
+
+    def set_residency(self, ref: str, residency: str) -> list[str]:
+        return [f"{version['name']}:{version['version']}"
+                for version in self.api.post(f"/v1/datasets/{ref}/residency", {"residency": residency})]
+
+    def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]:
+        model, _, number = ref.partition(":")
+        body = {"canary_percent": canary_percent} | ({"version": int(number)} if number.isdigit() else {})
+        answer = self.api.post(f"/v1/models/{model}/deploy", body)
+        return answer["model"], f"{answer['model']}:{answer['version']}"
+
+    def rollback(self, model: str) -> operations.Rollback:
+        answer = self.api.post(f"/v1/models/{model}/rollback")
+        return operations.Rollback(model, "canary" in answer, answer.get("production"))
+
+    def record_feedback(self, pairs: list[tuple[str, str]], source: str) -> dict[str, Any]:
+        return self.api.post("/v1/feedback", {"feedback": [{"prediction_id": p, "label": label} for p, label in pairs],
+                                              "source": source})
+
+    def erasure(self, subject: str, *, dry_run: bool) -> dict[str, Any]:
+        return self.api.post("/v1/privacy/erase", {"subject": subject, "dry_run": dry_run})
+
+    def jobs(self, status: str | None) -> list[dict[str, Any]]:
+        return self.api.get("/v1/jobs", status=status)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.api.get(f"/v1/jobs/{job_id}")
+
+    def job_logs(self, job_id: str) -> list[str]:
+        return self.api.get(f"/v1/jobs/{job_id}/logs")
+
+    def submit(self, spec: jobspec.Spec, priority: int) -> dict[str, Any]:
+        return self.api.post("/v1/jobs", spec.body(priority))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self.api.post(f"/v1/jobs/{job_id}/cancel")
+
+    def run(self, spec: jobspec.Spec, label: str) -> dict[str, Any]:
+        from appliance.cli.jobs import run_job
+
+        return run_job(self.api, spec)
+
+
+class Local:
+    """The store, in this process: what the daemon would do, done here and audited as this user."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def import_data(self, path: Path, options: dict[str, Any]) -> tuple[str, bool]:
+        known = {version.id for version in datasets.list_versions(self.store)}
+        with progress_bar(f"reading {path.name}") as progress:
+            version = datasets.import_file(self.store, path, progress=progress, **options)
+        return version.ref, version.id in known
+
+    def set_residency(self, ref: str, residency: str) -> list[str]:
+        return [version.ref for version in datasets.set_residency(self.store, ref, residency)]
+
+    def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]:
+        version = registry.deploy(self.store, ref, canary_percent)
+        return version.model, version.ref
+
+    def rollback(self, model: str) -> operations.Rollback:
+        return operations.rollback(self.store, model)
+
+    def record_feedback(self, pairs: list[tuple[str, str]], source: str) -> dict[str, Any]:
+        return feedback.record(self.store, pairs, actor=audit.default_actor(), source=source)
+
+    def erasure(self, subject: str, *, dry_run: bool) -> dict[str, Any]:
+        return (privacy.find if dry_run else privacy.erase)(self.store, subject).summary()
+
+    def jobs(self, status: str | None) -> list[dict[str, Any]]:
+        return [asdict(job) for job in jobs.list_jobs(self.store, status)]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return asdict(jobs.get(self.store, job_id))
+
+    def job_logs(self, job_id: str) -> list[str]:
+        return jobs.log_lines(self.store, job_id)
+
+    def submit(self, spec: jobspec.Spec, priority: int) -> dict[str, Any]:
+        return asdict(jobs.submit(self.store, spec, priority))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return asdict(jobs.cancel(self.store, job_id))
+
+    def run(self, spec: jobspec.Spec, label: str) -> dict[str, Any]:
+        from appliance.cli.jobs import foreground
+
+        with foreground(self.store, label, stoppable=not isinstance(spec, jobspec.OptimizeJob)) as here:
+            return operations.run(here, spec)
+
+
+@contextmanager
+def connected() -> Iterator[Appliance]:
+    """The daemon when one answers, else the store opened here."""
+    with daemon_client() as api:
+        if api is not None:
+            yield Remote(api)
+            return
+    with opened_store() as opened:
+        yield Local(opened)
