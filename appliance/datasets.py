@@ -41,7 +41,6 @@ TEXT_SUFFIXES = (".csv", ".jsonl", ".ndjson")
 MAX_IMAGE_BYTES = 20 * 2**20
 MAX_SHOWN = 20  # problems (and dropped lines) listed one by one; the rest are counted
 PROGRESS_STEP = 256 * 1024  # bytes read between two progress reports on a text file
-NAME = schema.NAME  # the control API's dataset field takes the same pattern
 ID_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")
 ACTION = "dataset.import"
 LOCAL_ONLY, BURST_ALLOWED = "local-only", "burst-allowed"

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
-from appliance import datasets, sources, users
+from appliance import datasets, schema, sources, users
 from appliance.api.deps import Operator, Settings, Shared, SharedStore, Viewer, actor
 from appliance.web import Body
 
@@ -23,7 +23,7 @@ router = APIRouter()
 class ImportOptions(Body):
     """How to read a dataset and what to call it; the file itself comes as the body or from daemon.import_dir."""
 
-    name: str = Field(pattern=datasets.NAME.pattern, description="the dataset's name; new content becomes its next version")
+    name: str = Field(pattern=schema.NAME.pattern, description="the dataset's name; new content becomes its next version")
     task: Literal["text-classification", "image-classification"] = datasets.TEXT
     text_column: str = Field("text", min_length=1, max_length=200, description="CSV column or JSON field of the text")
     label_column: str = Field("label", min_length=1, max_length=200, description="... and of the label")
