@@ -38,6 +38,7 @@ class Stopped(Exception):
 class Context(Protocol):
     """Where an operation runs: what earlier attempts made, and where its progress and logs go."""
 
+    id: str  # the name a burst is known by on the cluster: the job's id, or the foreground command's
     store: Store
     actor: str | None
     state: dict[str, Any]  # what earlier attempts made: dataset, run_id, registered, optimized, deployed, burst
@@ -111,17 +112,13 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
 def _burst(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) -> str | None:
     """Train on the Ray cluster: the finished local run's id, or None when it failed and may fall back to here."""
     ctx.stage("burst")
-    request = burst.Request(dataset, base, spec.params, spec.device, _burst_name(ctx), ctx.actor)
+    request = burst.Request(dataset, base, spec.params, spec.device, ctx.id, ctx.actor)
     try:
         return burst.attempt(ctx.store, ctx.store.settings, request, _BurstWatcher(ctx), ctx.state.get("burst"),
                              spec.fallback)
     except burst.Interrupted:
         raise Stopped from None
 
-
-def _burst_name(ctx: Context) -> str:
-    """The name the cluster knows the burst by: the job's id, or the foreground run's."""
-    return getattr(ctx, "id", None) or ctx.state.setdefault("name", f"cli-{id(ctx):x}")
 
 
 @dataclass

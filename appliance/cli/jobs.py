@@ -8,6 +8,7 @@ and submit and cancel queue or cancel for the next daemon start.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -146,7 +147,7 @@ class Foreground:
 
     def __init__(self, store: Store, bar: Callable[..., None], state: dict[str, Any] | None = None,
                  stoppable: bool = True) -> None:
-        self.store, self.actor, self.max_threads = store, None, None
+        self.id, self.store, self.actor, self.max_threads = f"cli-{os.getpid()}", store, None, None
         self.state = dict(state or {})
         self.stop_requested = False
         self._bar = bar
