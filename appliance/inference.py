@@ -20,8 +20,8 @@ import numpy as np
 import openvino as ov
 import tokenizers
 
-from appliance import archive, scoring
-from appliance.errors import ArtifactError, OptimizeError
+from appliance.core import archive, scoring
+from appliance.core.errors import ArtifactError, OptimizeError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what load_tokenizer reads
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")

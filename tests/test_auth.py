@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from appliance import auth
-from appliance.errors import AuthError, Forbidden, RegistryError, Unauthenticated
+from appliance.access import auth
+from appliance.core.errors import AuthError, Forbidden, RegistryError, Unauthenticated
 from appliance.store import Store, audit
 from tests.conftest import run_cli
 

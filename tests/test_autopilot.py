@@ -10,9 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance import autopilot, config, events, feedback, jobs, jobspec, registry
+from appliance import registry
+from appliance.core import config
+from appliance.operations import autopilot, jobs, jobspec
+from appliance.registry import feedback
 from appliance.serve.metrics import LATENCY_BUCKETS, Counts
-from appliance.store import Store, audit, blobs
+from appliance.store import Store, audit, blobs, events
 from tests.test_feedback import answer, served_version
 
 POLICY = config.Policy(enabled=True, canary_min_feedback=30, canary_max_feedback=200, new_examples=10,
@@ -106,7 +109,7 @@ def test_a_retrain_names_its_base_model_folder_or_says_once_why_it_cannot(
     ids = answer(opened, feedback.PredictionLog(), version, [f"new words {n}" for n in range(10)])
     feedback.record(opened, [(i, "billing") for i in ids], actor="user:ann")
     pilot, settings = autopilot.Autopilot(dict), pilot_settings(opened)
-    with caplog.at_level(logging.INFO, logger="appliance.autopilot"):
+    with caplog.at_level(logging.INFO, logger="appliance.operations.autopilot"):
         for _ in range(2):  # no train.base_models_dir yet: the daemon could not load that base
             pilot._last = 0
             pilot.tick(opened, settings)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance import config
+from appliance.core import config
 from appliance.store import Store, audit, backups
 from tests.conftest import run_cli
 from tests.daemon import Daemon

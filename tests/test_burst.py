@@ -31,9 +31,12 @@ import psutil
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from appliance import archive, burst, config, datasets, jobs, jobspec, pipeline, registry, worker
+from appliance import registry
 from appliance.compliance import evidence
-from appliance.errors import BurstError, ResidencyRefused
+from appliance.core import archive, config
+from appliance.core.errors import BurstError, ResidencyRefused
+from appliance.data import datasets
+from appliance.operations import burst, jobs, jobspec, pipeline, worker
 from appliance.store import Store, audit, blobs, lifecycle
 from appliance.train import runs
 from appliance.train.params import TrainParams
@@ -393,7 +396,8 @@ def _run_job(opened: Store, params: dict[str, Any]) -> jobs.Job:
 
 
 def _job_events(running: Daemon, job_id: str) -> list[Any]:
-    from appliance import events, store
+    from appliance import store
+    from appliance.store import events
 
     with store.open(running.settings) as opened:
         return events.after(opened, 0, job_id, limit=100_000)

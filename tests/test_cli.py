@@ -12,8 +12,9 @@ from pathlib import Path
 import click
 import pytest
 
-from appliance import config, store
+from appliance import store
 from appliance.cli import cli
+from appliance.core import config
 from appliance.store import blobs, lifecycle, migrations
 from tests.conftest import run_cli
 

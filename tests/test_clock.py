@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
-from appliance import clock
+from appliance.core import clock
 
 MOMENT = datetime(2026, 11, 20, 13, 14, 8, 78_900, tzinfo=UTC)
 

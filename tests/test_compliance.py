@@ -9,9 +9,13 @@ from typing import Any
 
 import pytest
 
-from appliance import auth, burst, config, datasets, registry, users
+from appliance import registry
+from appliance.access import auth, users
 from appliance.compliance import evidence, pack
-from appliance.errors import EvidenceError
+from appliance.core import config
+from appliance.core.errors import EvidenceError
+from appliance.data import datasets
+from appliance.operations import burst
 from appliance.store import Store, anchor, audit, lifecycle
 from appliance.train.params import TrainParams
 from tests.conftest import model_trained_on, run_cli, write_tickets

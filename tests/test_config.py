@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance import config
-from appliance.errors import ConfigError
+from appliance.core import config
+from appliance.core.errors import ConfigError
 from tests.conftest import run_cli
 
 

@@ -18,8 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from appliance import events, jobs, jobspec, store, users
-from appliance.store import audit
+from appliance import store
+from appliance.access import users
+from appliance.operations import jobs, jobspec
+from appliance.store import audit, events
 from appliance.train import runs
 from tests.daemon import TINY, Daemon, alive, submit
 
@@ -73,7 +75,7 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
 
 
 def test_kill_9_mid_training_then_restart_resumes_from_the_checkpoint(daemon: Daemon) -> None:
-    from appliance import datasets
+    from appliance.data import datasets
 
     with store.open(daemon.settings) as opened:
         datasets.import_file(opened, daemon.settings.state_dir.parent / "tickets.csv", name="tickets")
@@ -104,7 +106,7 @@ def test_kill_9_mid_training_then_restart_resumes_from_the_checkpoint(daemon: Da
 
 
 def test_sigterm_drains_the_running_job_back_into_the_queue(daemon: Daemon) -> None:
-    from appliance import datasets
+    from appliance.data import datasets
 
     with store.open(daemon.settings) as opened:
         datasets.import_file(opened, daemon.settings.state_dir.parent / "tickets.csv", name="tickets")
@@ -129,7 +131,7 @@ def test_an_open_event_stream_ends_when_the_daemon_stops(daemon: Daemon) -> None
 
 
 def test_a_higher_priority_job_preempts_and_a_cancel_stops(daemon: Daemon) -> None:
-    from appliance import datasets
+    from appliance.data import datasets
 
     with store.open(daemon.settings) as opened:
         datasets.import_file(opened, daemon.settings.state_dir.parent / "tickets.csv", name="tickets")
@@ -372,7 +374,7 @@ def test_the_daemon_speaks_systemds_notify_protocol(notify_socket: socket.socket
 
 
 def test_sighup_rereads_the_config_file(daemon: Daemon, tmp_path: Path) -> None:
-    from appliance import datasets
+    from appliance.data import datasets
 
     daemon.stop()
     config_file = tmp_path / "appliance.toml"
@@ -394,7 +396,7 @@ def test_sighup_rereads_the_config_file(daemon: Daemon, tmp_path: Path) -> None:
 
 def test_serving_slower_than_its_objective_holds_jobs_back(opened: store.Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor's judgement on the daemon's own metrics, in-process: windows of fast, then slow, answers."""
-    from appliance import supervisor as service
+    from appliance.daemon import supervisor as service
     from appliance.serve.metrics import Metrics
 
     monkeypatch.setattr(service, "LATENCY_WINDOW_S", 0.0)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from appliance import datasets
-from appliance.errors import DatasetError
+from appliance.core.errors import DatasetError
+from appliance.data import datasets
 from appliance.store import Store, audit, blobs
 from tests.conftest import run_cli
 

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from appliance import config, datasets, doctor, registry, store
+from appliance import registry, store
+from appliance.core import config
+from appliance.daemon import doctor
+from appliance.data import datasets
 from appliance.store import audit, blobs, keys, lifecycle
 from tests.conftest import model_trained_on, run_cli, write_tickets
 

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance import datasets, feedback, registry
-from appliance.errors import DatasetError, FeedbackError, Forbidden, PredictionNotFound
+from appliance import registry
+from appliance.core.errors import DatasetError, FeedbackError, Forbidden, PredictionNotFound
+from appliance.data import datasets
+from appliance.registry import feedback
 from appliance.store import Store, audit, blobs
 from appliance.train import runs
 from tests.conftest import run_cli
@@ -152,7 +154,7 @@ def test_the_cli_imports_a_labelled_csv_all_or_nothing(opened: Store, tmp_path: 
 
 
 def test_an_erasure_request_reaches_served_texts_and_their_feedback(opened: Store, tmp_path: Path) -> None:
-    from appliance import privacy
+    from appliance.operations import privacy
 
     version = served_version(opened, tmp_path)
     ids = answer(opened, feedback.PredictionLog(), version, ["mail from Jane.Doe@example.com", "nothing personal"])

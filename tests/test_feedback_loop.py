@@ -11,7 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from appliance import datasets, feedback, store
+from appliance import store
+from appliance.data import datasets
+from appliance.registry import feedback
 from appliance.store import audit
 from tests.conftest import FILLER, WORDS
 from tests.daemon import Daemon, submit

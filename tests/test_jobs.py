@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from appliance import events, jobs, jobspec, worker
-from appliance.errors import ConfinementError, JobError, JobNotFound
-from appliance.store import Store, audit
+from appliance.core.errors import ConfinementError, JobError, JobNotFound
+from appliance.operations import jobs, jobspec, worker
+from appliance.store import Store, audit, events
 from appliance.train.params import TrainParams
 
 

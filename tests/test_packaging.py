@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
 
-from appliance import config
-from appliance.errors import ConfigError
+from appliance.core import config
+from appliance.core.errors import ConfigError
 from appliance.store import keys
 
 REPOSITORY = Path(__file__).resolve().parent.parent

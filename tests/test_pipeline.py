@@ -8,8 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance import archive, datasets, inference, pipeline, registry
-from appliance.errors import RegistryError
+from appliance import inference, registry
+from appliance.core import archive
+from appliance.core.errors import RegistryError
+from appliance.data import datasets
+from appliance.operations import pipeline
 from appliance.store import Store, audit, blobs
 from appliance.train import engine, runs
 from appliance.train.params import TrainParams

@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from appliance import datasets, jobs, jobspec, privacy, registry, store, users
-from appliance.errors import DatasetError, ErasureError
+from appliance import registry, store
+from appliance.access import users
+from appliance.core.errors import DatasetError, ErasureError
+from appliance.data import datasets
+from appliance.operations import jobs, jobspec, privacy
 from appliance.store import Store, audit, blobs
 from tests.conftest import model_trained_on, run_cli, write_tickets
 from tests.daemon import Daemon

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance import datasets, registry
-from appliance.errors import RegistryError
+from appliance import registry
+from appliance.core.errors import RegistryError
+from appliance.data import datasets
 from appliance.store import Store, audit, blobs
 from appliance.train import runs
 from tests.conftest import run_cli

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance import sdnotify
+from appliance.core import sdnotify
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +63,7 @@ def test_an_unreachable_socket_returns_false_and_warns_once(
     socket_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("NOTIFY_SOCKET", str(socket_dir / "gone"))
-    with caplog.at_level(logging.WARNING, logger="appliance.sdnotify"):
+    with caplog.at_level(logging.WARNING, logger="appliance.core.sdnotify"):
         assert sdnotify.notify(WATCHDOG=1) is False
         assert sdnotify.notify(WATCHDOG=1) is False
     assert [record.levelno for record in caplog.records] == [logging.WARNING]

@@ -13,7 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from appliance import datasets, store, users
+from appliance import store
+from appliance.access import users
+from appliance.data import datasets
 from appliance.store import audit
 from tests.conftest import run_cli
 from tests.daemon import Daemon

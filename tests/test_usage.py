@@ -7,7 +7,10 @@ import io
 from datetime import date, timedelta
 from pathlib import Path
 
-from appliance import datasets, jobs, jobspec, store, usage
+from appliance import store
+from appliance.data import datasets
+from appliance.operations import jobs, jobspec
+from appliance.registry import usage
 from appliance.store import Store
 from tests.conftest import run_cli
 from tests.daemon import TINY, Daemon, submit

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from appliance import auth, config, store, users
-from appliance.errors import AuthError, DaemonError, Forbidden, Unauthenticated
+from appliance import store
+from appliance.access import auth, users
+from appliance.core import config
+from appliance.core.errors import AuthError, DaemonError, Forbidden, Unauthenticated
 from appliance.store import Store, audit
 from tests.conftest import run_cli
 from tests.test_auth import _malformed

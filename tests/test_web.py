@@ -13,10 +13,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from appliance import config, errors
-from appliance.client import Client
-from appliance.errors import ApplianceError
-from appliance.web import EXCEPTION_HANDLERS, STATUS, status_of
+from appliance.core import config, errors
+from appliance.core.errors import ApplianceError
+from appliance.daemon.client import Client
+from appliance.serve.web import EXCEPTION_HANDLERS, STATUS, status_of
 
 # What the classes answered when each carried its own status, and the two that BadRequest's instances once set.
 KEPT = {errors.ApplianceError: 400, errors.FeedbackError: 400, errors.PredictionNotFound: 404,

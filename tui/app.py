@@ -23,8 +23,9 @@ from textual.binding import Binding
 from textual.reactive import reactive
 from textual.worker import Worker, WorkerState
 
-from appliance import client, config
-from appliance.errors import ApplianceError, DaemonUnreachable, Unauthenticated
+from appliance.core import config
+from appliance.core.errors import ApplianceError, DaemonUnreachable, Unauthenticated
+from appliance.daemon import client
 from tui.screens.audit import AuditScreen
 from tui.screens.base import ApplianceScreen
 from tui.screens.datasets import DatasetsScreen
@@ -38,7 +39,7 @@ RETRY_S = 2.0  # how soon the event stream asks again after the daemon went away
 
 
 class Daemon(Protocol):
-    """What the TUI asks of the daemon: appliance.client.AsyncClient, or a stand-in in tests."""
+    """What the TUI asks of the daemon: appliance.daemon.client.AsyncClient, or a stand-in in tests."""
 
     async def get(self, path: str, **params: Any) -> Any: ...
 

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Label, Sparkline, Static
 
-from appliance import clock
+from appliance.core import clock
 
 
 class NavBar(Static):

@@ -38,7 +38,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     users,
 )
 from appliance.cli.base import cli
-from appliance.errors import ApplianceError
+from appliance.core.errors import ApplianceError
 
 __all__ = ["cli", "main"]
 

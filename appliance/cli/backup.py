@@ -8,9 +8,11 @@ from pathlib import Path
 
 import click
 
-from appliance import client, config, store
+from appliance import store
 from appliance.cli.base import cli, json_option, load_settings, opened_store, print_json, progress_bar
-from appliance.errors import BackupError, StoreError
+from appliance.core import config
+from appliance.core.errors import BackupError, StoreError
+from appliance.daemon import client
 from appliance.store import backups
 
 

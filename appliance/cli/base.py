@@ -14,8 +14,10 @@ from typing import Any, Literal, get_args, get_origin
 import click
 from pydantic import BaseModel
 
-from appliance import client, config, schema, store
-from appliance.errors import KeyMissing
+from appliance import store
+from appliance.core import config, schema
+from appliance.core.errors import KeyMissing
+from appliance.daemon import client
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from appliance import clock
 from appliance.cli.base import cli, json_option, opened_store, print_json
 from appliance.compliance import pack
+from appliance.core import clock
 
 
 @cli.group("compliance")

@@ -14,8 +14,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from appliance import client, datasets, feedback, jobs, jobspec, operations, privacy, registry, sources
+from appliance import operations, registry
 from appliance.cli.base import daemon_client, opened_store, progress_bar
+from appliance.daemon import client
+from appliance.data import datasets, sources
+from appliance.operations import jobs, jobspec, privacy
+from appliance.registry import feedback
 from appliance.store import Store, audit
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import click
 
-from appliance import client, logs
 from appliance.cli.base import cli, load_settings
-from appliance.config import Settings
-from appliance.errors import DaemonError
+from appliance.core import logs
+from appliance.core.config import Settings
+from appliance.core.errors import DaemonError
+from appliance.daemon import client
 
 
 @cli.command("daemon")
@@ -21,7 +22,7 @@ from appliance.errors import DaemonError
               help="text: journald-friendly lines; json: one object per line.")
 def daemon(log_format: str) -> None:
     """Run the service: control API, inference server and job worker, until SIGTERM."""
-    from appliance import daemon as service
+    from appliance.daemon import service
 
     logging.getLogger().handlers.clear()  # main() set up terminal logging; a service logs for journald instead
     logs.setup(log_format)

@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 import click
 
-from appliance import doctor as checks
 from appliance.cli.base import cli, json_option, load_settings, print_json
+from appliance.daemon import doctor as checks
 
 
 @cli.command("doctor")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from appliance import feedback
 from appliance.cli.base import cli, json_option, opened_store, print_json
 from appliance.cli.connect import connected
+from appliance.registry import feedback
 
 
 @cli.group("feedback")

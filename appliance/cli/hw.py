@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from appliance import hardware
 from appliance.cli.base import cli, json_option, load_settings, print_json
+from appliance.core import hardware
 
 
 @cli.command("hw")

@@ -16,10 +16,11 @@ from typing import Any
 
 import click
 
-from appliance import client, jobs, jobspec
 from appliance.cli.base import cli, json_option, print_json, progress_bar
 from appliance.cli.connect import Remote, connected
-from appliance.errors import JobError
+from appliance.core.errors import JobError
+from appliance.daemon import client
+from appliance.operations import jobs, jobspec
 from appliance.store import Store
 
 

@@ -8,7 +8,7 @@ from appliance import registry
 from appliance.cli.base import cli, opened_store, schema_option
 from appliance.cli.connect import connected
 from appliance.cli.models import show_version
-from appliance.jobspec import OptimizeJob
+from appliance.operations.jobspec import OptimizeJob
 
 
 @cli.command("optimize")

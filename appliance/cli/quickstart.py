@@ -21,12 +21,12 @@ from typing import Any
 import click
 import httpx
 
-from appliance import client
 from appliance.cli.base import cli, load_settings
 from appliance.cli.jobs import result_of
-from appliance.config import Settings
-from appliance.errors import ApplianceError, DaemonError
-from appliance.jobspec import PipelineJob
+from appliance.core.config import Settings
+from appliance.core.errors import ApplianceError, DaemonError
+from appliance.daemon import client
+from appliance.operations.jobspec import PipelineJob
 from appliance.store import keys, lifecycle
 
 SAMPLE_NAME = "sample-tickets"

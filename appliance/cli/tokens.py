@@ -6,7 +6,7 @@ import dataclasses
 
 import click
 
-from appliance import auth
+from appliance.access import auth
 from appliance.cli.base import cli, json_option, opened_store, print_json
 
 

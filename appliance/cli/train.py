@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from appliance import datasets, jobspec, operations, registry
+from appliance import operations, registry
 from appliance.cli.base import (
     cli,
     daemon_client,
@@ -19,7 +19,9 @@ from appliance.cli.base import (
     schema_option,
 )
 from appliance.cli.jobs import foreground, run_job
-from appliance.errors import JobError
+from appliance.core.errors import JobError
+from appliance.data import datasets
+from appliance.operations import jobspec
 from appliance.train import runs
 from appliance.train.params import TrainParams
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from appliance import datasets, jobspec, operations, pipeline, registry
+from appliance import operations, registry
 from appliance.cli.base import (
     cli,
     daemon_client,
@@ -20,6 +20,8 @@ from appliance.cli.base import (
     schema_option,
 )
 from appliance.cli.jobs import foreground, run_job
+from appliance.data import datasets
+from appliance.operations import jobspec, pipeline
 from appliance.train import space, studies
 from appliance.train.params import TrainParams
 

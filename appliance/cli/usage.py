@@ -8,8 +8,8 @@ from datetime import date
 
 import click
 
-from appliance import usage
 from appliance.cli.base import cli, json_option, opened_store, print_json
+from appliance.registry import usage
 from appliance.store import audit
 
 HEADINGS = {"day": "day", "user": "user", "model": "model", "cpu_hours": "CPU h", "gpu_hours": "GPU h",

@@ -6,7 +6,7 @@ import dataclasses
 
 import click
 
-from appliance import users
+from appliance.access import users
 from appliance.cli.base import cli, json_option, opened_store, print_json
 
 

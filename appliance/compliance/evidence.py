@@ -18,7 +18,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from appliance import auth, clock, datasets, feedback, privacy, registry, users
+from appliance import registry
+from appliance.access import auth, users
+from appliance.core import clock
+from appliance.data import datasets
+from appliance.operations import privacy
+from appliance.registry import feedback
 from appliance.store import Store, anchor, audit, blobs, keys, migrations
 from appliance.train import runs, studies
 

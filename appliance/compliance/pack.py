@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.compliance import evidence, render
-from appliance.errors import EvidenceError
+from appliance.core.errors import EvidenceError
 from appliance.store import Store, anchor, audit
 
 MANIFEST, SIGNATURE = "manifest.json", "manifest.sig"

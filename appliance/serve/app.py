@@ -2,7 +2,7 @@
 
 Every endpoint but health needs an API key (`Authorization: Bearer apl_...` or
 `X-API-Key`), scoped per model; the key is checked, and the key's rate admitted, before
-the body is read. Every error is a JSON body of `appliance.web` (type, error, hint) with
+the body is read. Every error is a JSON body of `appliance.serve.web` (type, error, hint) with
 the status that says whose fault it is; a bad request changes nothing. The OpenAPI
 document at /openapi.json (for key holders) states the keys, the limits and every status
 a route can answer, for clients and fuzzers to hold the server to; the one rule JSON
@@ -35,13 +35,13 @@ from pydantic.json_schema import SkipJsonSchema
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from appliance import auth
-from appliance.config import ServeSettings, Settings
-from appliance.errors import ApplianceError, BadRequest, Forbidden, RateLimited, RequestTimeout
+from appliance.access import auth
+from appliance.core.config import ServeSettings, Settings
+from appliance.core.errors import ApplianceError, BadRequest, Forbidden, RateLimited, RequestTimeout
 from appliance.serve import metrics as serve_metrics
 from appliance.serve import tls
 from appliance.serve.runtime import Runtime, surrogate_at
-from appliance.web import EXCEPTION_HANDLERS, Body, BodyLimit, Handler, document_errors, error_answers, error_body
+from appliance.serve.web import EXCEPTION_HANDLERS, Body, BodyLimit, Handler, document_errors, error_answers, error_body
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

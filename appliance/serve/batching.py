@@ -35,7 +35,7 @@ import tokenizers
 from tokenizers import models, normalizers, pre_tokenizers
 
 from appliance import inference
-from appliance.errors import BadRequest, Overloaded, ServeError
+from appliance.core.errors import BadRequest, Overloaded, ServeError
 
 log = logging.getLogger(__name__)
 SPLIT_RATIO = 2.0  # start a new piece when a text is this much longer than the piece's shortest...

@@ -23,14 +23,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from appliance import auth, events, feedback, inference, registry, store, usage
-from appliance.config import Settings
-from appliance.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, PayloadTooLarge, ServeError
+from appliance import inference, registry, store
+from appliance.access import auth
+from appliance.core.config import Settings
+from appliance.core.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, PayloadTooLarge, ServeError
+from appliance.registry import feedback, usage
 from appliance.serve import drift
 from appliance.serve.batching import Batch, Batcher
 from appliance.serve.metrics import Metrics
-from appliance.store import audit, blobs
-from appliance.web import status_of
+from appliance.serve.web import status_of
+from appliance.store import audit, blobs, events
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

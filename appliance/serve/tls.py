@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from appliance import clock
-from appliance.config import Settings
+from appliance.core import clock
+from appliance.core.config import Settings
 
 VALID_DAYS = 825  # the longest validity browsers and most clients accept
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import sqlite_utils
 
-from appliance.config import Settings
-from appliance.errors import StoreError
+from appliance.core.config import Settings
+from appliance.core.errors import StoreError
 from appliance.store import db as store_db
 from appliance.store import keys, migrations
 

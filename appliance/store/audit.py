@@ -33,8 +33,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from appliance import clock
-from appliance.errors import AuditDiverged, AuditWriteFailed
+from appliance.core import clock
+from appliance.core.errors import AuditDiverged, AuditWriteFailed
 from appliance.store import Store, anchor, keys
 from appliance.store.db import transaction
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import sqlite_utils
 
-from appliance import clock
 from appliance import store as store_pkg
-from appliance.config import Settings
-from appliance.errors import BackupError, KeyMismatch, StoreError, TamperDetected
+from appliance.core import clock
+from appliance.core.config import Settings
+from appliance.core.errors import BackupError, KeyMismatch, StoreError, TamperDetected
 from appliance.store import Store, anchor, audit, blobs, keys, lifecycle, migrations
 from appliance.store import db as store_db
 

@@ -25,8 +25,8 @@ from typing import TypeVar
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from appliance import clock
-from appliance.errors import BlobNotFound, TamperDetected
+from appliance.core import clock
+from appliance.core.errors import BlobNotFound, TamperDetected
 from appliance.store import Store, keys, seal
 from appliance.store.db import start_writeback, transaction
 

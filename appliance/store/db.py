@@ -17,7 +17,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from appliance.errors import StoreError
+from appliance.core.errors import StoreError
 
 BUSY_TIMEOUT_MS = 30_000
 

@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from appliance.config import Settings
-from appliance.errors import KeyMismatch, KeyMissing, StoreError, TamperDetected
+from appliance.core.config import Settings
+from appliance.core.errors import KeyMismatch, KeyMissing, StoreError, TamperDetected
 from appliance.store.db import fsync, transaction
 
 KEY_BYTES = 32

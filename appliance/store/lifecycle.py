@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from appliance import store as store_pkg
-from appliance.config import Settings
-from appliance.errors import StoreError
+from appliance.core.config import Settings
+from appliance.core.errors import StoreError
 from appliance.store import Store, audit, keys, migrations
 from appliance.store import db as store_db
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import sqlite_utils
 
-from appliance import clock
-from appliance.errors import SchemaTooNew, StoreError
+from appliance.core import clock
+from appliance.core.errors import SchemaTooNew, StoreError
 from appliance.store import db as store_db
 
 

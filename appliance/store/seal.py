@@ -22,7 +22,7 @@ from typing import BinaryIO
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from appliance.errors import TamperDetected
+from appliance.core.errors import TamperDetected
 
 NONCE_BYTES = 12
 

@@ -19,7 +19,7 @@ import tokenizers
 import torch
 
 from appliance import inference
-from appliance.errors import OptimizeError
+from appliance.core.errors import OptimizeError
 from appliance.train import tasks
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from appliance import clock
+from appliance.core import clock
 from appliance.store import Store, audit, blobs
 
 

@@ -20,9 +20,10 @@ import torch
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from appliance import archive, inference
-from appliance.datasets import LoadedDataset
-from appliance.errors import JobError, OptimizeError
+from appliance import inference
+from appliance.core import archive
+from appliance.core.errors import JobError, OptimizeError
+from appliance.data.datasets import LoadedDataset
 from appliance.train.bundle import TorchRunner, load_text_classifier
 
 LAYER_PATHS = ("encoder.layer", "transformer.layer")  # BERT, MiniLM, RoBERTa, ELECTRA; DistilBERT

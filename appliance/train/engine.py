@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from appliance import datasets, hardware, scoring
-from appliance.errors import JobError
+from appliance.core import hardware, scoring
+from appliance.core.errors import JobError
+from appliance.data import datasets
 from appliance.store import Store, blobs
 from appliance.train import checkpoint, runs, tasks
 from appliance.train.params import TrainParams

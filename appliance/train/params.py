@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from appliance.schema import Strict
+from appliance.core.schema import Strict
 
 Metric = Literal["macro_f1", "accuracy"]
 

@@ -11,8 +11,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from appliance import clock
-from appliance.errors import JobError
+from appliance.core import clock
+from appliance.core.errors import JobError
 from appliance.store import Store, audit, blobs
 
 

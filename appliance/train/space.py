@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from appliance.errors import ConfigError
-from appliance.schema import problems
+from appliance.core.errors import ConfigError
+from appliance.core.schema import problems
 from appliance.train.params import TrainParams
 
 Space = dict[str, Any]  # field -> {"low", "high", "log"} | list of choices | a fixed value

@@ -13,8 +13,8 @@ import secrets
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from appliance import clock
-from appliance.errors import JobError, StudyNotFound
+from appliance.core import clock
+from appliance.core.errors import JobError, StudyNotFound
 from appliance.store import Store, audit
 from appliance.store.db import transaction
 from appliance.train import runs

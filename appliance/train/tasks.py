@@ -19,9 +19,9 @@ from PIL import Image
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from appliance import archive
-from appliance.datasets import LoadedDataset
-from appliance.errors import JobError
+from appliance.core import archive
+from appliance.core.errors import JobError
+from appliance.data.datasets import LoadedDataset
 
 # Files of a Hugging Face model directory that travel with the model (weights excluded).
 _TOKENIZER_FILES = (

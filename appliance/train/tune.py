@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from appliance import datasets, hardware
-from appliance.errors import JobError, PlanError
+from appliance.core import hardware
+from appliance.core.errors import JobError, PlanError
+from appliance.data import datasets
 from appliance.store import Store
 from appliance.train import engine, runs, space, studies
 from appliance.train.params import TrainParams

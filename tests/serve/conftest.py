@@ -15,7 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from appliance import archive, auth, config, datasets, inference, optimize, pipeline, registry, store
+from appliance import inference, optimize, registry, store
+from appliance.access import auth
+from appliance.core import archive, config
+from appliance.data import datasets
+from appliance.operations import pipeline
 from appliance.store import lifecycle
 from appliance.train import engine
 from appliance.train.bundle import load_text_classifier

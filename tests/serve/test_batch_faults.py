@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from appliance import inference
-from appliance.errors import BadRequest, ServeError
+from appliance.core.errors import BadRequest, ServeError
 from appliance.serve import batching
 
 WORDS = ["refund", "parcel", "login", "the", "my", "invoice", "courier", "crash", "again", "please"]

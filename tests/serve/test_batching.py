@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from appliance import inference
-from appliance.errors import Overloaded
+from appliance.core.errors import Overloaded
 from appliance.serve import batching
 from tests.conftest import Trained
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from appliance import autopilot, config, feedback
+from appliance.core import config
+from appliance.operations import autopilot
+from appliance.registry import feedback
 from appliance.serve import metrics
 from appliance.serve.metrics import LATENCY_BUCKETS, Counts
 

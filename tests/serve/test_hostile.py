@@ -12,8 +12,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance import autopilot, config, feedback
-from appliance.errors import BadRequest
+from appliance.core import config
+from appliance.core.errors import BadRequest
+from appliance.operations import autopilot
+from appliance.registry import feedback
 from appliance.serve import metrics as serve_metrics
 from appliance.serve.metrics import LATENCY_BUCKETS, Counts
 from appliance.serve.runtime import Runtime

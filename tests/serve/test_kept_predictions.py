@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from appliance import feedback
+from appliance.registry import feedback
 from appliance.store import Store, audit
 from tests.test_feedback import LABELS, answer, served_version
 

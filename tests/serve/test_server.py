@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance import auth, events, registry
-from appliance.store import audit
+from appliance import registry
+from appliance.access import auth
+from appliance.store import audit, events
 from tests.serve.conftest import Server, start_server, stop_server
 
 BILLING = "refund for the invoice charge please"

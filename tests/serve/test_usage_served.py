@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from appliance import auth, usage
+from appliance.access import auth
+from appliance.registry import usage
 from tests.serve.conftest import Server
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.config import Settings
+from appliance.core.config import Settings
 from appliance.store import Store, audit
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from appliance import store
-from appliance.config import Settings
-from appliance.errors import AuditWriteFailed
+from appliance.core.config import Settings
+from appliance.core.errors import AuditWriteFailed
 from appliance.store import Store, audit, blobs
 from tests.conftest import run_cli
 

@@ -9,7 +9,7 @@ import random
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from appliance.errors import BlobNotFound, TamperDetected
+from appliance.core.errors import BlobNotFound, TamperDetected
 from appliance.store import Store, blobs, keys
 
 CHUNK = blobs.CHUNK_SIZE

@@ -12,12 +12,13 @@ import time
 import pytest
 
 from appliance import store
-from appliance.config import Settings
+from appliance.core.config import Settings
 from appliance.store import Store, blobs
 
 PUT_FOREVER = """
 import os, sys
-from appliance import config, store
+from appliance import store
+from appliance.core import config
 from appliance.store import blobs
 
 with store.open(config.load()) as opened:
@@ -30,7 +31,8 @@ with store.open(config.load()) as opened:
 
 PUT_AND_GET_LARGE = """
 import json, os, resource, sys
-from appliance import config, store
+from appliance import store
+from appliance.core import config
 from appliance.store import blobs
 
 size_mib = int(sys.argv[1])

@@ -7,8 +7,8 @@ import sqlite3
 import pytest
 
 from appliance import store
-from appliance.config import Settings
-from appliance.errors import SchemaTooNew
+from appliance.core.config import Settings
+from appliance.core.errors import SchemaTooNew
 from appliance.store import Store, audit, blobs, lifecycle, migrations
 from appliance.store.db import transaction
 from tests.conftest import run_cli

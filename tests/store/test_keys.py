@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from appliance import store
-from appliance.config import Settings
-from appliance.errors import KeyMismatch, KeyMissing, StoreError
+from appliance.core.config import Settings
+from appliance.core.errors import KeyMismatch, KeyMissing, StoreError
 from appliance.store import Store, audit, blobs, keys, lifecycle
 from tests.conftest import run_cli
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from appliance import auth, store
-from appliance.config import Settings
-from appliance.errors import AuditDiverged
+from appliance import store
+from appliance.access import auth
+from appliance.core.config import Settings
+from appliance.core.errors import AuditDiverged
 from appliance.store import Store, audit, blobs
 from tests.conftest import run_cli
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance import store, users
+from appliance import store
+from appliance.access import users
 from appliance.train import studies
 from tests.conftest import run_cli, write_tickets
 from tests.daemon import TINY, Daemon, alive, submit

@@ -9,8 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from appliance import archive, datasets, hardware, optimize
-from appliance.errors import JobError, OptimizeError
+from appliance import optimize
+from appliance.core import archive, hardware
+from appliance.core.errors import JobError, OptimizeError
+from appliance.data import datasets
 from appliance.train import distill
 from appliance.train.bundle import load_text_classifier
 from tests.conftest import Trained

@@ -82,7 +82,7 @@ def test_lora_trains_adapters_only(opened: Store, tickets: str, tiny_base: Path)
 
 
 def test_a_finished_run_cannot_be_resumed(opened: Store, tickets: str, tiny_base: Path) -> None:
-    from appliance.errors import JobError
+    from appliance.core.errors import JobError
 
     result = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**{**FAST, "epochs": 1}))
     with pytest.raises(JobError, match="already finished"):
@@ -114,7 +114,7 @@ def test_the_cuda_path_fine_tunes_the_bundled_model_with_mixed_precision(opened:
     """The quickstart's own job on a GPU: the default base model, the sample data, default parameters."""
     from importlib import resources
 
-    from appliance import datasets
+    from appliance.data import datasets
 
     with resources.as_file(resources.files("appliance.samples") / "support_tickets.csv") as sample:
         datasets.import_file(opened, sample, name="sample")
@@ -129,7 +129,7 @@ def test_the_cuda_path_fine_tunes_the_bundled_model_with_mixed_precision(opened:
 def test_an_image_classifier_trains_on_an_image_folder(opened: Store, tmp_path: Path) -> None:
     from PIL import Image
 
-    from appliance import datasets
+    from appliance.data import datasets
 
     colours = {"red": (220, 30, 30), "blue": (30, 30, 220)}
     for label, colour in colours.items():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.store import Store, audit
 from appliance.train import engine, runs, space, studies, tune
 from appliance.train.params import TrainParams
@@ -94,8 +94,8 @@ def test_a_space_file_narrows_the_default_and_bad_entries_are_named(tmp_path: Pa
 def test_a_space_too_large_for_the_box_is_refused_before_training(
     opened: Store, tickets: str, tiny_base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from appliance import hardware
-    from appliance.errors import PlanError
+    from appliance.core import hardware
+    from appliance.core.errors import PlanError
 
     monkeypatch.setattr(hardware, "BUDGET_SHARE", {"cpu": 1e-9, "cuda": 1e-9})  # a box with no memory to spare
     with pytest.raises(PlanError, match="refused 10 trials in a row"):

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from appliance import config
-from appliance.errors import ApplianceError
+from appliance.core import config
+from appliance.core.errors import ApplianceError
 from appliance.store import lifecycle
 from tests.conftest import write_tickets
 from tests.daemon import TINY, Daemon, environment, settings_of, submit

@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Digits, Input, Label, Static
 
-from appliance.errors import ApplianceError
+from appliance.core.errors import ApplianceError
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Dialog, FormDialog, fields
 from tui.widgets import Table, ago

@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker
 
-from appliance.errors import ApplianceError
+from appliance.core.errors import ApplianceError
 from tui.widgets import NavBar, StatusLine
 
 if TYPE_CHECKING:

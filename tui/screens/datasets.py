@@ -12,8 +12,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Collapsible, DataTable, DirectoryTree, Input, Label, Select, Static
 
-from appliance import datasets
-from appliance.errors import ApplianceError
+from appliance.core.errors import ApplianceError
+from appliance.data import datasets
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import FormDialog, fields
 from tui.widgets import Table, ago

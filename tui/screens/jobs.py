@@ -22,8 +22,9 @@ from textual.widgets import (
     Switch,
 )
 
-from appliance import jobspec, schema
-from appliance.errors import ApplianceError
+from appliance.core import schema
+from appliance.core.errors import ApplianceError
+from appliance.operations import jobspec
 from appliance.train.params import TrainParams
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog, fields

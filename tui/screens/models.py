@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Label, Static
 
-from appliance.errors import ApplianceError
+from appliance.core.errors import ApplianceError
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog
 from tui.widgets import Table, ago, number, percent

@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Grid
 from textual.widgets import Static
 
-from appliance.hardware import format_bytes
+from appliance.core.hardware import format_bytes
 from tui.screens.base import ApplianceScreen
 from tui.widgets import ago, duration, meter, percent
 

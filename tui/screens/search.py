@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Label, Static
 
-from appliance.errors import ApplianceError
+from appliance.core.errors import ApplianceError
 from tui.screens.dialogs import Dialog
 from tui.widgets import Chart, Table, duration, meter
 

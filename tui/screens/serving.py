@@ -12,8 +12,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Input, Label, Select, Static
 
-from appliance import clock
-from appliance.errors import ApplianceError
+from appliance.core import clock
+from appliance.core.errors import ApplianceError
 from tui.screens.base import ApplianceScreen
 from tui.widgets import Table, number, percent
 

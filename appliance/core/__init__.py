@@ -1,0 +1,1 @@
+"""What every layer may use: errors, settings, the clock, names and paths, logs, the host."""

@@ -1,0 +1,67 @@
+"""Deterministic tar archives built and read in memory: how model files travel between steps.
+
+A model bundle or an optimised artifact is several files (weights, graph, tokenizer,
+manifest) stored as one encrypted blob. They are packed and unpacked from bytes only,
+so no plaintext weight ever reaches a disk; fixed metadata makes the same files give
+the same bytes, and so the same content hash.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from appliance.core.errors import ArtifactError
+
+
+def pack(files: Iterable[tuple[str, bytes]], *, mode: int = 0o600) -> bytes:
+    """An uncompressed tar of (name, content) pairs, in the order given, with mtime 0."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, content in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(content), mode, 0
+            tar.addfile(info, io.BytesIO(content))
+    return out.getvalue()
+
+
+def unpack(data: bytes) -> dict[str, bytes]:
+    """The regular files of a tar, by name, read from bytes."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    except tarfile.TarError as exc:
+        raise ArtifactError(f"a stored model artifact is not a readable tar: {exc}") from exc
+
+
+@contextmanager
+def memory_folder(files: dict[str, bytes]) -> Iterator[Path]:
+    """A folder whose files live in RAM (memfds), for libraries that only load from a path.
+
+    The folder holds symlinks to /proc/self/fd/N and nothing else, so no content reaches a disk;
+    the paths work in this process only.
+    """
+    descriptors = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="appliance-mem-") as folder:
+            for name, content in files.items():
+                descriptor = os.memfd_create(name, os.MFD_CLOEXEC)
+                descriptors.append(descriptor)
+                _write_all(descriptor, content)
+                Path(folder, name).symlink_to(f"/proc/self/fd/{descriptor}")
+            yield Path(folder)
+    finally:
+        for descriptor in descriptors:
+            os.close(descriptor)
+
+
+def _write_all(descriptor: int, content: bytes) -> None:
+    """os.write may take less than it is given (large writes); loop until all of it is written."""
+    view = memoryview(content)
+    while view:
+        view = view[os.write(descriptor, view):]

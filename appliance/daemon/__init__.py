@@ -1,0 +1,1 @@
+"""The service: its lifecycle (service), the control API (api), the job supervisor, the client and the doctor."""

@@ -1,0 +1,85 @@
+"""The control API: what the CLI and the TUI ask the daemon, over a local socket.
+
+Every call but /v1/health carries a user token (`Authorization: Bearer apu_...`) and
+is checked against the role it needs: viewer reads, operator changes data, jobs and
+deployments, admin manages users. Changes are audited by the operations they call,
+with the user as actor; a refused call is audited too (who, what, why), so probing
+leaves a trace. Reads are audited as `api.read` once per user and endpoint every ten
+minutes: who looked at what stays on record, and a TUI polling every second does not
+bury the log. Errors are the JSON bodies of `appliance.serve.web`, never a traceback.
+
+One router per resource, in the modules beside this one; what the handlers share (the
+store, the caller, the inference runtime) comes from `deps`, which reads the app's state.
+Handlers are plain functions run in FastAPI's thread pool; they share the daemon's
+one Store, one at a time (SQLite connections are not for concurrent use). The serving
+endpoints are async instead: they read the inference server's runtime, which lives on
+the daemon's event loop, and never touch the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from appliance.core import system
+from appliance.core.errors import BadRequest
+from appliance.daemon.api import audit, datasets, events, health, jobs, models, privacy, serving, usage, users
+from appliance.daemon.api.deps import SharedStore
+from appliance.serve.metrics import Metrics, TrafficWindow
+from appliance.serve.runtime import Runtime
+from appliance.serve.web import EXCEPTION_HANDLERS, BodyLimit, document_errors, error_answers, error_response
+
+MAX_JSON_BYTES = 1 << 20  # every body but a dataset upload
+UPLOAD_BODY_TIMEOUT_S = 3600.0  # a dataset of daemon.max_upload_mb may take a while to arrive; heads are as quick
+_ROUTERS = (health.router, events.router, jobs.router, datasets.router, models.router, serving.router, audit.router,
+            users.router, usage.router, privacy.router)
+_ERRORS = error_answers({
+    400: "the request is not valid: what, where and how to fix it",
+    401: "no user token, or one that is unknown or revoked",
+    403: "the user's role may not do this",
+    404: "no such job, run, search, dataset or model",
+    413: "the body is over its limit",
+    503: "the daemon cannot do this now (no inference server, the audit log diverged)",
+})
+_TOKEN = {"userToken": {"type": "http", "scheme": "bearer"}}
+_OPEN_PATHS = {route.path for route in health.open_router.routes}
+
+
+def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtime: Runtime | None = None) -> FastAPI:
+    """The ASGI app; `status` gives the daemon's own view (pid, servers, the running job), `runtime` what serves."""
+    app = FastAPI(title="appliance control", version=metadata.version("appliance"), docs_url=None, redoc_url=None,
+                  openapi_url=None, exception_handlers={**EXCEPTION_HANDLERS, UnicodeEncodeError: _not_unicode})
+    settings = shared.store.settings
+    upload_limit = int(settings.daemon.max_upload_mb * 2**20)
+    app.add_middleware(BodyLimit,
+                       limit=lambda scope: upload_limit if scope["path"] == datasets.UPLOAD_PATH else MAX_JSON_BYTES,
+                       hint=f"a dataset may be up to daemon.max_upload_mb ({settings.daemon.max_upload_mb:g} MiB);"
+                            " any other request at most 1 MiB")
+    system.load(settings.state_dir)  # primes the CPU share, which is measured between calls
+    app.state.shared, app.state.status, app.state.runtime = shared, status, runtime
+    app.state.traffic = TrafficWindow(runtime.metrics if runtime else Metrics())
+    app.state.hardware = {}  # detected on the first ask
+    app.include_router(health.open_router)
+    for router in _ROUTERS:
+        app.include_router(router, responses=_ERRORS)
+    document_errors(app, amend=_secured)
+    return app
+
+
+def _secured(document: dict[str, Any]) -> None:
+    """Every operation but health takes a user token, which deps reads from the Authorization header itself."""
+    document["components"]["securitySchemes"] = _TOKEN
+    for path, operations in document["paths"].items():
+        for operation in operations.values():
+            if path not in _OPEN_PATHS:
+                operation["security"] = [{name: []} for name in _TOKEN]
+
+
+async def _not_unicode(_request: Request, _exc: UnicodeEncodeError) -> JSONResponse:
+    """A lone surrogate (valid JSON, invalid text) met the database or a file: the caller's input, a 400."""
+    return error_response(BadRequest("the request holds text that is not valid Unicode (a lone surrogate such as"
+                                     " \\ud800)", hint="send text as UTF-8; nothing was changed"))

@@ -1,0 +1,47 @@
+"""The audit log: its records, a check of the whole chain, and an export for archiving elsewhere."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import PlainTextResponse
+
+from appliance.daemon.api import deps  # deps.actor: the routes' own `actor` is a query parameter
+from appliance.daemon.api.deps import Admin, Shared, Since, Viewer
+from appliance.store import audit
+
+router = APIRouter()
+
+
+class JsonLines(PlainTextResponse):
+    media_type = "application/x-ndjson"
+
+
+@router.get("/v1/audit")
+def audit_records(
+    _user: Viewer, shared: Shared, since: Since, actor: str | None = None, action: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+) -> list[dict[str, Any]]:
+    """Records, oldest first (the newest `limit`); action a glob such as 'keys.*'."""
+    with shared.use() as store:
+        found = audit.rows(store, since=since, actor=actor or None, action=action or None, limit=limit)
+    return [{**row, "details": json.loads(row["details"])} for row in found]
+
+
+@router.post("/v1/audit/verify")
+def verify_audit(user: Viewer, shared: Shared) -> dict[str, Any]:
+    """Walk the whole chain and its anchored head now; the check itself goes on the record."""
+    with shared.use() as store:
+        return asdict(audit.check(store, actor=deps.actor(user)))
+
+
+@router.get("/v1/audit/export", response_class=JsonLines)
+def export_audit(user: Admin, shared: Shared) -> JsonLines:
+    """Every record as JSON lines, for archiving elsewhere; the export is recorded."""
+    with shared.use() as store:
+        lines = list(audit.export_jsonl(store))
+        audit.record(store, "audit.export", "api", actor=deps.actor(user), format="jsonl", records=len(lines))
+    return JsonLines("".join(line + "\n" for line in lines))

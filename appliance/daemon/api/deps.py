@@ -1,0 +1,170 @@
+"""What the control API's handlers are lent, as FastAPI dependencies reading the app's state: the daemon's one
+store (one handler at a time), the caller (checked against the role a route needs, refusals audited), and the
+inference runtime."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import Depends, Header, Query, Request
+
+from appliance.access import users
+from appliance.core import config
+from appliance.core.errors import AuthError, BadRequest, DaemonError
+from appliance.serve.runtime import Runtime
+from appliance.store import Store, audit
+
+READ_AUDIT_S = 600.0
+REFUSALS_WINDOW_S = 60.0  # refusals of one source and caller are written once, then counted for this long
+REFUSALS_TRACKED = 10_000  # sources and callers tracked at once; more are counted together
+
+
+class SharedStore:
+    """The daemon's store, lent to one handler at a time."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._reads: dict[tuple[str, str], float] = {}  # (user id, endpoint) -> when last audited
+        self._refusals: dict[tuple[str, str], _Refusals] = {}  # (source, caller) -> refusals of this window
+        self.closing = threading.Event()  # set as the daemon stops: open event streams end rather than hold it up
+
+    @contextmanager
+    def use(self) -> Iterator[Store]:
+        with self._lock:
+            yield self.store
+
+    def note_read(self, store: Store, user: users.User, request: Request) -> None:
+        """Audit a read, unless this user's read of this endpoint was audited in the last READ_AUDIT_S."""
+        route = request.scope.get("route")
+        endpoint = getattr(route, "path", request.url.path)  # /v1/jobs/{job_id}, not every id apart
+        now = time.monotonic()
+        if now - self._reads.get((user.id, endpoint), -READ_AUDIT_S) < READ_AUDIT_S:
+            return
+        self._reads[(user.id, endpoint)] = now
+        audit.record(store, "api.read", f"GET {endpoint}", actor=actor(user))
+
+    def note_refusal(self, store: Store, who: str, source: str, request: Request, reason: str) -> None:
+        """Audit a refused call: the first of a source and caller in a window at once, the rest as one count.
+
+        Probing stays on the record (who, from where, what, why, how often) without a row per request, so a
+        flood of bad tokens cannot grow the audit log without bound.
+        """
+        key = (source, who) if len(self._refusals) < REFUSALS_TRACKED else ("many sources", "many callers")
+        found = self._refusals.get(key)
+        now = time.monotonic()
+        if found is not None and now - found.since < REFUSALS_WINDOW_S:
+            found.count += 1
+            if len(found.requests) < 10:
+                found.requests.add(_route(request))
+            return
+        if found is not None:
+            _write_refusals(store, key, found)
+        self._refusals[key] = _Refusals(now)
+        audit.record(store, "api.refused", f"{request.method} {request.url.path[:200]}", actor=who, source=source,
+                     reason=reason)
+
+    def flush_refusals(self, store: Store, *, everything: bool = False) -> None:
+        """Write the counts of windows that ended (all of them as the daemon stops)."""
+        now = time.monotonic()
+        for key, found in list(self._refusals.items()):
+            if everything or now - found.since >= REFUSALS_WINDOW_S:
+                del self._refusals[key]
+                _write_refusals(store, key, found)
+
+
+@dataclass
+class _Refusals:
+    """Refusals of one source and caller after the first one of a window, not yet written."""
+
+    since: float
+    count: int = 0
+    requests: set[str] = field(default_factory=set)
+
+
+def _write_refusals(store: Store, key: tuple[str, str], found: _Refusals) -> None:
+    if found.count:
+        audit.record(store, "api.refused", ", ".join(sorted(found.requests)), actor=key[1], source=key[0],
+                     repeated=found.count, window_s=REFUSALS_WINDOW_S)
+
+
+def _route(request: Request) -> str:
+    route = request.scope.get("route")
+    return f"{request.method} {getattr(route, 'path', None) or request.url.path[:200]}"
+
+
+def actor(user: users.User) -> str:
+    """Who the audit records of a user's calls name."""
+    return f"user:{user.name}"
+
+
+def _source(request: Request) -> str:
+    """Where a call came from: an address over TCP; over the unix socket, the socket (its group is the gate)."""
+    return request.client.host if request.client and request.client.host else "local socket"
+
+
+# -- the dependencies ------------------------------------------------------------------------------
+# The trivial ones are async, so FastAPI calls them on the event loop rather than in a thread.
+
+
+async def _shared(request: Request) -> SharedStore:
+    return request.app.state.shared
+
+
+async def _settings(request: Request) -> config.Settings:
+    return request.app.state.shared.store.settings
+
+
+async def _runtime(request: Request) -> Runtime:
+    """The inference server's runtime; it lives on the daemon's event loop and never touches the store."""
+    runtime: Runtime | None = request.app.state.runtime
+    if runtime is None:
+        raise DaemonError("this control API runs without an inference server", hint="'appliance daemon' runs both")
+    return runtime
+
+
+def _caller(role: str) -> Callable[..., users.User]:
+    """A dependency: the user behind the request's token, if their role is at least `role`."""
+
+    def check(request: Request,
+              authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> users.User:
+        token = authorization.removeprefix("Bearer ").strip() if authorization else None
+        shared: SharedStore = request.app.state.shared
+        user: users.User | None = None
+        with shared.use() as store:
+            try:
+                user = users.authenticate(store, token)
+                users.require(user, role)
+            except AuthError as exc:
+                shared.note_refusal(store, actor(user) if user else "anonymous", _source(request), request,
+                                    exc.message)
+                raise
+            if request.method == "GET":
+                shared.note_read(store, user, request)
+        return user
+
+    return check
+
+
+def _since(since: Annotated[str | None, Query(max_length=40, description=(
+        "a date or time (2026-11-01, 2026-11-01T08:00; UTC unless it says) or an age (30m, 12h, 7d)"))] = None,
+) -> datetime | None:
+    try:
+        return audit.parse_since(since) if since else None
+    except ValueError as exc:
+        raise BadRequest(str(exc), hint="give since as 2026-11-01, 2026-11-01T08:00, 30m, 12h or 7d") from exc
+
+
+Shared = Annotated[SharedStore, Depends(_shared)]
+Settings = Annotated[config.Settings, Depends(_settings)]
+Serving = Annotated[Runtime, Depends(_runtime)]
+Since = Annotated[datetime | None, Depends(_since)]
+Viewer = Annotated[users.User, Depends(_caller("viewer"))]
+Operator = Annotated[users.User, Depends(_caller("operator"))]
+Admin = Annotated[users.User, Depends(_caller("admin"))]

@@ -1,0 +1,80 @@
+"""Jobs (submit, follow, cancel), and the training runs and hyperparameter searches they leave."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter
+
+from appliance.daemon.api.deps import Operator, Shared, Viewer, actor
+from appliance.operations import jobs
+from appliance.operations.jobspec import JobRequest  # one body per kind, told apart by "kind": /openapi.json shows each
+from appliance.train import runs, studies
+
+router = APIRouter()
+
+
+@router.get("/v1/jobs")
+def list_jobs(_user: Viewer, shared: Shared, status: str | None = None) -> list[dict[str, Any]]:
+    with shared.use() as store:
+        return [asdict(job) for job in jobs.list_jobs(store, status)]
+
+
+@router.post("/v1/jobs", status_code=201)
+def submit(body: JobRequest, user: Operator, shared: Shared) -> dict[str, Any]:
+    with shared.use() as store:
+        return asdict(jobs.submit(store, body.spec, body.priority, actor=actor(user)))
+
+
+@router.get("/v1/jobs/{job_id}")
+def get_job(job_id: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
+    with shared.use() as store:
+        return asdict(jobs.get(store, job_id))
+
+
+@router.get("/v1/jobs/{job_id}/logs")
+def job_logs(job_id: str, _user: Viewer, shared: Shared) -> list[str]:
+    with shared.use() as store:
+        return jobs.log_lines(store, job_id)
+
+
+@router.post("/v1/jobs/{job_id}/cancel")
+def cancel(job_id: str, user: Operator, shared: Shared) -> dict[str, Any]:
+    with shared.use() as store:
+        return asdict(jobs.cancel(store, job_id, actor=actor(user)))
+
+
+@router.get("/v1/runs")
+def list_runs(_user: Viewer, shared: Shared) -> list[dict[str, Any]]:
+    with shared.use() as store:
+        return [asdict(run) for run in runs.list_runs(store)]
+
+
+@router.get("/v1/runs/{run_id}")
+def get_run(run_id: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
+    """A training run and its epochs so far: loss and validation metrics, for charts."""
+    with shared.use() as store:
+        run = runs.get(store, run_id)
+        return {**asdict(run), "epochs": [asdict(epoch) for epoch in runs.epochs(store, run.id)]}
+
+
+@router.get("/v1/studies")
+def list_studies(_user: Viewer, shared: Shared) -> list[dict[str, Any]]:
+    """Every hyperparameter search, oldest first, with how many trials it ran and its best value."""
+    with shared.use() as store:
+        return [_study_summary(record, studies.trials(store, record.id)) for record in studies.list_studies(store)]
+
+
+@router.get("/v1/studies/{study_id}")
+def get_study(study_id: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
+    """What `appliance tune show --json` gives: the search, its trials best first with their curves, importances."""
+    with shared.use() as store:
+        return studies.describe(store, study_id)
+
+
+def _study_summary(record: studies.Study, trials: list[studies.Trial]) -> dict[str, Any]:
+    best = next((trial.value for trial in trials if trial.run_id == record.best_run_id and trial.state == "complete"),
+                None)
+    return {**asdict(record), "trials": len(trials), "pruned": sum(trial.state == "pruned" for trial in trials),
+            "best_value": best}

@@ -1,0 +1,80 @@
+"""What serves and how well: traffic and drift per version, a prediction to try, true labels, live accuracy.
+
+The routes that ask the inference runtime are async: it lives on the daemon's event loop and never touches the
+store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import Field
+
+from appliance.daemon.api.deps import Operator, Serving, Settings, Shared, SharedStore, Viewer, actor
+from appliance.registry import feedback
+from appliance.serve import app as inference
+from appliance.serve.web import Body
+
+router = APIRouter()
+_NO_TRAFFIC = {"requests": 0, "requests_per_s": None, "error_rate": None, "p50_ms": None, "p99_ms": None}
+
+
+class PredictRequest(Body):
+    texts: list[str] = Field(min_length=1, description="texts to classify with the model as it serves now")
+
+
+class FeedbackRequest(inference.FeedbackRequest):
+    source: str = Field("api", max_length=200, description="where the labels come from, e.g. the file's name")
+
+
+@router.get("/v1/serving")
+async def serving(request: Request, _user: Viewer, runtime: Serving, shared: Shared,
+                  settings: Settings) -> dict[str, Any]:
+    """What serves, with requests/s, error rate and latency over the last minute, and drift per version."""
+    served_now = runtime.describe()
+    seconds, stats = request.app.state.traffic.summary()
+    live = {(entry["model"], entry["version"]): entry["windows"]["24h"]
+            for entry in await asyncio.to_thread(_quality, shared)}
+    models = []
+    for served in served_now:
+        name = served["model"]
+        for version in served["versions"]:
+            version.update(stats.get((name, str(version["version"])), _NO_TRAFFIC))
+            version["feedback"] = live.get((name, version["version"]))
+        models.append({**served, **stats.get((name, "all"), _NO_TRAFFIC), "endpoints": {
+            "predict": f"{settings.inference_url}/v1/models/{name}:predict",
+            "infer": f"{settings.inference_url}/v2/models/{name}/infer"}})
+    return {"inference_url": settings.inference_url, "ready": runtime.ready, "window_s": seconds, "models": models}
+
+
+@router.post("/v1/models/{model}/predict")
+async def try_prediction(model: str, body: PredictRequest, user: Viewer, runtime: Serving) -> dict[str, Any]:
+    """Classify texts with the model as it serves (counted like any request); for trying it out."""
+    loaded, probabilities, ids = await runtime.predict(model, body.texts, actor(user))
+    return {"model": model, "version": loaded.version, "variant": loaded.variant,
+            "predictions": inference.label_scores(loaded.labels, probabilities, ids)}
+
+
+@router.post("/v1/feedback")
+async def post_feedback(body: FeedbackRequest, user: Operator, runtime: Serving) -> dict[str, Any]:
+    """True labels for predictions of any model (what `appliance feedback import` sends)."""
+    return await runtime.record_feedback([(item.prediction_id, item.label) for item in body.feedback], actor(user),
+                                         source=body.source)
+
+
+@router.get("/v1/quality")
+def quality(_user: Viewer, shared: Shared, model: str | None = None) -> list[dict[str, Any]]:
+    """Live accuracy on feedback by model version over the last hour, day and week, and the labels not yet
+    trained on."""
+    with shared.use() as store:
+        found = feedback.quality(store, model)
+        for entry in found:
+            entry["unused_labels"] = feedback.unused(store, entry["model"])
+    return found
+
+
+def _quality(shared: SharedStore) -> list[dict[str, Any]]:
+    with shared.use() as store:
+        return feedback.quality(store)

@@ -1,0 +1,196 @@
+"""The CLI's and the TUI's side of the control API: HTTP over the daemon's unix socket.
+
+The token is $APPLIANCE_TOKEN, else the local admin token the daemon leaves (mode 0600)
+for its own user in the state directory. An error answer becomes the ApplianceError its
+body names (`type`), so commands report it, and catch it, like any other; a type this
+client does not know is an ApplianceError. Client serves the CLI; AsyncClient,
+the same calls awaited, serves the TUI's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any, Self
+
+import httpx
+
+from appliance.core import config
+from appliance.core.errors import ApplianceError, DaemonUnreachable, RateLimited
+from appliance.data import sources
+
+TIMEOUT_S = 30.0
+UPLOAD_TIMEOUT_S = 3600.0  # the daemon checks a large upload (every image decoded) before it answers
+UPLOAD_CHUNK = 1 << 20
+EVENTS_SILENCE_S = 10.0  # the daemon sends a keep-alive every half second: this much silence means it is gone
+
+
+def daemon_running(settings: config.Settings) -> bool:
+    """Whether a daemon answers on the control socket."""
+    if not settings.socket_path.exists():
+        return False
+    try:
+        with _http(settings, None) as http:
+            return http.get("/v1/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+class Client:
+    def __init__(self, settings: config.Settings) -> None:
+        self._http = _http(settings, _token(settings))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._http.close()
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self._request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._request("POST", path, json=body or {})
+
+    def upload(self, path: Path, options: dict[str, Any], sent: Callable[[int], None] = lambda size: None) -> Any:
+        """Import a local file (or image folder) by sending its bytes: the daemon never opens a path of ours."""
+        params, chunks = _upload(path, options, sent)
+        return self._request("POST", "/v1/datasets", params=params, content=chunks,
+                             headers={"Content-Type": "application/octet-stream"}, timeout=UPLOAD_TIMEOUT_S)
+
+    def events(self, after: int = 0, subject: str | None = None) -> Iterator[dict[str, Any]]:
+        """Server-sent events as dicts (seq, topic, subject, kind, data), until the caller stops reading."""
+        try:
+            with self._http.stream("GET", "/v1/events", params=_event_params(after, subject), timeout=None) as response:
+                _raise_for(response, response.read() if response.status_code >= 400 else b"")
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        yield json.loads(line.removeprefix("data: "))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        _raise_for(response, response.content)
+        return response.json() if _is_json(response) else response.text
+
+
+class AsyncClient:
+    def __init__(self, settings: config.Settings) -> None:
+        self._http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(settings.socket_path)),
+                                       **_options(_token(settings)))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self._http.aclose()
+
+    async def get(self, path: str, **params: Any) -> Any:
+        return await self._request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return await self._request("POST", path, json=body or {})
+
+    async def upload(self, path: Path, options: dict[str, Any]) -> Any:
+        """Client.upload, with the file read off the event loop."""
+        params, chunks = _upload(path, options, lambda size: None)
+
+        async def body() -> AsyncIterator[bytes]:
+            while chunk := await asyncio.to_thread(next, chunks, b""):
+                yield chunk
+
+        return await self._request("POST", "/v1/datasets", params=params, content=body(),
+                                   headers={"Content-Type": "application/octet-stream"}, timeout=UPLOAD_TIMEOUT_S)
+
+    async def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Server-sent events as dicts, until the caller stops reading or the daemon goes away (DaemonError)."""
+        try:
+            async with self._http.stream("GET", "/v1/events", params=_event_params(after, subject),
+                                         timeout=httpx.Timeout(TIMEOUT_S, read=EVENTS_SILENCE_S)) as response:
+                _raise_for(response, await response.aread() if response.status_code >= 400 else b"")
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        yield json.loads(line.removeprefix("data: "))
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise _unreachable(exc) from exc
+        _raise_for(response, response.content)
+        return response.json() if _is_json(response) else response.text
+
+
+def _http(settings: config.Settings, token: str | None) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(settings.socket_path)), **_options(token))
+
+
+def _options(token: str | None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return {"base_url": "http://appliance", "headers": headers, "timeout": TIMEOUT_S}
+
+
+def _upload(path: Path, options: dict[str, Any], sent: Callable[[int], None]) -> tuple[dict[str, Any], Iterator[bytes]]:
+    """The upload's query (the options and the file's name) and its body: the file, or the folder as a tar."""
+    if path.is_dir():
+        return {**options, "filename": path.name + sources.TAR_SUFFIX}, sources.tar_stream(path, sent)
+
+    def chunks() -> Iterator[bytes]:
+        with path.open("rb") as file:
+            while chunk := file.read(UPLOAD_CHUNK):
+                sent(len(chunk))
+                yield chunk
+
+    return {**options, "filename": path.name}, chunks()
+
+
+def _event_params(after: int, subject: str | None) -> dict[str, Any]:
+    return {"after": after} | ({"subject": subject} if subject else {})
+
+
+def _is_json(response: httpx.Response) -> bool:
+    return response.headers.get("content-type", "").startswith("application/json")
+
+
+def _token(settings: config.Settings) -> str | None:
+    if os.environ.get("APPLIANCE_TOKEN"):
+        return os.environ["APPLIANCE_TOKEN"]
+    try:
+        return settings.cli_token_path.read_text().strip()
+    except OSError:
+        return None  # the daemon answers 401 with a hint
+
+
+def _raise_for(response: httpx.Response, content: bytes) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = json.loads(content)
+        kind, message, hint = _ERRORS.get(body.get("type"), ApplianceError), body["error"], body.get("hint")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        kind, message, hint = ApplianceError, f"the daemon answered {response.status_code}", None
+    if response.status_code == 401 and not os.environ.get("APPLIANCE_TOKEN"):
+        hint = "set APPLIANCE_TOKEN to a token from 'appliance users add NAME --role ROLE'"
+    if issubclass(kind, RateLimited):
+        raise kind(message, hint=hint, retry_after_s=float(response.headers.get("Retry-After", 1)))
+    raise kind(message, hint=hint)
+
+
+def _subclasses(kind: type[ApplianceError]) -> list[type[ApplianceError]]:
+    return [kind, *(found for sub in kind.__subclasses__() for found in _subclasses(sub))]
+
+
+_ERRORS = {kind.__name__: kind for kind in _subclasses(ApplianceError)}  # what an error body's type may name
+
+
+def _unreachable(exc: Exception) -> DaemonUnreachable:
+    return DaemonUnreachable(f"the daemon does not answer: {exc}", hint="start it with 'appliance daemon' or check its log")

@@ -1,0 +1,1 @@
+"""Datasets: where their rows come from (sources), how they are checked and stored (datasets)."""

@@ -1,0 +1,734 @@
+"""Dataset versions: a file or folder turned into checked, hashed, encrypted training data.
+
+import_data() reads a CSV or JSONL file of texts, or a folder of class subfolders of
+images, from a source (sources.py: a local path, a name inside daemon.import_dir, or an
+upload), checks every example and reports the problems together, each with the file
+and line, column or image it is on, never with what the file holds. What passes is normalised to one canonical form (JSON
+lines of text and label in file order; an uncompressed tar of label/file entries with
+fixed metadata) whose SHA-256 is both the version's id and its blob id, so the same
+data is one version however often it is imported. The train/validation split is
+stratified per label and fixed by its seed. Plaintext never touches the disk: files
+are read line by line, normalised in memory and stored with blobs.put.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import random
+import re
+import tarfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from PIL import Image, UnidentifiedImageError
+
+from appliance.core import archive, clock, schema
+from appliance.core.errors import ConfinementError, DatasetError
+from appliance.data import sources
+from appliance.store import Store, audit, blobs
+
+TEXT = "text-classification"
+IMAGE = "image-classification"
+TASKS = (TEXT, IMAGE)
+TEXT_SUFFIXES = (".csv", ".jsonl", ".ndjson")
+MAX_IMAGE_BYTES = 20 * 2**20
+MAX_SHOWN = 20  # problems (and dropped lines) listed one by one; the rest are counted
+PROGRESS_STEP = 256 * 1024  # bytes read between two progress reports on a text file
+ID_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")
+ACTION = "dataset.import"
+LOCAL_ONLY, BURST_ALLOWED = "local-only", "burst-allowed"
+RESIDENCIES = (LOCAL_ONLY, BURST_ALLOWED)  # whether a version may leave this box for a burst to a Ray cluster
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class DatasetVersion:
+    """One immutable imported version of a named dataset, as its row in `datasets` holds it."""
+
+    id: str
+    name: str
+    version: int
+    task: str
+    blob_id: str
+    source: str
+    examples: int
+    labels: list[str]
+    split: dict[str, Any]
+    warnings: list[str]
+    residency: str
+    created_at: str
+    erased_at: str | None = None  # a data subject request removed its content (erase_rows)
+    replaced_by: str | None = None  # the id of the version written without the erased rows
+    parent: str | None = None  # the version this one extends with feedback
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    def summary(self) -> dict[str, Any]:
+        """The version as JSON, with the split's sizes rather than its index lists (which grow with the data)."""
+        split = {**self.split, "train": len(self.split["train"]), "validation": len(self.split["validation"])}
+        return {**dataclasses.asdict(self), "ref": self.ref, "split": split}
+
+
+@dataclass(frozen=True)
+class LoadedDataset:
+    """A version decrypted into memory for training: examples by index, and the split over them."""
+
+    version: DatasetVersion
+    labels: list[str]
+    label_names: list[str]
+    train: list[int]
+    validation: list[int]
+    texts: list[str] = field(default_factory=list)
+    images: list[bytes] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Examples per label, in label_names order."""
+        counted = Counter(self.labels)
+        return {name: counted[name] for name in self.label_names}
+
+
+COLUMNS = tuple(f.name for f in dataclasses.fields(DatasetVersion))
+JSON_COLUMNS = ("labels", "split", "warnings")
+
+
+# -- importing ---------------------------------------------------------------------
+
+
+def import_file(store: Store, path: str | Path, **options: Any) -> DatasetVersion:
+    """import_data() from a file or folder the calling user named (the CLI without a daemon, tests, benchmarks)."""
+    return import_data(store, sources.LocalPath(Path(path)), **options)
+
+
+def import_data(
+    store: Store,
+    source: sources.Source,
+    *,
+    name: str,
+    task: str = TEXT,
+    text_column: str = "text",
+    label_column: str = "label",
+    validation_fraction: float = 0.2,
+    seed: int = 13,
+    min_per_class: int = 2,
+    max_text_chars: int = 20000,
+    residency: str = LOCAL_ONLY,
+    actor: str | None = None,
+    progress: Progress | None = None,
+) -> DatasetVersion:
+    """Check a source's examples and store them as the next version of the named dataset.
+
+    Identical content under the same name returns the version that already holds it, residency unchanged
+    (set_residency() changes it). Messages and the audit record name places (file, line, column), never
+    what the file holds.
+    """
+    details: dict[str, Any] = {"source": source.origin, "task": task, "residency": residency}
+    try:
+        _check_request(source, name, task, validation_fraction)
+        _check_residency(residency)
+        examples, warnings = _read(source, task, (text_column, label_column), max_text_chars, min_per_class, progress)
+        content = _canonical(task, examples)
+        existing = _existing(store, hashlib.sha256(content).hexdigest(), name)
+    except (DatasetError, ConfinementError):
+        # A refusal is audited too: operation() writes the "failed" record and re-raises.
+        with audit.operation(store, ACTION, name, actor=actor, **details):
+            raise
+    if existing is not None:
+        return existing
+    labels = [example.label for example in examples]
+    with audit.operation(store, ACTION, name, actor=actor, **details) as recorded:
+        blob_id = blobs.put(store, content)
+        version = store.db.execute(
+            "SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (name,)
+        ).fetchone()[0]
+        _insert(store, DatasetVersion(
+            id=blob_id, name=name, version=version, task=task, blob_id=blob_id, source=source.origin,
+            examples=len(labels), labels=sorted(set(labels)), split=_split(labels, validation_fraction, seed),
+            warnings=warnings, residency=residency, created_at=clock.stamp()))
+        recorded.update(id=blob_id, version=version, examples=len(labels), warnings=len(warnings))
+    return _select(store, "id = ?", (blob_id,))[0]
+
+
+def extend(store: Store, base: DatasetVersion, additions: list[tuple[str, str]], *, source: str,
+           actor: str | None = None) -> DatasetVersion:
+    """The next version of base's dataset: its examples plus (text, label) additions, such as feedback.
+
+    An addition whose text is already in the data replaces that example's label: it is the newer word on
+    it. The split is drawn again over the whole, with base's seed and fraction, so new examples reach both
+    training and validation. Residency is inherited; `parent` names base.
+    """
+    if base.task != TEXT:
+        raise DatasetError(f"{base.ref} is an {base.task} dataset; only text datasets take feedback")
+    examples = _examples(TEXT, content(store, base))
+    position = {example.content: index for index, example in enumerate(examples)}
+    relabelled = 0
+    for text, label in additions:
+        if text in position:
+            earlier = examples[position[text]]
+            relabelled += earlier.label != label
+            examples[position[text]] = dataclasses.replace(earlier, label=label)
+        else:
+            position[text] = len(examples)
+            examples.append(_Example(text, label, text))
+    canonical = _canonical(TEXT, examples)
+    labels = [example.label for example in examples]
+    details = {"base": base.ref, "source": source, "added": len(examples) - base.examples, "relabelled": relabelled}
+    with audit.operation(store, "dataset.extend", base.name, actor=actor, **details) as recorded:
+        existing = _existing(store, hashlib.sha256(canonical).hexdigest(), base.name)
+        if existing is not None:
+            recorded["unchanged"] = existing.ref
+            return existing
+        blob_id = blobs.put(store, canonical)
+        version = store.db.execute(
+            "SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (base.name,)
+        ).fetchone()[0]
+        warnings = [f"{relabelled} examples of {base.ref} relabelled by newer feedback"] if relabelled else []
+        _insert(store, DatasetVersion(
+            id=blob_id, name=base.name, version=version, task=TEXT, blob_id=blob_id, source=source,
+            examples=len(examples), labels=sorted(set(labels)),
+            split=_split(labels, base.split["validation_fraction"], base.split["seed"]), warnings=warnings,
+            residency=base.residency, created_at=clock.stamp(), parent=base.id))
+        recorded.update(id=blob_id, version=version)
+    return _select(store, "id = ?", (blob_id,))[0]
+
+
+def _insert(store: Store, version: DatasetVersion) -> None:
+    row = {column: getattr(version, column) for column in COLUMNS}
+    row.update({column: json.dumps(row[column]) for column in JSON_COLUMNS})
+    store.db.execute(f"INSERT INTO datasets ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                     list(row.values()))
+
+
+def adopt(store: Store, version: DatasetVersion, content: bytes) -> DatasetVersion:
+    """Keep a version made by another appliance (a burst job's), with its id, name, version and split."""
+    if hashlib.sha256(content).hexdigest() != version.id:
+        raise DatasetError(f"the content sent for dataset {version.ref} does not match its id {version.id[:12]}")
+    with audit.operation(store, "dataset.adopt", version.ref, id=version.id):
+        blobs.put(store, content)
+        _insert(store, dataclasses.replace(version, parent=None))  # its parent stays on the appliance that made it
+    return get(store, version.ref)
+
+
+def set_residency(store: Store, ref: str, residency: str, actor: str | None = None) -> list[DatasetVersion]:
+    """Say whether a dataset may leave this box: every version of a name, or the one version of name:version."""
+    with audit.operation(store, "dataset.residency", ref, actor=actor, residency=residency) as details:
+        _check_residency(residency)
+        named = [] if ":" in ref else _select(store, "name = ?", (ref,))
+        versions = named or [get(store, ref)]  # get() also takes an id prefix, and names what is unknown
+        details["changed"] = {version.ref: version.residency for version in versions if version.residency != residency}
+        store.db.execute(
+            f"UPDATE datasets SET residency = ? WHERE id IN ({', '.join('?' * len(versions))})",
+            (residency, *(version.id for version in versions)),
+        )
+    return [get(store, version.ref) for version in versions]
+
+
+def _check_residency(residency: str) -> None:
+    if residency not in RESIDENCIES:
+        raise DatasetError(f"unknown residency {residency!r}",
+                           hint=f"use {LOCAL_ONLY} (never leaves this box) or {BURST_ALLOWED}")
+
+
+def _read(
+    source: sources.Source,
+    task: str,
+    columns: tuple[str, str],
+    max_text_chars: int,
+    min_per_class: int,
+    progress: Progress | None,
+) -> tuple[list[_Example], list[str]]:
+    """Every example of the source, checked, and the warnings; raise with all the problems found."""
+    collector = _Collector(source.name)
+    try:
+        if task == IMAGE:
+            _read_images(source, collector, progress)
+        else:
+            _read_text(source, collector, progress, columns, max_text_chars)
+    except OSError as exc:
+        raise DatasetError(f"cannot read {source.name}: {exc.strerror}") from exc
+    return collector.examples, collector.finish(min_per_class)
+
+
+def _check_request(source: sources.Source, name: str, task: str, validation_fraction: float) -> None:
+    """Refuse arguments that cannot work before reading anything."""
+    schema.check_name(name, "dataset", DatasetError)
+    if task not in TASKS:
+        raise DatasetError(f"unknown task {task[:80]!r}", hint=f"use one of: {', '.join(TASKS)}")
+    if not 0 < validation_fraction < 1:
+        raise DatasetError(
+            f"validation fraction {validation_fraction} is not between 0 and 1", hint="0.2 is a good start"
+        )
+    folder = source.is_folder()
+    if task == IMAGE and not folder:
+        raise DatasetError(
+            f"{source.name} is not a folder", hint="image datasets are a folder with one subfolder of images per class"
+        )
+    if task == TEXT and (folder or Path(source.name).suffix.lower() not in TEXT_SUFFIXES):
+        raise DatasetError(
+            f"{source.name} is not a CSV or JSONL file",
+            hint="text datasets are .csv (with a header row) or .jsonl; a folder of images needs"
+            " --task image-classification",
+        )
+
+
+def _existing(store: Store, dataset_id: str, name: str) -> DatasetVersion | None:
+    """The version that already holds this content under this name; under another name, refuse."""
+    found = _select(store, "id = ?", (dataset_id,))
+    if found and found[0].name != name:
+        raise DatasetError(
+            f"this data is already imported as {found[0].ref} (id {dataset_id[:12]})",
+            hint=f"train on '{found[0].ref}', or change the data before importing it as {name!r}",
+        )
+    return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class _Example:
+    where: str  # "customers.csv line 7" or "photos/cats/tabby.png", for messages
+    label: str
+    content: str | bytes  # the text, or the image file's bytes
+    entry: str = ""  # an image's name in the canonical tar: label/file
+
+
+class _Collector:
+    """Examples in file order with duplicates dropped, and every problem met on the way."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.examples: list[_Example] = []
+        self.warnings: list[str] = []
+        self.problems: list[str] = []
+        self.problem_count = 0
+        self._duplicates: list[str] = []
+        self._seen: dict[str | bytes, _Example] = {}
+
+    def problem(self, message: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_SHOWN:
+            self.problems.append(message)
+
+    def add(self, example: _Example) -> None:
+        """Keep a new example, count a repeat with the same label, refuse one with another."""
+        earlier = self._seen.setdefault(example.content, example)
+        if earlier is example:
+            self.examples.append(example)
+        elif earlier.label == example.label:
+            self._duplicates.append(example.where)
+        else:
+            kind = "text" if isinstance(example.content, str) else "image"
+            self.problem(f"{example.where}: the same {kind} as {earlier.where}, with another label")
+
+    def finish(self, min_per_class: int) -> list[str]:
+        """Raise with every problem found, else return the warnings to keep with the version."""
+        if not self.problem_count:  # rows with problems would skew the counts per class
+            self._check_classes(min_per_class)
+        if self.problem_count:
+            raise DatasetError(_report(self.source, self.problems, self.problem_count), hint=_hint(self.problem_count))
+        if self._duplicates:
+            self.warnings.append(
+                f"dropped {_count(len(self._duplicates), 'duplicate')} of earlier examples with the same label:"
+                f" {_listing(self._duplicates)}"
+            )
+        return self.warnings
+
+    def _check_classes(self, min_per_class: int) -> None:
+        """Enough classes, and enough examples of each, to train and validate on."""
+        places: dict[str, list[str]] = {}
+        for example in self.examples:
+            places.setdefault(example.label, []).append(example.where)
+        for where in places.values():
+            if len(where) < min_per_class:
+                self.problem(
+                    f"{_listing(where)}: {'the only example' if len(where) == 1 else 'the only examples'} of"
+                    f" {'its' if len(where) == 1 else 'their'} label, fewer than the {min_per_class} each label needs"
+                )
+        if len(places) < 2:
+            found = "every example has the same label" if places else "no examples found"
+            self.problem(f"{self.source}: {found}; a classifier needs at least two classes")
+
+
+def _report(source: str, shown: list[str], total: int) -> str:
+    if total == 1:
+        return shown[0]
+    lines = [f"{source}: {total} problems", *(f"  {problem}" for problem in shown)]
+    if total > len(shown):
+        lines.append(f"  and {total - len(shown)} more")
+    return "\n".join(lines)
+
+
+def _hint(total: int) -> str:
+    return f"fix {'it' if total == 1 else 'them'} and import again; nothing was stored"
+
+
+def _listing(items: list[str]) -> str:
+    rest = len(items) - MAX_SHOWN
+    return ", ".join(items[:MAX_SHOWN]) + (f" and {rest} more" if rest > 0 else "")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+# -- text files --------------------------------------------------------------------
+
+
+def csv_rows(path: Path, columns: tuple[str, ...]) -> tuple[list[tuple[str, dict[str, str]]], list[str]]:
+    """Every data row of a CSV file that has the named columns, with its place, and the problems met."""
+    collector = _Collector(path.name)
+    try:
+        with path.open("rb") as file:
+            rows = list(_csv_rows(path.name, _decoded_lines(path.name, file, 0, collector, None), collector, columns))
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path.name}: {exc.strerror}") from exc
+    return rows, collector.problems
+
+
+def _read_text(
+    source: sources.Source, collector: _Collector, progress: Progress | None, columns: tuple[str, str],
+    max_chars: int,
+) -> None:
+    """Every row of a CSV or JSONL file, checked and collected; columns are (text, label)."""
+    with source.open() as file:
+        lines = _decoded_lines(source.name, file, source.size() if progress else 0, collector, progress)
+        if source.name.lower().endswith(".csv"):
+            rows = _csv_rows(source.name, lines, collector, columns)
+        else:
+            rows = _jsonl_rows(source.name, lines, collector)
+        for where, fields in rows:
+            example = _text_example(where, fields, columns, max_chars)
+            if isinstance(example, str):
+                collector.problem(example)
+            else:
+                collector.add(example)
+
+
+def _decoded_lines(
+    name: str, file: BinaryIO, total: int, collector: _Collector, progress: Progress | None
+) -> Iterator[str]:
+    """The file's lines as text; a bad byte is reported with its line and column, then replaced."""
+    done = reported = 0
+    for number, raw in enumerate(file, 1):
+        done += len(raw)
+        if number == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            collector.problem(f"{name} line {number} column {exc.start + 1}: not valid UTF-8")
+            line = raw.decode("utf-8", errors="replace")
+        yield line
+        if progress is not None and done - reported >= PROGRESS_STEP:
+            progress(done, max(done, total))
+            reported = done
+    if progress is not None:
+        progress(done, max(done, total))
+
+
+def _csv_rows(
+    name: str, lines: Iterable[str], collector: _Collector, columns: tuple[str, str]
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """Each data row of a CSV file as {column: value}, with the line it starts on."""
+    records = _csv_records(name, lines, collector)
+    first = next(records, None)
+    if first is None:
+        return  # an empty file, or one that is not CSV: the collector says which
+    header_line, header = first[0], [column.strip() for column in first[1]]
+    missing = [column for column in columns if column not in header]
+    if missing:
+        raise DatasetError(
+            f"{name} line {header_line}: no column {' or '.join(repr(column[:80]) for column in missing)}"
+            f" among the header's {_count(len(header), 'column')}",
+            hint="name the columns with --text-column and --label-column;"
+            " the first line must name the columns, separated by commas",
+        )
+    for start, row in records:
+        if len(row) == len(header):
+            yield f"{name} line {start}", dict(zip(header, row))
+        else:
+            collector.problem(
+                f"{name} line {start}: {_count(len(row), 'field')}, but the header has {len(header)}"
+                " (a comma in a text that is not in double quotes?)"
+            )
+
+
+def _csv_records(name: str, lines: Iterable[str], collector: _Collector) -> Iterator[tuple[int, list[str]]]:
+    """The non-blank records of a CSV file with the line each starts on; parsing stops at the first bad one."""
+    reader = csv.reader(lines)
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader, None)
+        except csv.Error as exc:
+            collector.problem(f"{name} line {reader.line_num}: not readable as CSV ({exc})")
+            return
+        if row is None:
+            return
+        if row:
+            yield start, row
+
+
+def _jsonl_rows(name: str, lines: Iterable[str], collector: _Collector) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each JSON object of a JSONL file, with its line."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{name} line {number}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            collector.problem(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        if not isinstance(value, dict):
+            collector.problem(f"{where}: expected a JSON object, found {type(value).__name__}")
+            continue
+        yield where, value
+
+
+def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str], max_chars: int) -> _Example | str:
+    """The row as an example, or the problem that stops it being one."""
+    for column in columns:
+        if column not in fields:
+            return f"{where}: no field {column[:80]!r} (the object has {_count(len(fields), 'field')})"
+    text = _as_text(fields[columns[0]])
+    label = _as_text(fields[columns[1]], numbers=True)
+    if text is None or label is None:
+        return f"{where}: the {'text' if text is None else 'label'} is not a string"
+    if not text:
+        return f"{where}: empty text"
+    if not label:
+        return f"{where}: missing label"
+    if len(text) > max_chars:
+        return f"{where}: text of {len(text):,} characters, over the limit of {max_chars:,}"
+    return _Example(where, label, text)
+
+
+def _as_text(value: object, *, numbers: bool = False) -> str | None:
+    """A JSON or CSV value as stripped text: null is empty, numbers only where asked (0/1 labels)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+# -- image folders -----------------------------------------------------------------
+
+
+def _read_images(source: sources.Source, collector: _Collector, progress: Progress | None) -> None:
+    """Every image in the class subfolders of the source, labelled by its subfolder and checked."""
+    done, total = 0, source.size() if progress else 0
+    stray: list[str] = []
+    for image in source.images():
+        where = f"{source.name}/{image.entry}"
+        label, slash, _rest = image.entry.partition("/")
+        if not slash:
+            stray.append(image.entry)
+        elif image.size > MAX_IMAGE_BYTES:
+            collector.problem(f"{where}: {image.size / 2**20:.1f} MiB, over the {MAX_IMAGE_BYTES // 2**20} MiB limit")
+        else:
+            content = image.read()
+            unreadable = _image_problem(content)
+            if unreadable:
+                collector.problem(f"{where}: not a readable image ({unreadable})")
+            else:
+                collector.add(_Example(where, label, content, image.entry))
+        done += image.size
+        if progress is not None:
+            progress(done, max(done, total))
+    if not collector.examples and not collector.problem_count:
+        raise DatasetError(
+            f"{source.name} has no class folders with images",
+            hint=f"put each class's images in a subfolder named after it, e.g. {source.name}/cats/1.png",
+        )
+    if stray:
+        collector.warnings.append(f"ignored {_count(len(stray), 'file')} outside class folders: {_listing(stray)}")
+
+
+def _image_problem(content: bytes) -> str | None:
+    """Why Pillow cannot decode the image, or None when it can."""
+    try:
+        with Image.open(io.BytesIO(content)) as image:
+            image.verify()  # checks structure and checksums
+        with Image.open(io.BytesIO(content)) as image:
+            image.load()  # decodes every pixel: catches a truncated file that verify() lets through
+    except UnidentifiedImageError:
+        return "not a format Pillow knows"
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        return str(exc).split(" <")[0] or type(exc).__name__  # no object reprs
+    return None
+
+
+# -- canonical form and split ------------------------------------------------------
+
+
+def _canonical(task: str, examples: list[_Example]) -> bytes:
+    """The one byte form of the examples that the version's id is the hash of."""
+    if task == IMAGE:
+        return archive.pack(((e.entry, e.content) for e in examples), mode=0o644)
+    return b"".join(
+        json.dumps({"text": example.content, "label": example.label}, ensure_ascii=False).encode() + b"\n"
+        for example in examples
+    )
+
+
+
+def _split(labels: list[str], fraction: float, seed: int) -> dict[str, Any]:
+    """Train and validation indices, stratified per label and fixed by the seed.
+
+    Every class of two or more examples gets at least one validation and one training example.
+    """
+    rng = random.Random(seed)
+    by_label: dict[str, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_label.setdefault(label, []).append(index)
+    validation: set[int] = set()
+    for label in sorted(by_label):
+        indices = by_label[label]
+        rng.shuffle(indices)
+        validation.update(indices[: min(max(round(len(indices) * fraction), 1), len(indices) - 1)])
+    return {
+        "seed": seed,
+        "validation_fraction": fraction,
+        "train": [index for index in range(len(labels)) if index not in validation],
+        "validation": sorted(validation),
+    }
+
+
+# -- reading versions --------------------------------------------------------------
+
+
+def list_versions(store: Store) -> list[DatasetVersion]:
+    """Every version of every dataset, by name then version."""
+    return _select(store, "1", ())
+
+
+def get(store: Store, ref: str) -> DatasetVersion:
+    """The version a person or a run names: 'name' (its latest), 'name:version' or an id prefix."""
+    name, colon, number = ref.partition(":")
+    if colon:
+        found = _select(store, "name = ? AND version = ?", (name, int(number))) if number.isdigit() else []
+    else:
+        found = _select(store, "name = ?", (ref,))[-1:]
+        if not found and ID_PREFIX.fullmatch(ref):
+            found = _select(store, "id LIKE ?", (ref.lower() + "%",))
+    if len(found) > 1:
+        raise DatasetError(
+            f"{ref!r} is the start of {len(found)} dataset ids: {', '.join(v.ref for v in found)}",
+            hint="give more of the id, or name:version",
+        )
+    if not found:
+        names = sorted({version.name for version in list_versions(store)})
+        raise DatasetError(
+            f"no dataset {ref!r}",
+            hint=f"known datasets: {', '.join(names)} (see 'appliance data list')"
+            if names
+            else "none imported yet: 'appliance data import PATH --name NAME'",
+        )
+    return found[0]
+
+
+def load(store: Store, version: DatasetVersion) -> LoadedDataset:
+    """Decrypt a version into memory, never onto disk, in the form training reads."""
+    examples = _examples(version.task, content(store, version))
+    split = (version.split["train"], version.split["validation"])
+    labels = [example.label for example in examples]
+    contents = {"images" if version.task == IMAGE else "texts": [example.content for example in examples]}
+    return LoadedDataset(version, labels, version.labels, *split, **contents)
+
+
+def content(store: Store, version: DatasetVersion) -> bytes:
+    """The canonical content of a version, decrypted into memory; an erased one says so and names its replacement."""
+    if version.blob_id is None:
+        replacement = _select(store, "id = ?", (version.replaced_by,)) if version.replaced_by else []
+        raise DatasetError(
+            f"dataset {version.ref} was erased on {version.erased_at[:19]} by a data subject request",
+            hint=f"use {replacement[0].ref}, written without the erased rows" if replacement
+            else "no rows were left to keep; import the data again without them",
+        )
+    return blobs.read(store, version.blob_id)
+
+
+# -- erasing a data subject's rows -------------------------------------------------
+
+
+def matching_rows(store: Store, version: DatasetVersion, needle: str) -> list[int]:
+    """The indices of the examples whose text, label or image file name contains needle, in any case."""
+    if version.erased_at is not None:
+        return []
+    folded = needle.casefold()
+    return [index for index, example in enumerate(_examples(version.task, content(store, version)))
+            if folded in example.where.casefold() or folded in example.label.casefold()]
+
+
+def erase_rows(store: Store, version: DatasetVersion, rows: set[int]) -> DatasetVersion | None:
+    """Write version again without rows as the name's next version, then remove the old content.
+
+    The old row stays, marked erased and naming its replacement, so runs, studies and the lineage of models
+    still read; its blob (every chunk, and the wrapped data key) is deleted. Returns the replacement, or None
+    when no example is left. The caller holds the audited transaction (privacy.erase).
+    """
+    examples = _examples(version.task, content(store, version))
+    kept = [index for index in range(len(examples)) if index not in rows]
+    replacement = _without(store, version, examples, kept) if kept else None
+    store.db.execute(
+        "UPDATE datasets SET blob_id = NULL, erased_at = ?, replaced_by = ? WHERE id = ?",
+        (clock.stamp(), replacement and replacement.id, version.id),
+    )
+    blobs.delete(store, version.blob_id)
+    return replacement
+
+
+def _without(store: Store, version: DatasetVersion, examples: list[_Example], kept: list[int]) -> DatasetVersion:
+    canonical = _canonical(version.task, [examples[index] for index in kept])
+    found = _select(store, "id = ?", (hashlib.sha256(canonical).hexdigest(),))
+    if found and found[0].erased_at is None:
+        return found[0]  # an earlier version held exactly the rows that are left
+    if found:
+        raise DatasetError(f"what is left of {version.ref} is the content of {found[0].ref}, which was erased",
+                           hint="import the data again without the rows to erase")
+    blob_id = blobs.put(store, canonical)
+    position = {old: new for new, old in enumerate(kept)}
+    split = {**version.split, **{part: [position[i] for i in version.split[part] if i in position]
+                                 for part in ("train", "validation")}}
+    number = store.db.execute("SELECT MAX(version) + 1 FROM datasets WHERE name = ?", (version.name,)).fetchone()[0]
+    _insert(store, dataclasses.replace(
+        version, id=blob_id, blob_id=blob_id, version=number,
+        source=f"{version.ref} without {len(examples) - len(kept)} erased examples", examples=len(kept),
+        labels=sorted({examples[index].label for index in kept}), split=split,
+        created_at=clock.stamp()))
+    return _select(store, "id = ?", (blob_id,))[0]
+
+
+def _examples(task: str, content: bytes) -> list[_Example]:
+    """The canonical content back as examples (where: the text, or the image's label/file name)."""
+    if task == IMAGE:
+        with tarfile.open(fileobj=io.BytesIO(content)) as tar:
+            return [_Example(member.name, member.name.split("/", 1)[0], tar.extractfile(member).read(), member.name)
+                    for member in tar]
+    records = [json.loads(line) for line in content.decode("utf-8").split("\n") if line]
+    return [_Example(record["text"], record["label"], record["text"]) for record in records]
+
+
+def _select(store: Store, where: str, params: tuple[Any, ...]) -> list[DatasetVersion]:
+    rows = store.db.execute(
+        f"SELECT {', '.join(COLUMNS)} FROM datasets WHERE {where} ORDER BY name, version", params
+    ).fetchall()
+    versions = []
+    for row in rows:
+        values = dict(zip(COLUMNS, row))
+        values.update({column: json.loads(values[column]) for column in JSON_COLUMNS})
+        versions.append(DatasetVersion(**values))
+    return versions

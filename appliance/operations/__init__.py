@@ -1,0 +1,267 @@
+"""The operations: each verb of the appliance implemented once, wherever it is asked for.
+
+    import -> train (here, or on the Ray cluster) -> register -> optimise -> deploy | rollback
+
+The worker runs them for the daemon's jobs and the CLI runs the same ones in the
+foreground when no daemon answers; the control API calls `rollback` as well. Each takes a
+typed spec (jobspec) and a Context, returns what it made, and is audited once, by the
+store function it ends in (datasets.import_data, runs, registry).
+
+A Context is where an operation runs. In a job (worker.Job) its state is the job's row,
+so a step an earlier attempt finished is skipped and a run resumes from its checkpoint;
+progress goes to the events stream and SIGTERM asks for a stop. In the foreground
+(cli.jobs.Foreground) the state lives in memory, progress draws a bar and Ctrl-C asks.
+An operation asked to stop checkpoints and raises Stopped.
+
+Beside the verbs, in this package: their specs (jobspec), the steps over the store they
+share (pipeline), the job queue (jobs) and the child process that runs a job (worker),
+training on the cluster (burst, burst_remote), and the operations nobody types: the
+autopilot's retrain and canary judge, and erasure (privacy).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from appliance import registry
+from appliance.data import datasets, sources
+from appliance.operations import burst, pipeline
+from appliance.operations.jobspec import OptimizeJob, PipelineJob, Spec, TrainJob, TuneJob, base_dir
+from appliance.registry import feedback
+from appliance.store import Store
+
+if TYPE_CHECKING:
+    from appliance.train.engine import RunResult
+
+log = logging.getLogger("appliance.operations")
+
+
+class Stopped(Exception):
+    """The operation was asked to stop, or lost its claim on the job, and has checkpointed."""
+
+
+class Context(Protocol):
+    """Where an operation runs: what earlier attempts made, and where its progress and logs go."""
+
+    id: str  # the name a burst is known by on the cluster: the job's id, or the foreground command's
+    store: Store
+    actor: str | None
+    state: dict[str, Any]  # what earlier attempts made: dataset, run_id, registered, optimized, deployed, burst
+    max_threads: int | None  # set while a model is served: training leaves it cores
+
+    def stage(self, name: str) -> None: ...
+    def save(self, **made: Any) -> None: ...
+    def report(self, data: dict[str, Any], force: bool = False) -> None: ...
+    def log(self, line: str) -> None: ...
+    def should_stop(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+
+
+def import_dataset(ctx: Context, spec: PipelineJob) -> str:
+    """The dataset version to train on: imported from spec.source, the newest version of spec.dataset
+    extended with the feedback on spec.retrain's predictions, or named by spec.dataset."""
+    if "dataset" in ctx.state:
+        return ctx.state["dataset"]
+    ctx.stage("import")
+    if spec.retrain:
+        version = (feedback.extend_dataset(ctx.store, spec.retrain, actor=ctx.actor)
+                   if feedback.unused(ctx.store, spec.retrain) else datasets.get(ctx.store, spec.dataset))
+    elif spec.source:
+        version = datasets.import_data(  # a name inside daemon.import_dir, never a path
+            ctx.store, sources.ImportDir(ctx.store.settings, spec.source), name=spec.dataset,
+            task=spec.task, residency=spec.residency, actor=ctx.actor,
+        )
+    else:
+        version = datasets.get(ctx.store, spec.dataset)
+    ctx.save(dataset=version.ref)
+    return version.ref
+
+
+def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) -> RunResult:
+    """A run trained on the dataset from the base model: on the Ray cluster when spec.burst (here again if that
+    fails and may fall back), else here, resuming the run an earlier attempt started. Its status says whether it
+    finished or was interrupted (checkpointed)."""
+    from appliance.train import engine, runs  # torch loads only where something trains
+
+    if "run_id" in ctx.state and runs.get(ctx.store, ctx.state["run_id"]).status == "finished":
+        return engine.RunResult.of(ctx.store, ctx.state["run_id"])
+    if spec.burst and "run_id" not in ctx.state:
+        run_id = _burst(ctx, spec, dataset, base)
+        if run_id is not None:
+            ctx.save(run_id=run_id)
+            return engine.RunResult.of(ctx.store, run_id)
+    ctx.stage("train")
+    suggest = not spec.burst  # a run that burst and fell back knows the cluster already
+
+    def progress(report: engine.Progress) -> None:
+        nonlocal suggest
+        if suggest and report.step > 1 and (note := burst.suggestion(ctx.store.settings.burst, report.eta_s)):
+            ctx.log(note)
+            suggest = False
+        ctx.report({"stage": "train", "phase": report.phase, "epoch": report.epoch, "epochs": report.epochs,
+                    "step": report.step, "total_steps": report.total_steps, "loss": round(report.loss, 5),
+                    "samples_per_s": round(report.samples_per_s, 2), "eta_s": report.eta_s})
+
+    if "run_id" not in ctx.state:
+        ctx.save(run_id=engine.create(ctx.store, dataset=dataset, base_dir=base, params=spec.params,
+                                      device=spec.device))
+    if ctx.max_threads:
+        ctx.log(f"a model is being served: training uses at most {ctx.max_threads} threads, at lower priority")
+    result = engine.resume(ctx.store, ctx.state["run_id"], progress=progress, should_stop=ctx.should_stop,
+                           max_threads=ctx.max_threads)
+    if result.status == "finished":
+        ctx.report({"stage": "train", "metrics": result.metrics}, force=True)
+    return result
+
+
+def _burst(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) -> str | None:
+    """Train on the Ray cluster: the finished local run's id, or None when it failed and may fall back to here."""
+    ctx.stage("burst")
+    request = burst.Request(dataset, base, spec.params, spec.device, ctx.id, ctx.actor)
+    try:
+        return burst.attempt(ctx.store, ctx.store.settings, request, _BurstWatcher(ctx), ctx.state.get("burst"),
+                             spec.fallback)
+    except burst.Interrupted:
+        raise Stopped from None
+
+
+
+@dataclass
+class _BurstWatcher:
+    """The burst's view of its context: the submission saved, progress, log lines, stop and cancel."""
+
+    ctx: Context
+
+    def submitted(self, submission: dict[str, str]) -> None:
+        self.ctx.save(burst=submission)
+
+    def progress(self, data: dict[str, Any]) -> None:
+        self.ctx.report(data)
+
+    def log(self, line: str) -> None:
+        self.ctx.log(line)
+
+    def should_stop(self) -> bool:
+        return self.ctx.should_stop()
+
+    def cancelled(self) -> bool:
+        return self.ctx.cancelled()
+
+
+def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str) -> str:
+    """The best trial's run of the hyperparameter search study_id, created or resumed and run to its budget."""
+    from appliance.train import studies
+    from appliance.train import tune as search  # torch and Optuna load only where something trains
+
+    if "run_id" in ctx.state:
+        return ctx.state["run_id"]
+    ctx.stage("tune")
+    if not studies.exists(ctx.store, study_id):
+        request = search.Request(dataset=dataset, base_dir=base, budget_s=spec.budget_s, metric=spec.metric,
+                                 narrowing=spec.space, base_params=spec.params, sampler=spec.sampler,
+                                 device=spec.device)
+        search.create(ctx.store, request, study_id=study_id, actor=ctx.actor)
+
+    result = search.resume(ctx.store, study_id, progress=lambda report: ctx.report(tune_progress(report)),
+                           should_stop=ctx.should_stop, max_threads=ctx.max_threads)
+    if result.status == "interrupted":
+        raise Stopped
+    ctx.report({"stage": "tune", "trials": result.trials, "pruned": result.pruned, "best": result.best_value},
+               force=True)
+    ctx.save(run_id=result.best_run_id)
+    return result.best_run_id
+
+
+def tune_progress(report: Any) -> dict[str, Any]:
+    """A search's progress (train.tune.Progress) as the events stream and the progress bars read it."""
+    return {"stage": "tune", "step": round(report.spent_s), "total_steps": round(report.budget_s),
+            "trial": report.trial, "trials": report.trials, "pruned": report.pruned, "best": report.best,
+            "epoch": report.epoch, "epochs": report.epochs}
+
+
+def register(ctx: Context, name: str | None, dataset: str, run_id: str) -> registry.ModelVersion:
+    """The finished run as the next version of `name` (default: the dataset's name)."""
+    if "registered" in ctx.state:
+        return registry.get(ctx.store, ctx.state["registered"])
+    version = pipeline.register_run(ctx.store, run_id, name or datasets.get(ctx.store, dataset).name,
+                                    actor=ctx.actor)
+    ctx.save(registered=version.ref)
+    return version
+
+
+def optimise(ctx: Context, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) -> registry.ModelVersion:
+    """A new version of ref's model holding its fastest variant within the accuracy guard."""
+    if "optimized" in ctx.state:
+        return registry.get(ctx.store, ctx.state["optimized"])
+    ctx.stage("optimize")
+
+    def progress(done: int, total: int, what: str) -> None:
+        ctx.report({"stage": "optimize", "step": done, "total_steps": total, "what": what})
+
+    version = pipeline.optimize_version(ctx.store, ref, spec.optimize_options(), progress=progress, actor=ctx.actor)
+    ctx.save(optimized=version.ref)
+    return version
+
+
+def deploy(ctx: Context, ref: str, canary_percent: float | None) -> registry.ModelVersion:
+    """Serve ref: as production, or as a canary taking canary_percent of the model's traffic."""
+    if ctx.state.get("deployed") == ref:
+        return registry.get(ctx.store, ref)
+    ctx.stage("deploy")
+    version = registry.deploy(ctx.store, ref, canary_percent, actor=ctx.actor)
+    ctx.save(deployed=ref)
+    return version
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """What a rollback did: stopped the model's canary, or moved production back to `production`."""
+
+    model: str
+    canary_stopped: bool
+    production: int | None
+
+
+def rollback(store: Store, model: str, actor: str | None = None) -> Rollback:
+    """Stop a running canary; with none, production goes back to the version it had before."""
+    if registry.canary_percent(store, model) > 0:
+        registry.stop_canary(store, model, actor=actor)
+        return Rollback(model, True, None)
+    return Rollback(model, False, registry.rollback(store, model, actor=actor))
+
+
+def run(ctx: Context, spec: Spec, study_id: str | None = None) -> dict[str, Any]:
+    """A job's operations in order, stopping between them when asked; returns what the job made.
+
+    study_id names a search's study (a job names it after itself).
+    """
+    if isinstance(spec, OptimizeJob):
+        return {"version": optimise(ctx, spec, spec.version).ref}
+    dataset = _between(ctx, import_dataset(ctx, spec) if isinstance(spec, PipelineJob) else spec.dataset)
+    base = base_dir(spec.base, ctx.store.settings)
+    if isinstance(spec, TuneJob):
+        run_id = tune(ctx, spec, dataset, base, study_id or "")
+    else:
+        trained = train(ctx, spec, dataset, base)
+        if trained.status != "finished":
+            raise Stopped
+        run_id = trained.run_id
+    run_id = _between(ctx, run_id)
+    registered = _between(ctx, register(ctx, spec.name, dataset, run_id)).ref
+    if isinstance(spec, TrainJob):
+        return {"run_id": run_id, "version": registered}
+    optimized = _between(ctx, optimise(ctx, spec, registered)).ref
+    if spec.deploy:
+        deploy(ctx, optimized, spec.canary_percent)
+    searched = {"study": study_id} if isinstance(spec, TuneJob) else {}
+    return {"dataset": dataset, "run_id": run_id, "version": optimized, "deployed": spec.deploy, **searched}
+
+
+def _between(ctx: Context, made: Any) -> Any:
+    """Pass an operation's result on, unless a stop was asked for while it ran: its state is saved, so stop here."""
+    if ctx.should_stop():
+        raise Stopped
+    return made

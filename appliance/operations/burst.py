@@ -1,0 +1,455 @@
+"""Bursting a training job to a central Ray cluster, when the dataset's residency allows it.
+
+The job goes through Ray's Job Submission API (the cluster's dashboard port), with Ray's
+token authentication and, for https, the cluster's CA. What leaves the box is sealed
+under a fresh per-job key (AES-256-GCM, chunk by chunk, each chunk's label, index and
+last-flag bound into its AAD): a manifest (dataset version, hyperparameters), the
+dataset's canonical content and the base model's files. The sealed chunks travel as
+runtime_env `py_modules` packages of at most PACKAGE_BYTES each (Ray refuses large
+packages and keeps them in the cluster's GCS), next to the appliance package itself,
+which runs the same training engine there (burst_remote.py). The key is not in any
+package: it reaches the job as an environment variable of its runtime environment,
+so whoever holds the cluster's token can read it while the job is known to the
+cluster; the job is deleted from the cluster once its result is home (see the README's
+threat model).
+
+The remote job prints progress, logs and, at the end, its sealed result (the model
+bundle and the run's record) as log lines; the appliance polls status and logs into
+the local job's events, checks the result (authentication of every chunk, SHA-256 of
+the bundle) and stores it encrypted with lineage `trained_on: ray://host:port/id`.
+Every step is audited: a refusal, what was sent where, the result, a cancel.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import secrets
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+import appliance
+from appliance.core import archive
+from appliance.core.config import BurstSettings, Settings
+from appliance.core.errors import ApplianceError, BurstError, ResidencyRefused, TamperDetected
+from appliance.data import datasets
+from appliance.store import Store, audit, blobs, keys
+from appliance.store import seal as sealing
+from appliance.train import runs
+from appliance.train.params import TrainParams
+
+log = logging.getLogger("appliance.operations.burst")
+
+KEY_ENV = "APPLIANCE_BURST_JOB_KEY"
+TOKEN_CREDENTIAL = "burst.token"  # the token's name in $CREDENTIALS_DIRECTORY
+PROGRESS, RESULT, ERROR = "APPLIANCE-BURST-PROGRESS", "APPLIANCE-BURST-RESULT", "APPLIANCE-BURST-ERROR"
+CHUNK_BYTES = 4 * 2**20  # plaintext per sealed payload chunk
+RESULT_LINE_BYTES = 192 * 2**10  # plaintext per sealed result line in the job's log
+PACKAGE_BYTES = 64 * 2**20  # sealed bytes per py_modules package: well under Ray's package cap
+UNREACHABLE_GRACE_S = 120.0  # a cluster silent this long while a job runs there fails the job
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+class Interrupted(Exception):
+    """The local job was asked to stop (preempted, the daemon stopping, or cancelled) while the burst ran."""
+
+
+# -- sealing: the same code on both sides -------------------------------------------
+
+
+def new_key() -> bytes:
+    return AESGCM.generate_key(bit_length=256)
+
+
+def seal(key: bytes, label: str, data: bytes, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """data as sealed chunks (seal.py, framed: one key seals every payload of a job); the AAD binds the label."""
+    return sealing.seal_framed(AESGCM(key), sealing.pieces(data, chunk_bytes), functools.partial(_aad, label))
+
+
+def unseal(key: bytes, label: str, chunks: Iterable[bytes]) -> bytes:
+    """The data back from its chunks, in order; BurstError if any chunk was changed, moved, added or cut off."""
+    try:
+        return sealing.open_framed(AESGCM(key), chunks, functools.partial(_aad, label), f"the {label}")
+    except TamperDetected as exc:
+        raise BurstError(exc.message) from exc
+
+
+def _aad(label: str, index: int, last: bool) -> bytes:
+    return b"appliance/burst|%s|%d|%s" % (label.encode(), index, b"01" if last else b"00")
+
+
+# -- the backend: Ray's Job Submission API ------------------------------------------
+
+
+class Backend(Protocol):
+    """What a burst needs from a cluster; Ray's Jobs API is the one there is."""
+
+    address: str
+
+    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str], gpus: int) -> None: ...
+    def status(self, submission_id: str) -> str: ...  # PENDING | RUNNING | SUCCEEDED | FAILED | STOPPED
+    def logs(self, submission_id: str) -> str: ...
+    def cancel(self, submission_id: str) -> None: ...
+    def forget(self, submission_id: str) -> None: ...  # drop a finished job (and its key) from the cluster
+    def where(self, submission_id: str) -> str: ...  # the lineage name of the remote run
+
+
+class RayBackend:
+    """Ray's JobSubmissionClient, with the token in a header (never argv or logs) and timeouts on every call."""
+
+    def __init__(self, settings: BurstSettings, token: str) -> None:
+        self.address = settings.address.rstrip("/")
+        self._token = token
+        self._verify: str | bool = str(settings.ca_file) if settings.ca_file else True
+        self._python = settings.python
+        self._client: Any = None
+
+    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str], gpus: int) -> None:
+        """The appliance package and the payload packages as py_modules; the job runs appliance.operations.burst_remote."""
+        runtime_env = {"py_modules": [str(Path(appliance.__file__).parent), *map(str, packages)],
+                       "excludes": ["__pycache__", "*.pyc"], "env_vars": env}
+        entrypoint = f"{self._python} -m appliance.operations.burst_remote {submission_id} {len(packages)}"
+        self._call("submit the job", lambda client: client.submit_job(
+            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, entrypoint_num_cpus=1,
+            entrypoint_num_gpus=gpus or None, metadata={"submitted_by": "appliance"}))
+
+    def status(self, submission_id: str) -> str:
+        return str(self._call("read the job's status", lambda client: client.get_job_status(submission_id).value))
+
+    def logs(self, submission_id: str) -> str:
+        return self._call("read the job's logs", lambda client: client.get_job_logs(submission_id))
+
+    def cancel(self, submission_id: str) -> None:
+        self._call("stop the job", lambda client: client.stop_job(submission_id))
+
+    def forget(self, submission_id: str) -> None:
+        self._call("delete the finished job", lambda client: client.delete_job(submission_id))
+
+    def where(self, submission_id: str) -> str:
+        return f"ray://{urlsplit(self.address).netloc}/{submission_id}"
+
+    def _call(self, what: str, call: Any) -> Any:
+        """One request; Ray's and requests' errors become a BurstError that names the cluster, never the token."""
+        client_class = _client_class()
+        import requests  # Ray's client is built on it
+
+        try:
+            if self._client is None:
+                self._client = client_class(self.address, headers={"Authorization": f"Bearer {self._token}"},
+                                            verify=self._verify)
+            return call(self._client)
+        except (requests.RequestException, ConnectionError) as exc:
+            raise BurstError(f"cannot reach the Ray cluster at {self.address} to {what}: {self._clean(exc)}",
+                             hint="check burst.address, the network and that the cluster is up") from exc
+        except (RuntimeError, ValueError, OSError) as exc:  # Ray's AuthenticationError is a RuntimeError
+            raise BurstError(f"the Ray cluster at {self.address} refused to {what}: {self._clean(exc)}",
+                             hint=_refusal_hint(exc)) from exc
+
+    def _clean(self, exc: BaseException) -> str:
+        text = " ".join(str(exc).split())[:300]
+        return text.replace(self._token, "<token>") if self._token else text
+
+
+@functools.cache
+def _client_class() -> type:
+    """JobSubmissionClient with a timeout on every request (requests has none by default)."""
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError as exc:
+        raise BurstError("bursting needs Ray, which is not installed", hint="install the extra: pip install "
+                         "'appliance[burst]'") from exc
+    logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per package uploaded: we say what was sent
+
+    class TimedClient(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", (10, 600))  # connect, then read: package uploads can take minutes
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return TimedClient
+
+
+def _refusal_hint(exc: BaseException) -> str:
+    text = str(exc)
+    if "Authentication" in text or "401" in text or "403" in text:
+        return "the cluster wants Ray's auth token: check the token file (burst.token_file)"
+    return "see the cluster's dashboard for this job"
+
+
+def read_token(settings: BurstSettings, state_dir: Path) -> str:
+    """Ray's auth token: the systemd credential, else burst.token_file, else <state_dir>/burst.token (0600)."""
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+    path = Path(credentials) / TOKEN_CREDENTIAL if credentials else None
+    if path is None or not path.is_file():
+        path = settings.token_file or state_dir / TOKEN_CREDENTIAL
+        try:
+            if path.stat().st_mode & 0o077:
+                raise BurstError(f"the Ray token file {path} is readable by group or others",
+                                 hint=f"run 'chmod 600 {path}'")
+        except FileNotFoundError:
+            raise BurstError(f"no Ray auth token: no systemd credential {TOKEN_CREDENTIAL} and no file {path}",
+                             hint="put the cluster's token (ray get-auth-token) in that file, mode 0600") from None
+    token = path.read_text().strip()
+    if not token:
+        raise BurstError(f"the Ray token file {path} is empty", hint="put the cluster's token in it")
+    return token
+
+
+def connect(settings: BurstSettings, state_dir: Path) -> RayBackend:
+    if not settings.enabled:
+        raise BurstError("no Ray cluster is configured for bursts",
+                         hint="set burst.address (APPLIANCE_BURST_ADDRESS) to the cluster's dashboard URL")
+    return RayBackend(settings, read_token(settings, state_dir))
+
+
+def suggestion(settings: BurstSettings, eta_s: float | None) -> str | None:
+    """A note for a local run predicted to take long, when a cluster is configured; None otherwise."""
+    if not settings.enabled or eta_s is None or eta_s <= settings.suggest_after_minutes * 60:
+        return None
+    return (f"this run is predicted to take about {eta_s / 60:.0f} more minutes here; the Ray cluster at "
+            f"{settings.address} may be faster: run it again with --burst (job parameter burst=true), if the "
+            "dataset's residency allows it")
+
+
+# -- one burst, from the local side --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to train: the same inputs as a local run."""
+
+    dataset: str
+    base_dir: Path
+    params: TrainParams
+    device: str | None
+    job_id: str
+    actor: str | None = None
+
+
+class Watcher(Protocol):
+    """The local job around a burst: where its state, progress and logs go, and whether it should stop."""
+
+    def submitted(self, submission: dict[str, str]) -> None: ...
+    def progress(self, data: dict[str, Any]) -> None: ...
+    def log(self, line: str) -> None: ...
+    def should_stop(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+
+
+def attempt(store: Store, settings: Settings, request: Request, watcher: Watcher,
+            submission: dict[str, str] | None = None, fallback: bool | None = None) -> str | None:
+    """Burst the request: the local run's id, or None when the burst failed and may fall back to training here.
+
+    A residency refusal never falls back: it is a policy answer, and training here instead is the submitter's call.
+    """
+    fallback = settings.burst.fallback_local if fallback is None else fallback
+    try:
+        backend = connect(settings.burst, settings.state_dir)
+        return train(store, backend, request, watcher, submission, settings.burst.poll_s)
+    except ResidencyRefused:
+        raise
+    except BurstError as exc:
+        if not fallback:
+            raise
+        audit.record(store, "burst.fallback", request.job_id, actor=request.actor, reason=exc.message)
+        watcher.log(f"burst failed: {exc.message}; training here instead")
+        return None
+
+
+def train(store: Store, backend: Backend, request: Request, watcher: Watcher,
+          submission: dict[str, str] | None = None, poll_s: float = 2.0) -> str:
+    """Run the request on the cluster (or follow the submission an earlier attempt made); the local run's id."""
+    if submission is not None and (done := runs.trained_at(store, submission["where"])):
+        return done  # an earlier attempt stored the result, then stopped before the job noted it
+    if submission is None:
+        submission = submit(store, backend, request, watcher)
+    logs = follow(store, backend, submission, watcher, request.actor, poll_s)
+    return receive(store, backend, submission, request, logs)
+
+
+def check_residency(store: Store, version: datasets.DatasetVersion, cluster: str, actor: str | None) -> None:
+    """Refuse, and audit the refusal, unless the dataset version may leave this box."""
+    if version.residency == datasets.BURST_ALLOWED:
+        return
+    with audit.operation(store, "burst.refused", version.ref, actor=actor, dataset=version.id, cluster=cluster,
+                         residency=version.residency):
+        raise ResidencyRefused(
+            f"dataset {version.ref} is {version.residency}: it may not leave this box, so it cannot burst to "
+            f"{cluster}",
+            hint=f"train it here (without --burst), or have an operator allow it: "
+                 f"'appliance data residency {version.name} {datasets.BURST_ALLOWED}'")
+
+
+def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -> dict[str, str]:
+    """Seal the inputs under a new key, record what leaves, and submit the job; the submission to keep."""
+    version = datasets.get(store, request.dataset)
+    check_residency(store, version, backend.address, request.actor)
+    key = new_key()
+    submission_id = f"appliance-{request.job_id}-{secrets.token_hex(4)}"
+    content = datasets.content(store, version)
+    base = archive.pack(sorted(_base_files(request.base_dir)))
+    manifest = json.dumps({"dataset": asdict(version), "params": request.params.model_dump(), "device": request.device,
+                           "submission": submission_id}).encode()
+    submission = {"id": submission_id, "cluster": backend.address, "where": backend.where(submission_id),
+                  "key": base64.b64encode(keys.wrap(store.master, key, _key_aad(submission_id))).decode()}
+    watcher.submitted(submission)  # before anything leaves: a later attempt finds the remote job again
+    with tempfile.TemporaryDirectory(prefix="appliance-burst-") as folder:  # sealed bytes only, mode 0700
+        packages, sent = _packages(Path(folder), submission_id, key,
+                                   {"manifest": manifest, "dataset": content, "base": base})
+        audit.record(store, "burst.send", submission_id, actor=request.actor, cluster=backend.address,
+                     dataset=version.id, dataset_ref=version.ref, dataset_bytes=len(content),
+                     base_model=hashlib.sha256(base).hexdigest(), base_model_path=str(request.base_dir),
+                     base_model_bytes=len(base), sealed_bytes=sent, job=request.job_id)
+        with audit.operation(store, "burst.submit", submission_id, actor=request.actor, cluster=backend.address):
+            backend.submit(submission_id, packages, {KEY_ENV: base64.b64encode(key).decode()},
+                           gpus=1 if request.device == "cuda" else 0)
+    watcher.log(f"burst: submitted {version.ref} as Ray job {submission_id} to {backend.address} "
+                f"({(sent / 2**20):.1f} MiB sealed)")
+    return submission
+
+
+def follow(store: Store, backend: Backend, submission: dict[str, str], watcher: Watcher, actor: str | None,
+           poll_s: float) -> str:
+    """Poll the remote job into the watcher until it ends; its full log once it succeeded."""
+    submission_id, seen, last_answer, status = submission["id"], 0, time.monotonic(), ""
+    while True:
+        if watcher.should_stop():
+            if watcher.cancelled():
+                cancel(store, backend, submission_id, actor)
+            raise Interrupted
+        try:
+            status, text = backend.status(submission_id), backend.logs(submission_id)
+        except BurstError as exc:
+            if time.monotonic() - last_answer > UNREACHABLE_GRACE_S:
+                raise
+            watcher.progress({"stage": "burst", "remote": "unreachable", "error": exc.message})
+            _nap(watcher, poll_s)
+            continue
+        last_answer = time.monotonic()
+        complete, newline, _partial = text[seen:].rpartition("\n")
+        seen += len(complete) + len(newline)
+        for line in complete.split("\n") if newline else []:
+            _relay(line, watcher)
+        watcher.progress({"stage": "burst", "remote": status, "submission": submission_id})
+        if status == "SUCCEEDED":
+            return text
+        if status in ("FAILED", "STOPPED"):
+            raise BurstError(f"the Ray job {submission_id} {status.lower()}: {_failure(text)}",
+                             hint=f"its whole log: 'ray job logs {submission_id}' against the cluster")
+        _nap(watcher, poll_s)
+
+
+def receive(store: Store, backend: Backend, submission: dict[str, str], request: Request, logs: str) -> str:
+    """Check the result in the job's log and store it as a finished local run that names where it trained."""
+    submission_id = submission["id"]
+    key = keys.unwrap(store.master, base64.b64decode(submission["key"]), _key_aad(submission_id))
+    version = datasets.get(store, request.dataset)
+    with audit.operation(store, "burst.result", submission_id, actor=request.actor, cluster=submission["cluster"],
+                         trained_on=submission["where"]) as details:
+        meta, bundle = _opened_result(key, logs, submission_id)
+        details.update(model=meta["sha256"], model_bytes=len(bundle))
+        blob_id = blobs.put(store, bundle)
+        run_id = runs.create(store, dataset_id=version.id, base_model=str(request.base_dir), task=version.task,
+                             params=meta["params"], plan=meta["plan"], trained_on=submission["where"])
+        for epoch in meta["epochs"]:
+            runs.record_epoch(store, run_id, runs.Epoch(**epoch))
+        runs.finish(store, run_id, blob_id, meta["metrics"])
+        details["run"] = run_id
+    try:
+        backend.forget(submission_id)  # the job's record on the cluster holds the key: drop it
+    except BurstError as exc:
+        log.warning("burst: %s", exc.message)
+    return run_id
+
+
+def cancel(store: Store, backend: Backend, submission_id: str, actor: str | None) -> None:
+    with audit.operation(store, "burst.cancel", submission_id, actor=actor, cluster=backend.address):
+        backend.cancel(submission_id)
+
+
+def _opened_result(key: bytes, logs: str, submission_id: str) -> tuple[dict[str, Any], bytes]:
+    lines = [line.split(" ", 1)[1] for line in logs.split("\n") if line.startswith(RESULT + " ")]
+    if not lines:
+        raise BurstError(f"Ray job {submission_id} succeeded but its log holds no result",
+                         hint="the cluster may have rotated the job's log away; run the job again")
+    try:
+        files = archive.unpack(unseal(key, "result", (base64.b64decode(line, validate=True) for line in lines)))
+        meta, bundle = json.loads(files["result.json"]), files["bundle.tar"]
+    except (ApplianceError, KeyError, ValueError) as exc:
+        raise BurstError(f"the result of Ray job {submission_id} is corrupted: {getattr(exc, 'message', exc)}",
+                         hint="nothing was stored; run the job again") from exc
+    if hashlib.sha256(bundle).hexdigest() != meta.get("sha256"):
+        raise BurstError(f"the result of Ray job {submission_id} is corrupted: the model does not match its hash",
+                         hint="nothing was stored; run the job again")
+    return meta, bundle
+
+
+def _relay(line: str, watcher: Watcher) -> None:
+    """One line of the remote log: progress to the events, the sealed result kept back, the rest as a log line."""
+    if line.startswith(RESULT + " "):
+        return
+    if line.startswith(PROGRESS + " "):
+        with contextlib.suppress(ValueError, TypeError):  # one we cannot read is shown as a log line
+            watcher.progress({**json.loads(line.split(" ", 1)[1]), "where": "ray"})
+            return
+    watcher.log(f"ray: {line}"[:2000])
+
+
+def _failure(logs: str) -> str:
+    """Why the remote job failed: its own message if it gave one, else the last lines of its log."""
+    for line in reversed(logs.split("\n")):
+        if line.startswith(ERROR + " "):
+            return line.split(" ", 1)[1]
+    tail = [line for line in logs.split("\n") if line.strip() and not line.startswith(RESULT)][-3:]
+    return " | ".join(tail)[-500:] or "no log"
+
+
+def _nap(watcher: Watcher, seconds: float) -> None:
+    """Wait between polls, but notice a stop within a fraction of a second."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not watcher.should_stop():
+        time.sleep(min(0.2, seconds))
+
+
+def _packages(folder: Path, submission_id: str, key: bytes, payloads: dict[str, bytes]) -> tuple[list[Path], int]:
+    """The payloads sealed into package folders of at most PACKAGE_BYTES each; the folders and bytes written."""
+    packages: list[Path] = []
+    sent = filled = 0
+    for label, data in payloads.items():
+        for index, chunk in enumerate(seal(key, label, data)):
+            if not packages or filled + len(chunk) > PACKAGE_BYTES:
+                packages.append(folder / package_name(submission_id, len(packages)))
+                packages[-1].mkdir()
+                (packages[-1] / "__init__.py").write_text("")
+                filled = 0
+            (packages[-1] / f"{label}.{index:06d}").write_bytes(chunk)
+            filled += len(chunk)
+            sent += len(chunk)
+    return packages, sent
+
+
+def package_name(submission_id: str, index: int) -> str:
+    """A py_modules folder name: an importable, unique package name."""
+    return f"appliance_payload_{submission_id.replace('-', '_')}_{index}"
+
+
+def _base_files(base_dir: Path) -> Iterator[tuple[str, bytes]]:
+    for path in sorted(base_dir.iterdir()):
+        if path.is_file() and not path.name.startswith("."):
+            yield path.name, path.read_bytes()
+
+
+def _key_aad(submission_id: str) -> bytes:
+    return b"appliance/burst-key|" + submission_id.encode()
+

@@ -1,0 +1,254 @@
+"""The job queue: submitted work, its state and its events, in SQLite.
+
+A job is claimed by one attempt at a time: claim() moves it from queued to running
+under a new owner id in one transaction, and every later write of that attempt
+(heartbeat, stage, finish) names the owner, so an attempt that lost its claim (the
+daemon restarted and requeued the job) can no longer change it. A job's `state`
+holds what each finished step made (dataset version, run id, model version): a new
+attempt reads it and skips those steps, and training resumes from its checkpoint,
+so nothing is lost and nothing is done twice.
+
+Each change of a job also goes out as an event (events.py) for user interfaces.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from appliance.core import clock
+from appliance.core.errors import JobError, JobNotFound
+from appliance.operations import jobspec
+from appliance.store import Store, audit, events
+from appliance.store.db import transaction
+
+ACTIVE = ("queued", "running")
+_COLUMNS = (
+    "id, kind, params, priority, status, stage, state, result, error, attempts, owner, pid, heartbeat_at, "
+    "cancel_requested, submitted_by, submitted_at, started_at, finished_at"
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    kind: str
+    params: dict[str, Any]  # as given (jobspec's dump), for showing; `spec` reads them typed
+    priority: int
+    status: str  # queued | running | finished | failed | cancelled
+    stage: str | None
+    state: dict[str, Any]
+    result: dict[str, Any] | None
+    error: str | None
+    attempts: int
+    owner: str | None
+    pid: int | None
+    heartbeat_at: str | None
+    cancel_requested: bool
+    submitted_by: str
+    submitted_at: str
+    started_at: str | None
+    finished_at: str | None
+
+    @property
+    def spec(self) -> jobspec.Spec:
+        """The parameters, typed; JobError if a row written by an older appliance no longer passes."""
+        return jobspec.parse(self.kind, self.params)
+
+
+def submit(store: Store, spec: jobspec.Spec, priority: int = 0, actor: str | None = None) -> Job:
+    """Queue a job; the daemon's worker picks it up by priority, then age.
+
+    The spec was checked as it was parsed; what it names on disk is checked here, where the settings are.
+    """
+    jobspec.confine(spec, store.settings)
+    low, high = jobspec.PRIORITY
+    if not low <= priority <= high:
+        raise JobError(f"priority: {priority} is not a whole number from {low} to {high}",
+                       hint="higher runs first and may preempt lower")
+    job_id = secrets.token_hex(6)
+    with audit.operation(store, "job.submit", job_id, actor=actor, kind=spec.kind, priority=priority):
+        store.db.execute(
+            "INSERT INTO jobs (id, kind, params, priority, status, submitted_by, submitted_at)"
+            " VALUES (?, ?, ?, ?, 'queued', ?, ?)",
+            (job_id, spec.kind, json.dumps(spec.dump()), priority, actor or audit.default_actor(), clock.stamp()),
+        )
+        events.emit(store, "job", job_id, "queued", {"kind": spec.kind, "priority": priority})
+    return get(store, job_id)
+
+
+def get(store: Store, job_id: str) -> Job:
+    row = store.db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id!r}", hint="'appliance jobs list' shows every job")
+    return _job(row)
+
+
+def list_jobs(store: Store, status: str | None = None) -> list[Job]:
+    """Every job (or those with this status), newest first."""
+    where, params = ("WHERE status = ?", (status,)) if status else ("", ())
+    return [_job(row) for row in store.db.execute(f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY rowid DESC", params)]
+
+
+def newest(store: Store, kind: str, param: str, value: str) -> Job | None:
+    """The job of this kind submitted last whose parameter `param` is `value` (the autopilot's last retrain)."""
+    if not param.isidentifier():
+        raise ValueError(f"not a parameter name: {param!r}")
+    row = store.db.execute(
+        f"SELECT {_COLUMNS} FROM jobs WHERE kind = ? AND json_extract(params, '$.{param}') = ?"
+        " ORDER BY submitted_at DESC, rowid DESC LIMIT 1", (kind, value)).fetchone()
+    return _job(row) if row else None
+
+
+def counts(store: Store) -> dict[str, int]:
+    """How many jobs are in each status."""
+    return dict(store.db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
+
+
+def next_queued(store: Store) -> Job | None:
+    """The job that should run next: highest priority, then oldest."""
+    row = store.db.execute(
+        f"SELECT {_COLUMNS} FROM jobs WHERE status = 'queued' AND cancel_requested = 0"
+        " ORDER BY priority DESC, submitted_at, rowid LIMIT 1"
+    ).fetchone()
+    return _job(row) if row else None
+
+
+def claim(store: Store, job_id: str) -> str | None:
+    """Move a queued job to running under a new owner id; None if another attempt got it first."""
+    owner = secrets.token_hex(8)
+    now = clock.stamp()
+    with transaction(store.db):
+        changed = store.db.execute(
+            "UPDATE jobs SET status = 'running', owner = ?, attempts = attempts + 1, heartbeat_at = ?,"
+            " started_at = COALESCE(started_at, ?) WHERE id = ? AND status = 'queued'",
+            (owner, now, now, job_id),
+        ).rowcount
+        if changed:
+            events.emit(store, "job", job_id, "started", {"attempt": get(store, job_id).attempts})
+    return owner if changed else None
+
+
+def set_pid(store: Store, job_id: str, owner: str, pid: int) -> None:
+    _owned_update(store, job_id, owner, "pid = ?", (pid,))
+
+
+def heartbeat(store: Store, job_id: str, owner: str) -> bool:
+    """Mark the attempt alive; False once it no longer owns the job (it should stop)."""
+    return _owned_update(store, job_id, owner, "heartbeat_at = ?", (clock.stamp(),))
+
+
+def set_stage(store: Store, job_id: str, owner: str, stage: str) -> None:
+    if _owned_update(store, job_id, owner, "stage = ?, heartbeat_at = ?", (stage, clock.stamp())):
+        events.emit(store, "job", job_id, "stage", {"stage": stage})
+
+
+def save_state(store: Store, job_id: str, owner: str, **made: Any) -> dict[str, Any]:
+    """Record what a finished step made, so a later attempt skips that step."""
+    with transaction(store.db):
+        state = {**get(store, job_id).state, **made}
+        _owned_update(store, job_id, owner, "state = ?", (json.dumps(state),))
+    return state
+
+
+def progress(store: Store, job_id: str, data: dict[str, Any]) -> None:
+    """A progress report (stage, step, loss, metric, ETA) for the events stream; not audited."""
+    events.emit(store, "job", job_id, "progress", data)
+
+
+def log_lines(store: Store, job_id: str) -> list[str]:
+    """What the job's processes wrote, oldest first."""
+    get(store, job_id)
+    return [event.data["line"] for event in events.after(store, 0, job_id, limit=1_000_000) if event.kind == "log"]
+
+
+def log(store: Store, job_id: str, line: str) -> None:
+    events.emit(store, "job", job_id, "log", {"line": line})
+
+
+def finish(store: Store, job_id: str, owner: str, result: dict[str, Any]) -> None:
+    _end(store, job_id, owner, "finished", result=result)
+
+
+def fail(store: Store, job_id: str, owner: str, error: str) -> None:
+    _end(store, job_id, owner, "failed", error=error)
+
+
+def requeue(store: Store, job_id: str, owner: str | None, reason: str) -> None:
+    """Put a running job back in the queue (preempted, the daemon stopping or restarting)."""
+    with transaction(store.db):
+        changed = store.db.execute(
+            "UPDATE jobs SET status = 'queued', owner = NULL, pid = NULL WHERE id = ? AND status = 'running'"
+            " AND owner IS ?",
+            (job_id, owner),
+        ).rowcount
+        if changed:
+            events.emit(store, "job", job_id, "requeued", {"reason": reason})
+
+
+def recover(store: Store) -> list[str]:
+    """After a daemon start: every job left running by an earlier daemon goes back to the queue."""
+    orphans = [row[0] for row in store.db.execute("SELECT id, owner FROM jobs WHERE status = 'running'")]
+    for job_id in orphans:
+        job = get(store, job_id)
+        with audit.operation(store, "job.recover", job_id, actor="daemon", attempts=job.attempts):
+            requeue(store, job_id, job.owner, "the daemon restarted")
+    return orphans
+
+
+def cancel(store: Store, job_id: str, actor: str | None = None) -> Job:
+    """Cancel a queued job now; a running one is asked to stop and ends as cancelled."""
+    with audit.operation(store, "job.cancel", job_id, actor=actor) as details:
+        job = get(store, job_id)
+        details["was"] = job.status
+        if job.status not in ACTIVE:
+            raise JobError(f"job {job_id} is already {job.status}", hint="only queued or running jobs can be cancelled")
+        if job.status == "queued":
+            store.db.execute(
+                "UPDATE jobs SET status = 'cancelled', finished_at = ? WHERE id = ?", (clock.stamp(), job_id)
+            )
+            events.emit(store, "job", job_id, "cancelled", {})
+        else:
+            store.db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+            events.emit(store, "job", job_id, "cancel-requested", {})
+    return get(store, job_id)
+
+
+def cancelled_while_running(store: Store, job_id: str, owner: str) -> None:
+    """The attempt stopped because it was asked to: end the job as cancelled."""
+    _end(store, job_id, owner, "cancelled")
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _end(store: Store, job_id: str, owner: str, status: str, **fields: Any) -> None:
+    details = {key: value for key, value in fields.items() if key == "error"}
+    with audit.operation(store, f"job.{status}", job_id, actor="daemon", **details):
+        if not _owned_update(
+            store, job_id, owner, "status = ?, result = ?, error = ?, finished_at = ?, owner = NULL, pid = NULL",
+            (status, json.dumps(fields.get("result")), fields.get("error"), clock.stamp()),
+        ):
+            raise JobError(f"job {job_id} is no longer run by this attempt", hint="a newer attempt owns it")
+        events.emit(store, "job", job_id, status, {key: value for key, value in fields.items() if value is not None})
+
+
+def _owned_update(store: Store, job_id: str, owner: str, assignments: str, values: tuple[Any, ...]) -> bool:
+    with transaction(store.db):
+        return bool(
+            store.db.execute(
+                f"UPDATE jobs SET {assignments} WHERE id = ? AND owner = ? AND status = 'running'",
+                (*values, job_id, owner),
+            ).rowcount
+        )
+
+
+def _job(row: tuple) -> Job:
+    values = dict(zip([name.strip() for name in _COLUMNS.split(",")], row))
+    values["params"] = json.loads(values["params"])
+    values["state"] = json.loads(values["state"])
+    values["result"] = json.loads(values["result"]) if values["result"] else None
+    values["cancel_requested"] = bool(values["cancel_requested"])
+    return Job(**values)

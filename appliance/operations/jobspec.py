@@ -1,0 +1,277 @@
+"""What each kind of job takes: one typed schema per kind, checked once, when the job is submitted.
+
+The control API's body, `appliance jobs submit`, `train`, `tune` and `optimize`, the TUI's wizard and
+the autopilot all build these; the jobs table keeps what was given as JSON, and the worker reads it
+back typed. So a value that would fail hours later (or crash the job) is refused before the job waits
+in the queue, with the field, the value and what the field takes.
+
+Two parameters name things on disk, and only by a name inside a folder root chose, never by a path:
+`source`, a file (or an image folder) in daemon.import_dir, and `base`, a model folder in
+train.base_models_dir. confine() checks at submission that they resolve there (no links, no '..',
+nothing read), and base_dir() checks again when the job runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Self, Union
+
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    RootModel,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
+
+from appliance import registry
+from appliance.core.config import Settings
+from appliance.core.confined import MAX_NAME_CHARS, Folder
+from appliance.core.errors import ApplianceError, ConfinementError, JobError
+from appliance.core.schema import EXPLAINED, Strict, refusal, shown
+from appliance.data import datasets
+from appliance.operations.pipeline import OptimizeOptions
+from appliance.train import space
+from appliance.train.params import Metric, TrainParams
+
+PRIORITY = (-100, 100)
+WEEK_S = 7 * 24 * 3600.0
+IMPORT_DIR, BASE_MODELS_DIR = "daemon.import_dir", "train.base_models_dir"
+
+
+def _model_name(name: str) -> str:
+    try:
+        return registry.check_name(name)
+    except ApplianceError as exc:
+        raise refusal(f"{shown(name)} is not a usable model name: {exc.hint}") from None
+
+
+Ref = Annotated[str, Field(min_length=1, max_length=200)]
+ModelName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_model_name)]
+FolderName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+Priority = Annotated[int, Field(ge=PRIORITY[0], le=PRIORITY[1], description="higher runs first and may preempt lower")]
+
+
+class _Spec(Strict):
+    kind: ClassVar[str]
+
+    def dump(self) -> dict[str, Any]:
+        """The parameters as given, for the jobs table and the control API: what parse() reads back."""
+        return self.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+
+    def body(self, priority: int = 0) -> dict[str, Any]:
+        """The control API's body that submits this job."""
+        return {"kind": self.kind, "params": self.dump(), "priority": priority}
+
+
+class _Training(_Spec):
+    dataset: Ref = Field(description="the dataset: name, name:version or id (a pipeline imports into this name)")
+    base: FolderName | None = Field(None, description=f"a model folder's name in {BASE_MODELS_DIR}; default: "
+                                                      "train.base_model")
+    params: TrainParams = Field(TrainParams(), description="training hyperparameters; unnamed ones keep their default")
+    device: Literal["cpu", "cuda"] | None = Field(None, description="default: the best available")
+    name: ModelName | None = Field(None, description="register the model under this name; default: the dataset's")
+
+
+class _Burst(_Spec):
+    burst: bool = Field(False, description="train on the configured Ray cluster, if the dataset's residency allows")
+    fallback: bool | None = Field(None, description="train here if the burst fails; default: burst.fallback_local")
+
+
+class _Optimizing(_Spec):
+    int8: bool = Field(OptimizeOptions.int8, description="also quantise to INT8 under the accuracy guard")
+    distill_layers: int | None = Field(None, ge=1, le=48, description="also distil a student of the first K layers")
+    max_accuracy_drop: float = Field(OptimizeOptions.max_accuracy_drop, ge=0, le=100,
+                                     description="accuracy points a faster variant may lose against FP32")
+
+    def optimize_options(self) -> OptimizeOptions:
+        return OptimizeOptions(int8=self.int8, distill_layers=self.distill_layers,
+                               max_accuracy_drop=self.max_accuracy_drop)
+
+
+class _Deploying(_Spec):
+    canary_percent: float | None = Field(None, gt=0, le=100, description="deploy as a canary taking this share of "
+                                                                         "traffic; default: production at once")
+
+
+class TrainJob(_Burst, _Training):
+    """Fine-tune a base model on a dataset and register the result."""
+
+    kind: ClassVar[str] = "train"
+    noun: ClassVar[str] = "a train job"
+
+
+class OptimizeJob(_Optimizing):
+    """Export a registered model to OpenVINO, quantise and distil it under the accuracy guard."""
+
+    kind: ClassVar[str] = "optimize"
+    noun: ClassVar[str] = "an optimize job"
+
+    version: Ref = Field(description="the model to optimise: name, name:version or name@alias")
+    calibration_size: int = Field(OptimizeOptions.calibration_size, ge=1, le=100_000,
+                                  description="training texts that calibrate INT8")
+    metric: Metric = Field(OptimizeOptions.metric, description="the validation metric the guard compares")
+    seed: int = Field(OptimizeOptions.seed, ge=0, le=2**32 - 1)
+
+    def optimize_options(self) -> OptimizeOptions:
+        return replace(super().optimize_options(), calibration_size=self.calibration_size, metric=self.metric,
+                       seed=self.seed)
+
+
+class PipelineJob(_Deploying, _Optimizing, _Burst, _Training):
+    """Import (or extend with feedback), fine-tune, optimise and deploy."""
+
+    kind: ClassVar[str] = "pipeline"
+    noun: ClassVar[str] = "a pipeline job"
+
+    source: FolderName | None = Field(None, description=f"a file (or image folder) in {IMPORT_DIR}, by its name "
+                                                        "there: imported as the next version of 'dataset'")
+    task: Literal["text-classification", "image-classification"] = datasets.TEXT
+    residency: Literal["local-only", "burst-allowed"] = Field(datasets.LOCAL_ONLY,
+                                                             description="of the imported version")
+    retrain: ModelName | None = Field(None, description="a served model whose new feedback extends 'dataset' first")
+    deploy: bool = True
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> Self:
+        if self.source is not None and self.retrain is not None:
+            raise refusal("'retrain' extends 'dataset' with a served model's feedback and takes no 'source'; "
+                          "send one of them")
+        return self
+
+
+class TuneJob(_Deploying, _Optimizing, _Training):
+    """Search hyperparameters within a budget; the best trial is registered and optimised."""
+
+    kind: ClassVar[str] = "tune"
+    noun: ClassVar[str] = "a tune job"
+
+    budget_s: float = Field(gt=0, le=WEEK_S, description="wall-clock seconds for the whole search")
+    metric: Metric = Field("macro_f1", description="the validation metric to maximise (and to guard)")
+    space: dict[str, Any] = Field(default_factory=dict, description="narrows the default space: parameter -> "
+                                                                    '{"low", "high", "log"}, choices, or one value')
+    sampler: Literal["tpe", "random"] = "tpe"
+    deploy: bool = False  # a search's best waits for a person to deploy it
+
+    @field_validator("space")
+    @classmethod
+    def _searchable(cls, narrowing: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {name: space.check(name, entry, "space") for name, entry in narrowing.items()}
+        except ApplianceError as exc:
+            raise refusal(exc.message.removeprefix("space: ") + (f" ({exc.hint})" if exc.hint else "")) from None
+
+    def optimize_options(self) -> OptimizeOptions:
+        return replace(super().optimize_options(), metric=self.metric)
+
+
+Spec = TrainJob | OptimizeJob | PipelineJob | TuneJob
+SPECS: dict[str, type[Spec]] = {spec.kind: spec for spec in (TrainJob, OptimizeJob, PipelineJob, TuneJob)}
+KINDS = tuple(SPECS)
+
+
+def parse(kind: str, values: Any) -> Spec:
+    """A job's parameters, as a client or the jobs table gives them; JobError naming what is wrong."""
+    if kind not in SPECS:
+        raise JobError(f"unknown job kind {shown(kind)}", hint=f"the kinds are: {', '.join(KINDS)}")
+    return SPECS[kind].parse(values)
+
+
+class _Submission(Strict):
+    noun: ClassVar[str] = "a job request"
+
+
+_REQUESTS = tuple(create_model(f"{spec.__name__}Request", __base__=_Submission, __doc__=spec.__doc__,
+                               kind=(Literal[spec.kind], ...), params=(spec, ...), priority=(Priority, 0))
+                  for spec in SPECS.values())
+
+
+class JobRequest(RootModel[Annotated[Union[_REQUESTS], Field(discriminator="kind")]]):  # noqa: UP007
+    """The control API's job body: {"kind", "params", "priority"}, each kind with its own params."""
+
+    model_config = ConfigDict(frozen=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _untagged(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        """Refusals located as the client wrote them: 'params.dataset', not under the kind's own model."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise ValidationError.from_exception_data(cls.__name__, [_untag(error) for error in exc.errors()]) \
+                from None
+
+    @property
+    def spec(self) -> Spec:
+        return self.root.params
+
+    @property
+    def priority(self) -> int:
+        return self.root.priority
+
+
+def _untag(error: Any) -> InitErrorDetails:
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        given = error["ctx"].get("tag") if error["type"] == "union_tag_invalid" else None
+        message = (f"{shown(given)} is not a job kind" if given is not None else "missing") + \
+            f"; the kinds are {', '.join(KINDS)}"
+        return InitErrorDetails(type=refusal(message), loc=("kind",), input=given)
+    loc = error["loc"][1:] if error["loc"] and error["loc"][0] in KINDS else error["loc"]
+    message = error["msg"] if error["type"] == EXPLAINED else \
+        f"{shown(error['input'])} is not a job request: an object of kind, params and priority"
+    return InitErrorDetails(type=refusal(message), loc=loc, input=error["input"])
+
+
+def confine(spec: Spec, settings: Settings) -> None:
+    """Refuse a source or base that does not name a plain file or folder inside its folder; reads none of it."""
+    if isinstance(spec, PipelineJob) and spec.source is not None:
+        imports = Folder(settings.daemon.import_dir, IMPORT_DIR)
+        if spec.task == datasets.IMAGE:
+            _folder(imports, spec.source, "source")
+        else:
+            try:
+                imports.open_file(spec.source).close()
+            except ConfinementError as exc:
+                raise ConfinementError(f"source: {exc.message}", hint=exc.hint) from None
+    if not isinstance(spec, OptimizeJob):
+        base_dir(spec.base, settings)
+
+
+def base_dir(base: str | None, settings: Settings) -> Path:
+    """The base model folder a job names: train.base_model when it names none, else that folder in
+    train.base_models_dir, checked to be one (not a link) now."""
+    if base is None:
+        return settings.base_model
+    return _folder(Folder(settings.base_models_dir, BASE_MODELS_DIR), base, "base")
+
+
+def base_name(path: Path, settings: Settings) -> str | None:
+    """What a job names for the base model folder at path: nothing for train.base_model, its name when it lies
+    directly in train.base_models_dir; JobError for any other folder, which the daemon does not load."""
+    folder = path.resolve()
+    if folder == settings.base_model.resolve():
+        return None
+    if settings.base_models_dir is not None and folder.parent == settings.base_models_dir.resolve():
+        return folder.name
+    where = settings.base_models_dir or "not configured"
+    raise JobError(f"the daemon loads base models only from {BASE_MODELS_DIR} ({where}), and {path} is not there",
+                   hint=f"copy the model folder into {BASE_MODELS_DIR}, or stop the daemon ('appliance stop') to "
+                        "train from any folder")
+
+
+def _folder(folder: Folder, name: str, parameter: str) -> Path:
+    """The folder `name` inside folder, which must be one there now."""
+    if folder.root is None:
+        raise ConfinementError(f"{parameter}: no {folder.setting} is configured, so a job cannot name a folder there",
+                               hint=f"have root set {folder.setting} and put the folder there"
+                                    + ("; leave 'base' out for train.base_model" if parameter == "base" else ""))
+    if not folder.is_folder(name):
+        raise ConfinementError(f"{parameter}: there is no folder {shown(name)} in {folder.setting}",
+                               hint="name a folder root put there, relative to it; links and '..' are refused")
+    return folder.root / name

@@ -1,0 +1,318 @@
+"""The model registry: immutable versions with their artifacts and lineage, movable aliases.
+
+A version is written once (triggers refuse updates): the training run it came from
+(and through it the dataset version, base model and hyperparameters), each variant's
+artifact blob with the metrics measured on this box, the variant chosen to serve and
+why. Which version serves is an alias (`production`, `candidate`), as MLflow's aliases
+are; deploy moves one, rollback undoes the last move. Every move is kept, so the
+history of what served when can be replayed.
+
+Beside it, what is recorded about the versions as they serve: feedback.py (predictions
+and their true labels) and usage.py (what each model and job cost).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from appliance.core import clock, schema
+from appliance.core.errors import RegistryError
+from appliance.store import Store, audit, events
+from appliance.train import runs
+
+ALIASES = ("production", "candidate")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One artifact of a version: fp32, int8, a student; with what it scored here."""
+
+    name: str
+    format: str  # openvino-ir | onnx | torch-bundle
+    blob_id: str
+    bytes: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    model: str
+    version: int
+    run_id: str
+    task: str
+    chosen: str
+    reason: str
+    created_at: str
+    variants: dict[str, Variant]
+    aliases: tuple[str, ...]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}:{self.version}"
+
+    def serving_variant(self) -> Variant:
+        """The chosen variant, if the server (and `appliance predict`) can run it: an OpenVINO IR."""
+        variant = self.variants[self.chosen]
+        if variant.format != "openvino-ir":
+            raise RegistryError(f"{self.ref} is not optimised, so the server cannot run it",
+                                hint=f"'appliance optimize {self.ref}' makes a version that can serve")
+        return variant
+
+    def lineage(self, store: Store) -> dict[str, Any]:
+        """Where this version came from: run, dataset version, base model, hyperparameters, where it trained."""
+        run = runs.get(store, self.run_id)
+        return {"run": run.id, "dataset": run.dataset_id, "base_model": run.base_model, "params": run.params,
+                "trained_on": run.trained_on or "this appliance"}
+
+
+def register(
+    store: Store,
+    model: str,
+    *,
+    run_id: str,
+    task: str,
+    variants: list[Variant],
+    chosen: str,
+    reason: str,
+    actor: str | None = None,
+) -> ModelVersion:
+    """Record a new immutable version and point `candidate` at it."""
+    check_name(model)
+    if chosen not in {variant.name for variant in variants}:
+        raise RegistryError(f"the chosen variant {chosen!r} is not among the artifacts")
+    with audit.operation(store, "model.register", model, actor=actor, run=run_id, chosen=chosen) as details:
+        version = store.db.execute(
+            "SELECT COALESCE(MAX(version), 0) + 1 FROM model_versions WHERE model = ?", (model,)
+        ).fetchone()[0]
+        store.db.execute(
+            "INSERT INTO model_versions (model, version, run_id, task, chosen, reason, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (model, version, run_id, task, chosen, reason, clock.stamp()),
+        )
+        for variant in variants:
+            store.db.execute(
+                "INSERT INTO model_artifacts (model, version, variant, format, blob_id, bytes, metrics)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (model, version, variant.name, variant.format, variant.blob_id, variant.bytes,
+                 json.dumps(variant.metrics)),
+            )
+        _move(store, model, "candidate", version, "set")
+        details["version"] = version
+    return get(store, f"{model}:{version}")
+
+
+def check_name(model: str) -> str:
+    """The name, if a model may have it."""
+    return schema.check_name(model, "model", RegistryError)
+
+
+def get(store: Store, ref: str) -> ModelVersion:
+    """A version by 'name:3', 'name@production', or 'name' (production, else the newest)."""
+    model, _, rest = ref.partition(":")
+    model, _, alias = model.partition("@")
+    if rest:
+        version = _int(rest, ref)
+    elif alias:
+        version = _alias_version(store, model, alias)
+        if version is None:
+            raise RegistryError(f"model {model} has no {alias} alias", hint=f"'appliance models show {model}'")
+    else:
+        version = _alias_version(store, model, "production") or _newest(store, model)
+    return _load(store, model, version)
+
+
+def list_versions(store: Store) -> list[ModelVersion]:
+    rows = store.db.execute("SELECT model, version FROM model_versions ORDER BY model, version").fetchall()
+    return [_load(store, model, version) for model, version in rows]
+
+
+def set_alias(store: Store, model: str, alias: str, version: int, actor: str | None = None) -> int | None:
+    """Point alias at version (deploy); returns the version it pointed at before."""
+    _check_alias(alias)
+    _load(store, model, version)  # refuses an unknown version
+    with audit.operation(store, "model.alias", f"{model}@{alias}", actor=actor, version=version) as details:
+        previous = _alias_version(store, model, alias)
+        _move(store, model, alias, version, "set")
+        details["previous"] = previous
+    return previous
+
+
+def rollback(store: Store, model: str, alias: str = "production", actor: str | None = None) -> int:
+    """Undo the last move of alias: it points where it pointed before; returns that version."""
+    _check_alias(alias)
+    with audit.operation(store, "model.rollback", f"{model}@{alias}", actor=actor) as details:
+        stack = _history(store, model, alias)
+        if len(stack) < 2:
+            raise RegistryError(
+                f"{model}@{alias} has no earlier version to roll back to",
+                hint=f"'appliance models show {model}' lists its versions",
+            )
+        details.update({"from": stack[-1], "to": stack[-2]})
+        _move(store, model, alias, stack[-2], "rollback")
+        events.emit(store, "deploy", model, "rollback", {"alias": alias, "from": stack[-1], "to": stack[-2]})
+    return stack[-2]
+
+
+def deploy(store: Store, ref: str, canary_percent: float | None = None, actor: str | None = None) -> ModelVersion:
+    """Serve a version: as production (any canary ends), or as a candidate taking canary_percent of traffic."""
+    version = get(store, ref if ":" in ref or "@" in ref else f"{ref}:{_newest(store, ref)}")
+    version.serving_variant()  # refuses a version the server could not load
+    if canary_percent is None:
+        with audit.operation(store, "model.deploy", version.ref, actor=actor):
+            set_alias(store, version.model, "production", version.version, actor=actor)
+            _set_canary(store, version.model, 0.0)
+            events.emit(store, "deploy", version.model, "production", {"version": version.version})
+        return get(store, version.ref)
+    if not 0 < canary_percent <= 100:
+        raise RegistryError(f"a canary share must be above 0 and at most 100 percent, not {canary_percent:g}")
+    production = _alias_version(store, version.model, "production")
+    if production is None or production == version.version:
+        raise RegistryError(
+            f"{version.ref} cannot be a canary: "
+            + ("nothing serves in production yet" if production is None else "it already serves in production"),
+            hint=f"deploy a version without --canary first: 'appliance deploy {version.model}:VERSION'",
+        )
+    with audit.operation(store, "model.canary", version.ref, actor=actor, percent=canary_percent):
+        set_alias(store, version.model, "candidate", version.version, actor=actor)
+        _set_canary(store, version.model, canary_percent)
+        events.emit(store, "deploy", version.model, "canary", {"version": version.version, "percent": canary_percent})
+    return get(store, version.ref)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a model's aliases say should serve now: its production version, the candidate and its share."""
+
+    production: int
+    candidate: int | None
+    canary_percent: float  # 0: no canary runs, whatever the candidate alias says
+    production_since: str  # when production last moved
+    canary_since: str | None  # when the canary share was last set
+
+
+@dataclass(frozen=True)
+class AliasMove:
+    """One move of an alias: set by a deploy, or a rollback to where it pointed before."""
+
+    model: str
+    alias: str
+    version: int
+    kind: str  # set | rollback
+    moved_at: str
+
+
+def deployments(store: Store) -> dict[str, Deployment]:
+    """Every model with a production version, by name: what the inference server should serve."""
+    aliases: dict[str, dict[str, tuple[int, str]]] = {}
+    for model, alias, version, moved_at in store.db.execute(
+            "SELECT model, alias, version, moved_at FROM model_aliases ORDER BY model"):
+        aliases.setdefault(model, {})[alias] = (version, moved_at)
+    canaries = {model: (percent, set_at) for model, percent, set_at in
+                store.db.execute("SELECT model, percent, set_at FROM model_canary")}
+    found = {}
+    for model, moved in aliases.items():
+        if "production" in moved:
+            percent, set_at = canaries.get(model, (0.0, None))
+            candidate = moved["candidate"][0] if "candidate" in moved else None
+            found[model] = Deployment(moved["production"][0], candidate, percent, moved["production"][1], set_at)
+    return found
+
+
+def alias_moves(store: Store) -> list[AliasMove]:
+    """Every move of every alias, oldest first: the history of what served when."""
+    return [AliasMove(*row) for row in store.db.execute(
+        "SELECT model, alias, version, kind, moved_at FROM model_alias_moves ORDER BY seq")]
+
+
+def canary_percent(store: Store, model: str) -> float:
+    """The share of a model's traffic its candidate gets now (0: none)."""
+    row = store.db.execute("SELECT percent FROM model_canary WHERE model = ?", (model,)).fetchone()
+    return row[0] if row else 0.0
+
+
+def stop_canary(store: Store, model: str, actor: str | None = None) -> None:
+    """All traffic back to production; the candidate alias stays where it is."""
+    with audit.operation(store, "model.canary_stop", model, actor=actor, percent=canary_percent(store, model)):
+        _set_canary(store, model, 0.0)
+        events.emit(store, "deploy", model, "canary-stopped", {})
+
+
+def _set_canary(store: Store, model: str, percent: float) -> None:
+    store.db.execute(
+        "INSERT OR REPLACE INTO model_canary (model, percent, set_at) VALUES (?, ?, ?)", (model, percent, clock.stamp())
+    )
+
+
+def _move(store: Store, model: str, alias: str, version: int, kind: str) -> None:
+    now = clock.stamp()
+    store.db.execute(
+        "INSERT OR REPLACE INTO model_aliases (model, alias, version, moved_at) VALUES (?, ?, ?, ?)",
+        (model, alias, version, now),
+    )
+    store.db.execute(
+        "INSERT INTO model_alias_moves (model, alias, version, kind, moved_at) VALUES (?, ?, ?, ?, ?)",
+        (model, alias, version, kind, now),
+    )
+
+
+def _history(store: Store, model: str, alias: str) -> list[int]:
+    """The alias's versions as a stack: a set pushes, a rollback pops."""
+    stack: list[int] = []
+    for version, kind in store.db.execute(
+        "SELECT version, kind FROM model_alias_moves WHERE model = ? AND alias = ? ORDER BY seq", (model, alias)
+    ):
+        if kind == "rollback":
+            stack.pop()
+        else:
+            stack.append(version)
+    return stack
+
+
+def _alias_version(store: Store, model: str, alias: str) -> int | None:
+    _check_alias(alias)
+    row = store.db.execute("SELECT version FROM model_aliases WHERE model = ? AND alias = ?", (model, alias)).fetchone()
+    return row[0] if row else None
+
+
+def _newest(store: Store, model: str) -> int:
+    row = store.db.execute("SELECT MAX(version) FROM model_versions WHERE model = ?", (model,)).fetchone()
+    if row[0] is None:
+        raise RegistryError(f"no model named {model[:80]!r}", hint="'appliance models list' shows the models")
+    return row[0]
+
+
+def _load(store: Store, model: str, version: int) -> ModelVersion:
+    row = store.db.execute(
+        "SELECT run_id, task, chosen, reason, created_at FROM model_versions WHERE model = ? AND version = ?",
+        (model, version),
+    ).fetchone()
+    if row is None:
+        _newest(store, model)  # names the model if it does not exist at all
+        raise RegistryError(f"model {model} has no version {version}", hint=f"'appliance models show {model}'")
+    variants = {
+        name: Variant(name, fmt, blob_id, size, json.loads(metrics))
+        for name, fmt, blob_id, size, metrics in store.db.execute(
+            "SELECT variant, format, blob_id, bytes, metrics FROM model_artifacts WHERE model = ? AND version = ?",
+            (model, version),
+        )
+    }
+    aliases = tuple(
+        r[0]
+        for r in store.db.execute(
+            "SELECT alias FROM model_aliases WHERE model = ? AND version = ? ORDER BY alias", (model, version)
+        )
+    )
+    return ModelVersion(model, version, *row, variants=variants, aliases=aliases)
+
+
+def _check_alias(alias: str) -> None:
+    if alias not in ALIASES:
+        raise RegistryError(f"unknown alias {alias!r}", hint=f"aliases are {', '.join(ALIASES)}")
+
+
+def _int(text: str, ref: str) -> int:
+    if not text.isdigit():
+        raise RegistryError(f"{ref!r}: the version must be a number", hint="write MODEL, MODEL:VERSION or MODEL@ALIAS")
+    return int(text)
