@@ -25,6 +25,7 @@ from appliance.core.errors import ArtifactError, OptimizeError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what load_tokenizer reads
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+PAD_MULTIPLE = 8  # batches are padded to a length in these steps (see load_tokenizer)
 Runner = Any  # an openvino.CompiledModel, an onnxruntime.InferenceSession or a train.bundle.TorchRunner
 
 
@@ -50,13 +51,18 @@ class Servable:
 
 
 def load_tokenizer(files: Mapping[str, bytes], max_length: int) -> tokenizers.Tokenizer:
-    """The fast tokenizer, truncating as training did and padding to the longest text of each call."""
+    """The fast tokenizer, truncating as training did and padding to the longest text of each call, rounded up to a
+    multiple of PAD_MULTIPLE: OpenVINO keeps kernels and buffers for every input shape it has seen, about half a
+    MB each and never given back, so lengths in steps of 8 bound a server's memory (336 shapes of mixed batches
+    grew MiniLM's process by 183 MB, 64 shapes by 59) at no measured cost in speed."""
     tokenizer = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode())
     pad_token = json.loads(files.get("tokenizer_config.json", b"{}")).get("pad_token") or "[PAD]"
     pad_token = pad_token["content"] if isinstance(pad_token, dict) else pad_token
     pad_id = tokenizer.token_to_id(pad_token)
     tokenizer.enable_truncation(max_length)  # tokenizer.json may carry its own (all-MiniLM: pad to a fixed 128)
-    tokenizer.enable_padding(pad_id=pad_id or 0, pad_token=pad_token if pad_id is not None else "[PAD]")
+    multiple = PAD_MULTIPLE if max_length % PAD_MULTIPLE == 0 else None  # never past the length the model was given
+    tokenizer.enable_padding(pad_id=pad_id or 0, pad_token=pad_token if pad_id is not None else "[PAD]",
+                             pad_to_multiple_of=multiple)
     return tokenizer
 
 

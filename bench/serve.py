@@ -520,7 +520,7 @@ async def run(
 ) -> Results:
     """Accuracy of every system, then each concurrency in turn over every system, so drift hits all alike."""
     from appliance.core import config
-    from appliance.serve.batching import Batcher
+    from appliance.serve.batching import RELEASE_AFTER_S, Batcher
 
     validation = validation_split()
     servable, origin = load_served()
@@ -542,7 +542,7 @@ async def run(
         accuracy = {system.name: await score(system, validation) for system in systems}
         points = [await measure(system, validation.texts, clients, warmup, seconds)
                   for clients in concurrency for system in systems]
-        await asyncio.sleep(2)  # nothing in flight
+        await asyncio.sleep(RELEASE_AFTER_S + 2)  # at rest: nothing in flight, the burst's buffers handed back
         idle = {system.name: at_rest(system.pid) for system in systems if system.pid}
     finally:
         await batcher.close()

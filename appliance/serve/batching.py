@@ -16,6 +16,10 @@ again text by text, so only the guilty request fails (400 when its text would no
 tokenise, 503 when the model failed on it alone). And a text's CPU is bounded by what
 the model can see: the tail that truncation would drop anyway is cut before tokenising
 (`tail_cut`), so a long text costs no more than one the length of the model's window.
+
+A burst of large batches leaves OpenVINO holding buffers sized for them (tens of MB per
+infer request); once the model has been quiet for `RELEASE_AFTER_S`, the collector hands
+them back (`release_memory`), so a server at rest holds what a server at rest needs.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 SPLIT_RATIO = 2.0  # start a new piece when a text is this much longer than the piece's shortest...
 SPLIT_FLOOR = 256  # ...and this long (characters, ~64 tokens): below it, one more inference costs more than padding
 _WORDY = re.compile(r"\w[^ ]*+")  # from a word character to the end of its chunk between spaces; never backtracks
+RELEASE_AFTER_S = 5.0  # quiet this long, the model's intermediate buffers go back; the next batch makes them again
 
 
 @dataclass
@@ -101,6 +106,7 @@ class Batcher:
         self._max_queue = max_queue
         self.on_batch = on_batch or (lambda batch: None)
         slots = max(2, compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        self._compiled = compiled
         self._infer = ov.AsyncInferQueue(compiled, slots)
         self._infer.set_callback(self._done)
         self._slots = asyncio.Semaphore(slots)  # batches in flight; made here, used only on the event loop
@@ -144,8 +150,14 @@ class Batcher:
         await asyncio.to_thread(self._thread.join)
 
     async def _collect(self) -> None:
+        holding = False  # buffers an inference left behind, not yet released
         while True:
-            await self._arrived.wait()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), RELEASE_AFTER_S if holding else None)
+            except TimeoutError:
+                if not self.depth:  # nothing pending or in flight, and only this task starts a batch
+                    holding = not await asyncio.to_thread(self._release)
+                continue
             if not self._pending:  # an empty request: no batch, so no inference slot taken
                 self._arrived.clear()
                 continue
@@ -158,6 +170,7 @@ class Batcher:
                 except TimeoutError:
                     break
             await self._slots.acquire()  # texts that arrive meanwhile join this batch
+            holding = True
             batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
             self._in_flight += len(batch)
             if not self._pending:
@@ -166,6 +179,17 @@ class Batcher:
             flight = _Flight(len(pieces))
             for piece in pieces:
                 self._work.put((flight, piece))
+
+    def _release(self) -> bool:
+        """Hand back the buffers the last batches sized, once the last callback has returned; False while another
+        user of the compiled model (a warm-up, an evaluation) has an inference running, to try again later."""
+        self._infer.wait_all()
+        try:
+            self._compiled.release_memory()
+        except RuntimeError as exc:  # OpenVINO refuses while any infer request of the model is busy
+            log.debug("the model's buffers stay for now: %s", exc)
+            return False
+        return True
 
     def _dispatch(self) -> None:
         """The dispatcher thread: tokenise a piece and start it; blocks while every infer request is busy."""
