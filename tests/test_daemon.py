@@ -177,7 +177,7 @@ def test_a_viewer_cannot_deploy_and_the_refusal_is_audited(daemon: Daemon) -> No
         ("POST", "/v1/jobs", {"kind": "train", "params": {"dataset": "t", "colour": 1}}, 400, ("params.colour: a train"
                                                                                               " job takes no such")),
         ("POST", "/v1/jobs", {"kind": "train", "params": {"dataset": "t", "params": {"epochz": 1}}}, 400, "epochz"),
-        ("POST", "/v1/jobs", {"kind": "train", "params": {}}, 400, "params.dataset: missing"),
+        ("POST", "/v1/jobs", {"kind": "train", "params": {}}, 400, "params: send 'dataset' for a new run, or 'resume'"),
         ("POST", "/v1/jobs", {"kind": "train", "params": {"dataset": "t"}, "priority": 1000}, 400, "priority"),
         ("GET", "/v1/jobs/nope", None, 404, "no job"),
         ("POST", "/v1/jobs/nope/cancel", None, 404, "no job"),

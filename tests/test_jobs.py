@@ -74,7 +74,7 @@ def test_cancel_ends_a_queued_job_and_asks_a_running_one_to_stop(opened: Store) 
     ("kind", "params", "message"),
     [
         ("dance", {}, 'unknown job kind "dance"'),
-        ("train", {}, "dataset: missing: a train job needs it, text of 1 to 200 characters"),
+        ("train", {}, "send 'dataset' for a new run, or 'resume' with an interrupted run's id"),
         ("optimize", {"version": "x", "dataset": "x"}, "dataset: an optimize job takes no such parameter; it takes"),
         ("train", {"dataset": "x", "params": {"epochs": 2, "speed": 11}}, "params.speed: the training takes no such"),
         ("train", {"dataset": "x", "params": {"epochs": 1e308}}, "epochs: 1e+308 is not a whole number from 1 to 1000"),
@@ -104,7 +104,10 @@ def test_cancel_ends_a_queued_job_and_asks_a_running_one_to_stop(opened: Store) 
         ("pipeline", {"dataset": "x", "residency": "anywhere"}, 'residency: "anywhere" is not one of "local-only"'),
         ("pipeline", {"dataset": "x", "source": ["a.csv"]}, 'source: ["a.csv"] is not text of 1 to 255 characters'),
         ("pipeline", {"dataset": "x", "retrain": "tickets", "source": "a.csv"}, "takes no 'source'"),
-        ("tune", {"dataset": "x"}, "budget_s: missing: a tune job needs it, a number above 0 and at most 604800"),
+        ("tune", {"dataset": "x"}, "send 'dataset' and 'budget_s' for a new search, or 'resume'"),
+        ("tune", {"resume": "s", "space": {"epochs": 3}}, "'resume' continues a search as it started: 'space' cannot"),
+        ("train", {"resume": "r", "burst": True}, "'resume' continues a run as it started: 'burst' cannot be sent"),
+        ("train", {"resume": "nosuchrun"}, "no training run 'nosuchrun'"),
         ("tune", {"dataset": "x", "budget_s": 10**9}, "budget_s: 1000000000 is not a number above 0 and at most"),
         ("tune", {"dataset": "x", "budget_s": "60"}, 'budget_s: "60" is not a number above 0'),
         ("tune", {"dataset": "x", "budget_s": 60, "sampler": "grid"}, 'sampler: "grid" is not one of "tpe", "random"'),
@@ -131,7 +134,8 @@ def test_the_api_body_describes_each_kinds_parameters_with_their_bounds() -> Non
     kinds = described["$defs"]
     assert kinds["TrainParams"]["properties"]["epochs"] | {"minimum": 1, "maximum": 1000, "type": "integer"} == \
         kinds["TrainParams"]["properties"]["epochs"]
-    assert kinds["TuneJob"]["required"] == ["dataset", "budget_s"] and kinds["TuneJob"]["additionalProperties"] is False
+    tune = kinds["TuneJob"]  # a new search needs dataset and budget_s, a resumed one neither: refused in words
+    assert {"dataset", "budget_s", "resume"} <= set(tune["properties"]) and tune["additionalProperties"] is False
     assert kinds["PipelineJob"]["properties"]["task"]["enum"] == ["text-classification", "image-classification"]
 
 

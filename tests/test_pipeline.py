@@ -128,7 +128,7 @@ def test_train_then_optimize_from_the_command_line(tiny_base: Path, tmp_path: Pa
     run_cli("keys", "init", check=True)
     run_cli("data", "import", str(write_tickets(tmp_path / "tickets.csv")), "--name", "tickets", check=True)
     refused = run_cli("train", "--data", "tickets", "--base", str(tiny_base), "--name", "no spaces")
-    assert refused.returncode == 1 and "'no spaces' is not a usable model name" in refused.stderr
+    assert refused.returncode == 1 and '"no spaces" is not a usable model name' in refused.stderr
     assert "Traceback" not in refused.stderr
     assert run_cli("runs", "list").stdout.startswith("no training runs yet")  # refused before training started
 

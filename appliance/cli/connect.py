@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from appliance import operations, registry
-from appliance.cli.base import daemon_client, opened_store, progress_bar
+from appliance.cli.base import daemon_client, load_settings, opened_store, progress_bar
 from appliance.daemon import client
 from appliance.data import datasets, sources
 from appliance.operations import jobs, jobspec, privacy
@@ -37,7 +37,7 @@ class Appliance(Protocol):
     def job_logs(self, job_id: str) -> list[str]: ...
     def submit(self, spec: jobspec.Spec, priority: int) -> dict[str, Any]: ...
     def cancel(self, job_id: str) -> dict[str, Any]: ...
-    def run(self, spec: jobspec.Spec, label: str) -> dict[str, Any]: ...
+    def run(self, spec: jobspec.Spec, label: str, base: Path | None = None) -> dict[str, Any]: ...
 
 
 class Remote:
@@ -95,9 +95,14 @@ class Remote:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self.api.post(f"/v1/jobs/{job_id}/cancel")
 
-    def run(self, spec: jobspec.Spec, label: str) -> dict[str, Any]:
+    def run(self, spec: jobspec.Spec, label: str, base: Path | None = None) -> dict[str, Any]:
+        """The spec as a job the daemon runs, followed to its end; a base folder goes by its name in
+        train.base_models_dir (JobError for any other)."""
         from appliance.cli.jobs import run_job
 
+        named = jobspec.base_name(base, load_settings()) if base is not None else None
+        if named is not None:
+            spec = type(spec).parse(spec.dump() | {"base": named})
         return run_job(self.api, spec)
 
 
@@ -144,11 +149,13 @@ class Local:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return asdict(jobs.cancel(self.store, job_id))
 
-    def run(self, spec: jobspec.Spec, label: str) -> dict[str, Any]:
+    def run(self, spec: jobspec.Spec, label: str, base: Path | None = None) -> dict[str, Any]:
+        """The spec's operations here, on a progress bar; a stop (SIGTERM, Ctrl-C) checkpoints and raises Stopped.
+        base may be any model folder this user can read."""
         from appliance.cli.jobs import foreground
 
         with foreground(self.store, label, stoppable=not isinstance(spec, jobspec.OptimizeJob)) as here:
-            return operations.run(here, spec)
+            return operations.run(here, spec, base=base)
 
 
 @contextmanager

@@ -149,6 +149,7 @@ class Foreground:
     def __init__(self, store: Store, bar: Callable[..., None], state: dict[str, Any] | None = None,
                  stoppable: bool = True) -> None:
         self.id, self.store, self.actor, self.max_threads = f"cli-{os.getpid()}", store, None, None
+        self.confined = False  # this command opens what its user may
         self.state = dict(state or {})
         self.stop_requested = False
         self._bar = bar

@@ -8,19 +8,10 @@ from pathlib import Path
 
 import click
 
-from appliance import operations, registry
-from appliance.cli.base import (
-    cli,
-    daemon_client,
-    json_option,
-    load_settings,
-    opened_store,
-    print_json,
-    schema_option,
-)
-from appliance.cli.jobs import foreground, run_job
+from appliance import operations
+from appliance.cli.base import cli, json_option, opened_store, print_json, schema_option
+from appliance.cli.connect import connected
 from appliance.core.errors import JobError
-from appliance.data import datasets
 from appliance.operations import jobspec
 from appliance.train import runs
 from appliance.train.params import TrainParams
@@ -66,51 +57,41 @@ def train(
     burst: bool,
     fallback: bool,
 ) -> None:
-    """Fine-tune a base model on a dataset version, checkpointing as it goes."""
+    """Fine-tune a base model on a dataset version, checkpointing as it goes.
+
+    With a daemon running, the daemon trains it as a job (it survives this shell, and crashes); with none, it
+    trains here. Either way the run is registered as the next version of the model.
+    """
     if (dataset is None) == (resume_run is None):
         raise click.UsageError("give either --data NAME for a new run or --resume RUN")
-    if (burst or fallback) and resume_run:
-        raise click.UsageError("--burst starts a new run: it cannot go with --resume")
-    params = TrainParams(
-        epochs=epochs, learning_rate=lr, batch_size=batch_size, max_length=max_length, lora=lora, schedule=schedule,
-        patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
-    )
-    settings = load_settings()
-    job = {"dataset": dataset, "params": params, "device": device, "name": model_name, "burst": burst or None,
-           "fallback": fallback or None}
-    if resume_run is None:
-        with daemon_client() as api:
-            if api is not None:  # the daemon trains it as a job: it survives this shell, and crashes
-                named = {"base": jobspec.base_name(base, settings) if base else None}
-                result = run_job(api, jobspec.TrainJob.parse({key: value for key, value in (job | named).items()
-                                                              if value is not None}))
-                click.echo(f"run {result['run_id']} finished; registered as {result['version']}")
-                click.echo(f"  optimise it with 'appliance optimize {result['version']}'")
-                return
-    with opened_store() as opened:
-        source = datasets.get(opened, runs.get(opened, resume_run).dataset_id if resume_run else dataset)
-        name = registry.check_name(model_name or source.name)  # before hours of training, not after
-        job["dataset"] = dataset or source.ref
-        spec = jobspec.TrainJob.parse({key: value for key, value in job.items() if value is not None})
-        resumed = {"run_id": runs.get(opened, resume_run).id} if resume_run else {}
-        with foreground(opened, "burst" if burst else "training", resumed) as here:
-            try:
-                result = operations.train(here, spec, spec.dataset, base or settings.base_model)
-            except operations.Stopped:
+    if resume_run and (burst or fallback or base):
+        raise click.UsageError("--resume continues a run as it started: it takes no --burst, --fallback or --base")
+    if resume_run:
+        job = {"resume": resume_run, "name": model_name}
+    else:
+        params = TrainParams(
+            epochs=epochs, learning_rate=lr, batch_size=batch_size, max_length=max_length, lora=lora,
+            schedule=schedule, patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
+        )
+        job = {"dataset": dataset, "params": params, "device": device, "name": model_name, "burst": burst or None,
+               "fallback": fallback or None}
+    spec = jobspec.TrainJob.parse({key: value for key, value in job.items() if value is not None})
+    with connected() as appliance:
+        try:
+            result = appliance.run(spec, "burst" if burst else "training", base=base)
+        except operations.Stopped as stopped:
+            if "run_id" not in stopped.made:
                 raise JobError("the burst was stopped; the Ray job is cancelled", hint="nothing was stored") from None
-        if result.status == "finished":
-            trained_on = runs.get(opened, result.run_id).trained_on
-            if trained_on:
-                click.echo(f"trained on {trained_on}")
-            registered = operations.register(here, name, spec.dataset, result.run_id)
-    if result.status == "interrupted":
-        click.echo(f"run {result.run_id} stopped at step {result.steps} and checkpointed")
-        click.echo(f"  continue it with: appliance train --resume {result.run_id}")
-        sys.exit(143 if here.stop_requested else 1)
-    summary = ", ".join(f"{metric} {value:.4f}" for metric, value in result.metrics.items())
-    click.echo(f"run {result.run_id} finished after {result.steps} steps" + (" (stopped early)" if result.stopped_early else ""))
+            click.echo(f"run {stopped.made['run_id']} stopped and checkpointed")
+            click.echo(f"  continue it with: appliance train --resume {stopped.made['run_id']}")
+            sys.exit(143)
+    if result["trained_on"]:
+        click.echo(f"trained on {result['trained_on']}")
+    summary = ", ".join(f"{metric} {value:.4f}" for metric, value in result["metrics"].items())
+    click.echo(f"run {result['run_id']} finished after {result['steps']} steps"
+               + (" (stopped early)" if result["stopped_early"] else ""))
     click.echo(f"  best validation: {summary}")
-    click.echo(f"  registered as {registered.ref}; optimise it with 'appliance optimize {registered.ref}'")
+    click.echo(f"  registered as {result['version']}; optimise it with 'appliance optimize {result['version']}'")
 
 
 @cli.group("runs")

@@ -9,21 +9,11 @@ from typing import Any
 
 import click
 
-from appliance import operations, registry
-from appliance.cli.base import (
-    cli,
-    daemon_client,
-    json_option,
-    load_settings,
-    opened_store,
-    print_json,
-    schema_option,
-)
-from appliance.cli.jobs import foreground, run_job
-from appliance.data import datasets
-from appliance.operations import jobspec, pipeline
+from appliance import operations
+from appliance.cli.base import cli, json_option, opened_store, print_json, schema_option
+from appliance.cli.connect import connected
+from appliance.operations import jobspec
 from appliance.train import space, studies
-from appliance.train.params import TrainParams
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 
@@ -60,52 +50,24 @@ def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base
         return
     if resume_study is None and (dataset is None or budget is None):
         raise click.UsageError("give --data NAME and --budget (e.g. 30m), or --resume SEARCH")
-    budget_s = parse_budget(budget) if budget else None
-    narrowing = space.read(space_file) if space_file else {}
-    if resume_study is None:
-        with daemon_client() as api:
-            if api is not None:  # the daemon runs it as a job: it survives this shell, and restarts
-                job = {"dataset": dataset, "budget_s": budget_s, "metric": metric, "space": narrowing or None,
-                       "sampler": sampler, "device": device, "name": model_name,
-                       "base": jobspec.base_name(base, load_settings()) if base else None}
-                result = run_job(api, jobspec.TuneJob.parse({key: value for key, value in job.items()
-                                                             if value is not None}))
-                click.echo(f"best trial: run {result['run_id']}; registered and optimised as {result['version']}")
-                click.echo(f"  every trial: 'appliance tune show {result['study']}'")
-                return
-    _foreground(dataset, budget_s, base, metric, narrowing, sampler, device, model_name, resume_study)
-
-
-def _foreground(dataset: str | None, budget_s: float | None, base: Path | None, metric: str,
-                narrowing: dict[str, Any], sampler: str, device: str | None, model_name: str | None,
-                resume_study: str | None) -> None:
-    from appliance.train import tune  # torch and Optuna load only for the commands that train
-
-
-    with opened_store() as opened:
-        if resume_study:
-            study_id = studies.get(opened, resume_study).id
-            source = datasets.get(opened, studies.get(opened, study_id).dataset_id)
-        else:
-            source = datasets.get(opened, dataset)
-        name = registry.check_name(model_name or source.name)  # before the search, not after
-        if not resume_study:
-            request = tune.Request(dataset=dataset, base_dir=base or load_settings().base_model, budget_s=budget_s,
-                                   metric=metric, narrowing=narrowing, base_params=TrainParams(), sampler=sampler,
-                                   device=device)
-            study_id = tune.create(opened, request)
-        with foreground(opened, f"search {study_id}") as here:
-            result = tune.resume(opened, study_id, progress=lambda report: here.report(operations.tune_progress(report)),
-                                 should_stop=here.should_stop)
-        if result.status == "interrupted":
-            click.echo(f"search {study_id} stopped and checkpointed after {result.trials} trials")
-            click.echo(f"  continue it with: appliance tune --resume {study_id}")
-            sys.exit(143 if here.stop_requested else 1)
-        registered = pipeline.register_run(opened, result.best_run_id, name)
-        _print_study(opened, study_id)
-    click.echo(f"best trial: run {result.best_run_id}, {metric} {result.best_value:.4f}; registered as "
-               f"{registered.ref}")
-    click.echo(f"  optimise it with 'appliance optimize {registered.ref}'")
+    if resume_study is not None and (dataset or budget or base or space_file):
+        raise click.UsageError("--resume continues a search as it started: it takes no --data, --budget, --base "
+                               "or --space")
+    if resume_study:
+        job: dict[str, Any] = {"resume": resume_study, "name": model_name}
+    else:
+        job = {"dataset": dataset, "budget_s": parse_budget(budget or ""), "metric": metric, "sampler": sampler,
+               "space": space.read(space_file) if space_file else None, "device": device, "name": model_name}
+    spec = jobspec.TuneJob.parse({key: value for key, value in job.items() if value is not None})
+    with connected() as appliance:
+        try:
+            result = appliance.run(spec, "search", base=base)
+        except operations.Stopped as stopped:
+            click.echo(f"search {stopped.made['study']} stopped and checkpointed")
+            click.echo(f"  continue it with: appliance tune --resume {stopped.made['study']}")
+            sys.exit(143)
+    click.echo(f"best trial: run {result['run_id']}; registered and optimised as {result['version']}")
+    click.echo(f"  every trial: 'appliance tune show {result['study']}'")
 
 
 @tune_group.command("show")

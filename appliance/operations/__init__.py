@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from appliance import registry
 from appliance.data import datasets, sources
 from appliance.operations import burst, pipeline
-from appliance.operations.jobspec import OptimizeJob, PipelineJob, Spec, TrainJob, TuneJob, base_dir
+from appliance.operations.jobspec import OptimizeJob, PipelineJob, Spec, TrainJob, TuneJob, base_dir, resumed
 from appliance.registry import feedback
 from appliance.store import Store
+from appliance.train import runs, studies
 
 if TYPE_CHECKING:
     from appliance.train.engine import RunResult
@@ -40,7 +41,12 @@ log = logging.getLogger("appliance.operations")
 
 
 class Stopped(Exception):
-    """The operation was asked to stop, or lost its claim on the job, and has checkpointed."""
+    """The operation was asked to stop, or lost its claim on the job, and has checkpointed; `made` is what it had
+    made by then (run_id, study, ...), which a resume names."""
+
+    def __init__(self, made: dict[str, Any]) -> None:
+        super().__init__("stopped and checkpointed")
+        self.made = dict(made)
 
 
 class Context(Protocol):
@@ -49,8 +55,9 @@ class Context(Protocol):
     id: str  # the name a burst is known by on the cluster: the job's id, or the foreground command's
     store: Store
     actor: str | None
-    state: dict[str, Any]  # what earlier attempts made: dataset, run_id, registered, optimized, deployed, burst
+    state: dict[str, Any]  # what earlier attempts made: dataset, run_id, study, registered, optimized, deployed, burst
     max_threads: int | None  # set while a model is served: training leaves it cores
+    confined: bool  # a daemon's job opens model folders only where root configured; the CLI's user, their own
 
     def stage(self, name: str) -> None: ...
     def save(self, **made: Any) -> None: ...
@@ -84,8 +91,10 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
     """A run trained on the dataset from the base model: on the Ray cluster when spec.burst (here again if that
     fails and may fall back), else here, resuming the run an earlier attempt started. Its status says whether it
     finished or was interrupted (checkpointed)."""
-    from appliance.train import engine, runs  # torch loads only where something trains
+    from appliance.train import engine  # torch loads only where something trains
 
+    if "run_id" not in ctx.state and isinstance(spec, TrainJob) and spec.resume:
+        ctx.save(run_id=resumed(ctx.store, spec, confined=ctx.confined))
     if "run_id" in ctx.state and runs.get(ctx.store, ctx.state["run_id"]).status == "finished":
         return engine.RunResult.of(ctx.store, ctx.state["run_id"])
     if spec.burst and "run_id" not in ctx.state:
@@ -125,7 +134,7 @@ def _burst(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path)
         return burst.attempt(ctx.store, ctx.store.settings, request, _BurstWatcher(ctx), ctx.state.get("burst"),
                              spec.fallback)
     except burst.Interrupted:
-        raise Stopped from None
+        raise Stopped(ctx.state) from None
 
 
 
@@ -151,31 +160,36 @@ class _BurstWatcher:
         return self.ctx.cancelled()
 
 
-def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str) -> str:
-    """The best trial's run of the hyperparameter search study_id, created or resumed and run to its budget."""
-    from appliance.train import studies
+def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str | None) -> str:
+    """The best trial's run of the hyperparameter search: spec.resume's, else study_id's (a new id when None),
+    created or continued and run to its budget."""
     from appliance.train import tune as search  # torch and Optuna load only where something trains
 
     if "run_id" in ctx.state:
         return ctx.state["run_id"]
     ctx.stage("tune")
-    if not studies.exists(ctx.store, study_id):
-        request = search.Request(dataset=dataset, base_dir=base, budget_s=spec.budget_s, metric=spec.metric,
-                                 narrowing=spec.space, base_params=spec.params, sampler=spec.sampler,
-                                 device=spec.device)
-        search.create(ctx.store, request, study_id=study_id, actor=ctx.actor)
+    if "study" not in ctx.state:
+        if spec.resume:
+            study_id = resumed(ctx.store, spec, confined=ctx.confined)
+        elif study_id is None or not studies.exists(ctx.store, study_id):  # else an earlier attempt created it
+            request = search.Request(dataset=dataset, base_dir=base, budget_s=spec.budget_s or 0.0,
+                                     metric=spec.metric, narrowing=spec.space, base_params=spec.params,
+                                     sampler=spec.sampler, device=spec.device)
+            study_id = search.create(ctx.store, request, study_id=study_id, actor=ctx.actor)
+        ctx.save(study=study_id)
+    study_id = ctx.state["study"]
 
-    result = search.resume(ctx.store, study_id, progress=lambda report: ctx.report(tune_progress(report)),
+    result = search.resume(ctx.store, study_id, progress=lambda report: ctx.report(_tune_progress(report)),
                            should_stop=ctx.should_stop, max_threads=ctx.max_threads)
     if result.status == "interrupted":
-        raise Stopped
+        raise Stopped(ctx.state)
     ctx.report({"stage": "tune", "trials": result.trials, "pruned": result.pruned, "best": result.best_value},
                force=True)
     ctx.save(run_id=result.best_run_id)
     return result.best_run_id
 
 
-def tune_progress(report: Any) -> dict[str, Any]:
+def _tune_progress(report: Any) -> dict[str, Any]:
     """A search's progress (train.tune.Progress) as the events stream and the progress bars read it."""
     return {"stage": "tune", "step": round(report.spent_s), "total_steps": round(report.budget_s),
             "trial": report.trial, "trials": report.trials, "pruned": report.pruned, "best": report.best,
@@ -233,35 +247,45 @@ def rollback(store: Store, model: str, actor: str | None = None) -> Rollback:
     return Rollback(model, False, registry.rollback(store, model, actor=actor))
 
 
-def run(ctx: Context, spec: Spec, study_id: str | None = None) -> dict[str, Any]:
+def run(ctx: Context, spec: Spec, study_id: str | None = None, base: Path | None = None) -> dict[str, Any]:
     """A job's operations in order, stopping between them when asked; returns what the job made.
 
-    study_id names a search's study (a job names it after itself).
+    study_id names a new search's study (a job names it after itself; None gives a new id). base is a model
+    folder the CLI's user named for a run in the foreground, where a job names one in train.base_models_dir.
     """
     if isinstance(spec, OptimizeJob):
         return {"version": optimise(ctx, spec, spec.version).ref}
-    dataset = _between(ctx, import_dataset(ctx, spec) if isinstance(spec, PipelineJob) else spec.dataset)
-    base = base_dir(spec.base, ctx.store.settings)
+    dataset = _between(ctx, import_dataset(ctx, spec) if isinstance(spec, PipelineJob) else _dataset(ctx, spec))
+    base = base or base_dir(spec.base, ctx.store.settings)
     if isinstance(spec, TuneJob):
-        run_id = tune(ctx, spec, dataset, base, study_id or "")
+        run_id, summary = tune(ctx, spec, dataset, base, study_id), {}
     else:
         trained = train(ctx, spec, dataset, base)
         if trained.status != "finished":
-            raise Stopped
-        run_id = trained.run_id
+            raise Stopped(ctx.state)
+        run_id, summary = trained.run_id, {"metrics": trained.metrics, "steps": trained.steps,
+                                           "stopped_early": trained.stopped_early}
     run_id = _between(ctx, run_id)
     registered = _between(ctx, register(ctx, spec.name, dataset, run_id)).ref
     if isinstance(spec, TrainJob):
-        return {"run_id": run_id, "version": registered}
+        return {"run_id": run_id, "version": registered, **summary, "trained_on": runs.get(ctx.store, run_id).trained_on}
     optimized = _between(ctx, optimise(ctx, spec, registered)).ref
     if spec.deploy:
         deploy(ctx, optimized, spec.canary_percent)
-    searched = {"study": study_id} if isinstance(spec, TuneJob) else {}
+    searched = {"study": ctx.state.get("study", study_id)} if isinstance(spec, TuneJob) else {}
     return {"dataset": dataset, "run_id": run_id, "version": optimized, "deployed": spec.deploy, **searched}
+
+
+def _dataset(ctx: Context, spec: TrainJob | TuneJob) -> str:
+    """The dataset a run or search trains on: the spec's, or the one the run or search it resumes started on."""
+    if spec.dataset is not None:
+        return spec.dataset
+    resumed = runs.get(ctx.store, spec.resume) if isinstance(spec, TrainJob) else studies.get(ctx.store, spec.resume)
+    return datasets.get(ctx.store, resumed.dataset_id).ref
 
 
 def _between(ctx: Context, made: Any) -> Any:
     """Pass an operation's result on, unless a stop was asked for while it ran: its state is saved, so stop here."""
     if ctx.should_stop():
-        raise Stopped
+        raise Stopped(ctx.state)
     return made

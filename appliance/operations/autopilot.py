@@ -186,7 +186,7 @@ class Autopilot:
             spec = jobspec.PipelineJob(retrain=model, dataset=trained_on.name, name=model,
                                        base=_base_name(store.settings, run), params=TrainParams.parse(run.params),
                                        canary_percent=policy.canary_percent)
-            jobspec.confine(spec, store.settings)
+            jobspec.confine(spec, store)
         except ApplianceError as exc:
             self._note(model, f"{trigger['trigger']} calls for a retrain, but it cannot be submitted: {exc.message}")
             return

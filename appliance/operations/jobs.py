@@ -63,7 +63,7 @@ def submit(store: Store, spec: jobspec.Spec, priority: int = 0, actor: str | Non
 
     The spec was checked as it was parsed; what it names on disk is checked here, where the settings are.
     """
-    jobspec.confine(spec, store.settings)
+    jobspec.confine(spec, store)
     low, high = jobspec.PRIORITY
     if not low <= priority <= high:
         raise JobError(f"priority: {priority} is not a whole number from {low} to {high}",

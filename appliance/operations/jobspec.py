@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Self, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self, Union
 
 from pydantic import (
     AfterValidator,
@@ -37,8 +37,11 @@ from appliance.core.errors import ApplianceError, ConfinementError, JobError
 from appliance.core.schema import EXPLAINED, Strict, refusal, shown
 from appliance.data import datasets
 from appliance.operations.pipeline import OptimizeOptions
-from appliance.train import space
+from appliance.train import runs, space, studies
 from appliance.train.params import Metric, TrainParams
+
+if TYPE_CHECKING:
+    from appliance.store import Store
 
 PRIORITY = (-100, 100)
 WEEK_S = 7 * 24 * 3600.0
@@ -60,6 +63,14 @@ Priority = Annotated[int, Field(ge=PRIORITY[0], le=PRIORITY[1], description="hig
 
 class _Spec(Strict):
     kind: ClassVar[str]
+
+    def _resumed_alone(self, what: str, own: tuple[str, ...]) -> Self:
+        """A resumed run or search keeps what it started with: refuse anything sent that it would ignore."""
+        ignored = sorted(name for name in own if name in self.model_fields_set)
+        if ignored:
+            raise refusal(f"'resume' continues {what} as it started: {', '.join(repr(n) for n in ignored)} "
+                          "cannot be sent with it")
+        return self
 
     def dump(self) -> dict[str, Any]:
         """The parameters as given, for the jobs table and the control API: what parse() reads back."""
@@ -101,10 +112,22 @@ class _Deploying(_Spec):
 
 
 class TrainJob(_Burst, _Training):
-    """Fine-tune a base model on a dataset and register the result."""
+    """Fine-tune a base model on a dataset and register the result, or continue an interrupted run."""
 
     kind: ClassVar[str] = "train"
     noun: ClassVar[str] = "a train job"
+
+    dataset: Ref | None = Field(None, description="the dataset: name, name:version or id (not with 'resume')")
+    resume: Ref | None = Field(None, description="an interrupted run's id: continue it from its last checkpoint, "
+                                                 "with its own dataset, base and hyperparameters")
+
+    @model_validator(mode="after")
+    def _new_or_resumed(self) -> Self:
+        if (self.dataset is None) == (self.resume is None):
+            raise refusal("send 'dataset' for a new run, or 'resume' with an interrupted run's id")
+        if self.resume is None:
+            return self
+        return self._resumed_alone("a run", ("dataset", "base", "params", "device", "burst", "fallback"))
 
 
 class OptimizeJob(_Optimizing):
@@ -147,12 +170,17 @@ class PipelineJob(_Deploying, _Optimizing, _Burst, _Training):
 
 
 class TuneJob(_Deploying, _Optimizing, _Training):
-    """Search hyperparameters within a budget; the best trial is registered and optimised."""
+    """Search hyperparameters within a budget, or continue a stopped search; the best trial is registered and
+    optimised."""
 
     kind: ClassVar[str] = "tune"
     noun: ClassVar[str] = "a tune job"
 
-    budget_s: float = Field(gt=0, le=WEEK_S, description="wall-clock seconds for the whole search")
+    dataset: Ref | None = Field(None, description="the dataset: name, name:version or id (not with 'resume')")
+    budget_s: float | None = Field(None, gt=0, le=WEEK_S, description="wall-clock seconds for the whole search "
+                                                                      "(not with 'resume')")
+    resume: Ref | None = Field(None, description="a stopped search's id: continue it within what is left of its "
+                                                 "budget, on its own dataset and space")
     metric: Metric = Field("macro_f1", description="the validation metric to maximise (and to guard)")
     space: dict[str, Any] = Field(default_factory=dict, description="narrows the default space: parameter -> "
                                                                     '{"low", "high", "log"}, choices, or one value')
@@ -166,6 +194,15 @@ class TuneJob(_Deploying, _Optimizing, _Training):
             return {name: space.check(name, entry, "space") for name, entry in narrowing.items()}
         except ApplianceError as exc:
             raise refusal(exc.message.removeprefix("space: ") + (f" ({exc.hint})" if exc.hint else "")) from None
+
+    @model_validator(mode="after")
+    def _new_or_resumed(self) -> Self:
+        if self.resume is not None:
+            return self._resumed_alone("a search", ("dataset", "budget_s", "base", "params", "device", "metric",
+                                                     "space", "sampler"))
+        if self.dataset is None or self.budget_s is None:
+            raise refusal("send 'dataset' and 'budget_s' for a new search, or 'resume' with a stopped search's id")
+        return self
 
     def optimize_options(self) -> OptimizeOptions:
         return replace(super().optimize_options(), metric=self.metric)
@@ -228,8 +265,12 @@ def _untag(error: Any) -> InitErrorDetails:
     return InitErrorDetails(type=refusal(message), loc=loc, input=error["input"])
 
 
-def confine(spec: Spec, settings: Settings) -> None:
-    """Refuse a source or base that does not name a plain file or folder inside its folder; reads none of it."""
+def confine(spec: Spec, store: Store) -> None:
+    """Refuse a source or base that does not name a plain file or folder inside its folder (reading none of it),
+    and a run or search to resume that the daemon may not continue."""
+    settings = store.settings
+    if isinstance(spec, TrainJob | TuneJob) and spec.resume is not None:
+        resumed(store, spec, confined=True)
     if isinstance(spec, PipelineJob) and spec.source is not None:
         imports = Folder(settings.daemon.import_dir, IMPORT_DIR)
         if spec.task == datasets.IMAGE:
@@ -241,6 +282,21 @@ def confine(spec: Spec, settings: Settings) -> None:
                 raise ConfinementError(f"source: {exc.message}", hint=exc.hint) from None
     if not isinstance(spec, OptimizeJob):
         base_dir(spec.base, settings)
+
+
+def resumed(store: Store, spec: TrainJob | TuneJob, *, confined: bool) -> str:
+    """The id of the run (train) or search (tune) that spec.resume names, which must be unfinished and, for a
+    daemon's job (confined), from a base model the daemon would start one from; JobError otherwise."""
+    if isinstance(spec, TrainJob):
+        started, what, show = runs.get(store, spec.resume or ""), "run", "appliance runs show"
+    else:
+        started, what, show = studies.get(store, spec.resume or ""), "search", "appliance tune show"
+    if started.status == "finished":
+        raise JobError(f"{what} {started.id} has finished: there is nothing to resume",
+                       hint=f"'{show} {started.id}' shows it")
+    if confined:
+        base_name(Path(started.base_model), store.settings)  # JobError for a folder the daemon does not load
+    return started.id
 
 
 def base_dir(base: str | None, settings: Settings) -> Path:

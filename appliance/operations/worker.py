@@ -45,6 +45,7 @@ class Job:
         self.store, self.id, self.owner, self.max_threads = store, job.id, owner, max_threads
         self.claimed, self.state = job, dict(job.state)
         self.actor = job.submitted_by
+        self.confined = True  # the daemon opens model folders only where root configured
         self.stop_requested = False
         self._last_report = 0.0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli, write_tickets
+from tests.daemon import Daemon
 
 LONG = ["--epochs", "12", "--patience", "12", "--lr", "3e-3", "--batch-size", "16", "--seed", "5",
         "--checkpoint-every", "3"]
@@ -29,25 +31,35 @@ def _metrics(run_id: str) -> dict:
     return json.loads(run_cli("runs", "show", run_id, "--json", check=True).stdout)["metrics"]
 
 
-def _start(args: list[str]) -> subprocess.Popen[str]:
+def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "appliance", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _wait_for_checkpoint(db: Path, child: subprocess.Popen[str], timeout: float = 120) -> str:
-    """The run id, once its first checkpoint has committed (read straight from the file)."""
+def _wait_for_checkpoint(db: Path, child: subprocess.Popen[str], timeout: float = 120, known: tuple[str, ...] = ()) -> str:
+    """The id of a run not in known, once its first checkpoint has committed (read straight from the file)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert child.poll() is None, child.communicate()
         try:
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-                row = conn.execute("SELECT run_id FROM checkpoints").fetchone()
+                found = [run_id for (run_id,) in conn.execute("SELECT run_id FROM checkpoints") if run_id not in known]
         except sqlite3.OperationalError:
-            row = None
-        if row:
-            return row[0]
+            found = []
+        if found:
+            return found[0]
         time.sleep(0.05)
     raise AssertionError("no checkpoint appeared")
+
+
+def _stopped_at_a_checkpoint(args: list[str], env: dict[str, str], db: Path, known: tuple[str, ...] = ()) -> str:
+    """A foreground run, SIGTERMed once it has checkpointed: its id."""
+    child = _start(args, env)
+    run_id = _wait_for_checkpoint(db, child, known=known)
+    child.send_signal(signal.SIGTERM)
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 143 and f"appliance train --resume {run_id}" in out
+    return run_id
 
 
 def test_train_reports_progress_and_runs_can_be_listed_and_compared(imported: str, tiny_base: Path) -> None:
@@ -102,3 +114,32 @@ def test_sigterm_checkpoints_now_and_exits(imported: str, tiny_base: Path, tmp_p
     assert f"appliance train --resume {run_id}" in out
     assert "Traceback" not in err
     assert json.loads(run_cli("runs", "show", run_id, "--json", check=True).stdout)["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_run_stopped_in_the_foreground_is_finished_by_the_daemon_from_a_base_it_may_load(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """`train --resume` with a daemon running is a job; the daemon continues a run only from a base model it would
+    start one from (train.base_model or train.base_models_dir), as it never opens a folder an API caller names."""
+    assert daemon.upload(tmp_path / "tickets.csv", name="tickets").is_success
+    daemon.stop()  # no daemon: the CLI trains in the foreground
+    db = daemon.settings.state_dir / "appliance.db"
+    args = ["train", "--data", "tickets", *LONG]
+    usual = _stopped_at_a_checkpoint(args, daemon.env, db)  # from train.base_model
+    elsewhere = shutil.copytree(daemon.settings.base_model, tmp_path / "elsewhere")
+    foreign = _stopped_at_a_checkpoint([*args, "--base", str(elsewhere)], daemon.env, db, known=(usual,))
+
+    daemon.start()
+    refused = daemon.cli("train", "--resume", foreign)
+    assert refused.returncode == 1 and "train.base_models_dir" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    resumed = daemon.cli("train", "--resume", usual)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "queued with the daemon" in resumed.stderr and f"run {usual} finished" in resumed.stdout
+    assert "registered as tickets:1" in resumed.stdout
+    again = daemon.cli("train", "--resume", usual)
+    assert again.returncode == 1 and "nothing to resume" in again.stderr
+    with daemon.api() as api:
+        assert api.post("/v1/jobs", json={"kind": "train", "params": {"resume": usual, "params": {"epochs": 1}}}
+                        ).status_code == 400  # a resumed run keeps its own hyperparameters

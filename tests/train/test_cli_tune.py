@@ -27,14 +27,15 @@ def imported(tmp_path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_tune_searches_registers_the_best_and_shows_a_ranked_table(imported: str, tiny_base: Path) -> None:
+def test_tune_searches_registers_and_optimises_the_best_and_shows_a_ranked_table(imported: str,
+                                                                                 tiny_base: Path) -> None:
     done = run_cli("tune", "--data", imported, "--budget", "30s", "--base", str(tiny_base), "--space", "space.toml",
                    check=True)
     assert "tune trial" in done.stderr  # the progress bar
-    assert "registered as tickets:1" in done.stdout and "rank" in done.stdout
-    study_id = done.stdout.split()[1].rstrip(":")
+    assert "registered and optimised as tickets:2" in done.stdout  # as a daemon's tune job does: tickets:1, then :2
+    study_id = done.stdout.split("appliance tune show ")[1].split("'")[0]
     shown = run_cli("tune", "show", study_id, check=True).stdout
-    assert "importance:" in shown and " complete " in shown
+    assert "importance:" in shown and " complete " in shown and "rank" in shown
     data = json.loads(run_cli("tune", "show", study_id, "--json", check=True).stdout)
     assert data["status"] == "finished" and data["trials"][0]["run_id"] == data["best_run_id"]
     assert data["trials"][0]["epochs"]  # the curve, for charts
