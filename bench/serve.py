@@ -472,7 +472,7 @@ def batcher_classify(batcher: Any, labels: list[str]) -> Classify:
     from appliance.serve import drift
 
     async def classify(text: str) -> str:
-        probabilities = drift.softmax(await batcher.infer([text]))
+        probabilities = drift.softmax((await batcher.infer([text])).logits)
         return labels[int(probabilities[0].argmax())]
 
     return classify

@@ -114,8 +114,11 @@ def test_an_upload_over_the_limit_is_refused_whole_even_when_chunked(daemon: Dae
         chunked = api.post("/v1/datasets", params={"name": "big", "filename": "big.csv"}, content=chunks())
         declared = api.post("/v1/jobs", content=b"{" + b" " * (2 << 20) + b"}",
                             headers={"Content-Type": "application/json"})
+        streamed_json = api.post("/v1/jobs", content=iter([b"{"] + [b" " * (1 << 20)] * 2 + [b"}"]),
+                                 headers={"Content-Type": "application/json"})  # FastAPI reads this body itself
         datasets_now = api.get("/v1/datasets").json()
     assert chunked.status_code == 413 and declared.status_code == 413
+    assert streamed_json.status_code == 413 and streamed_json.json()["type"] == "PayloadTooLarge", streamed_json.text
     assert "daemon.max_upload_mb" in chunked.json()["hint"]
     assert not [version for version in datasets_now if version["name"] == "big"]
 

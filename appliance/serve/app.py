@@ -23,60 +23,40 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from importlib import metadata
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import AfterValidator, BaseModel, Field, StrictStr, ValidationError
+from pydantic import BaseModel, Field, StrictStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from appliance.access import auth
 from appliance.core.config import ServeSettings, Settings
-from appliance.core.errors import ApplianceError, BadRequest, Forbidden, RateLimited, RequestTimeout
+from appliance.core.errors import ApplianceError, Forbidden, RateLimited, RequestTimeout
 from appliance.serve import metrics as serve_metrics
-from appliance.serve import tls
-from appliance.serve.runtime import Runtime, surrogate_at
-from appliance.serve.web import EXCEPTION_HANDLERS, Body, BodyLimit, Handler, document_errors, error_answers, error_body
+from appliance.serve import oip, tls
+from appliance.serve.runtime import Answer, Runtime
+from appliance.serve.web import (
+    EXCEPTION_HANDLERS,
+    Body,
+    BodyLimit,
+    Handler,
+    Text,
+    document_errors,
+    error_answers,
+    error_body,
+    parse_json,
+)
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 
-def _unicode(text: str) -> str:
-    """A string field the server keeps, answers with or looks up: a lone surrogate would fail it there."""
-    if surrogate_at(text) is not None:
-        raise ValueError("not valid Unicode text (a lone surrogate)")
-    return text
-
-
-Text = Annotated[StrictStr, AfterValidator(_unicode)]
-
-
-class InferInput(Body):
-    name: Text
-    shape: list[int]
-    datatype: Literal["BYTES"]
-    data: list[StrictStr]  # each checked by the runtime, which names a bad one by its index
-    parameters: dict[str, Any] | None = None
-
-
-class RequestedOutput(Body):
-    name: Literal["label", "probabilities"]
-    parameters: dict[str, Any] | None = None
-
-
-class InferRequest(Body):
-    """Open Inference Protocol request: one BYTES input of texts."""
-
-    id: Text | None = None
-    inputs: list[InferInput] = Field(min_length=1, max_length=1)
-    outputs: list[RequestedOutput] | None = None
-    parameters: dict[str, Any] | None = None
 
 
 class PredictRequest(Body):
@@ -195,12 +175,18 @@ class Readiness(BaseModel):
 
 
 def _answers(*statuses: int, unready: bool = False) -> dict[int | str, dict[str, Any]]:
-    """The error answers a route documents, each with the JSON error body (or its readiness, when unready says a 503
-    is not ready yet); and on every route the plain-text 503 of too many connections."""
+    """The error answers a route documents, each with the JSON error body (and a readiness answer, when unready says
+    the route tells whether something is ready: a 400, as the protocol has it); and on every route the plain-text
+    503 of too many connections."""
     answers = error_answers({status: _STATUS[status] for status in statuses})
     if unready:
         answers[200] = {"model": Readiness}
-        answers[503] = {"model": Readiness, "description": "not ready: a model is loading"}
+        shown: dict[str, Any] = {"$ref": "#/components/schemas/Readiness"}
+        if 400 in statuses:
+            shown = {"anyOf": [shown, {"$ref": "#/components/schemas/Error"}]}
+        answers[_UNREADY] = {"description": "; ".join(filter(None, (
+            "not ready: a model is loading", _STATUS[400] if 400 in statuses else ""))),
+            "content": {"application/json": {"schema": shown}}}
     crowded = answers.get(503, {"description": ""})
     crowded["description"] = "; ".join(filter(None, (crowded["description"], _CROWDED)))
     crowded["content"] = crowded.get("content", {}) | {"text/plain": {"schema": {"type": "string"}}}
@@ -208,10 +194,26 @@ def _answers(*statuses: int, unready: bool = False) -> dict[int | str, dict[str,
     return answers
 
 
-def _body_of(model: type[BaseModel]) -> dict[str, Any]:
-    """openapi_extra for a route that reads its body itself, after the key check (see _json)."""
-    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+def _body_of(model: type[BaseModel], binary: str | None = None) -> dict[str, Any]:
+    """openapi_extra for a route that reads its body itself, after the key check (see _body); `binary` describes
+    the binary form it also takes."""
+    content: dict[str, Any] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
+    if binary:
+        content[oip.BINARY_TYPE] = {"schema": {"type": "string", "format": "binary", "description": binary}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+_UNREADY = 400  # what a readiness route answers while not ready: a 4xx, says the protocol (Triton's is 400 too)
+_BINARY = (f"the request's JSON, then its inputs' binary tensor data; the header {oip.BINARY_HEADER} gives the"
+           " JSON's length")
+_INFER_BODY = _body_of(oip.InferRequest, _BINARY)
+_INFERRED = {
+    "description": "the outputs asked for, in the order asked (every output when none was)",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferResponse"}},
+                oip.BINARY_TYPE: {"schema": {"type": "string", "format": "binary", "description": (
+                    "the answer's JSON, then the binary data of the outputs asked for as binary")}}},
+    "headers": {oip.BINARY_HEADER: {"description": "with binary data: the length of the JSON before it",
+                                    "schema": {"type": "integer"}}}}
 
 
 def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
@@ -241,71 +243,103 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
 
     @app.get("/v2/health/ready", responses=_answers(unready=True))
     async def ready() -> JSONResponse:
-        return JSONResponse({"ready": runtime.ready}, status_code=200 if runtime.ready else 503)
+        return JSONResponse({"ready": runtime.ready}, status_code=200 if runtime.ready else _UNREADY)
 
     @app.get("/v2", responses=_answers(401))
     async def server_metadata(_key: AnyKey) -> dict[str, Any]:
-        return {"name": "appliance", "version": metadata.version("appliance"), "extensions": []}
+        return {"name": "appliance", "version": metadata.version("appliance"), "extensions": oip.EXTENSIONS}
 
-    @app.get("/v2/models/{name}", responses=_answers(401, 403, 404))
-    async def model_metadata(name: str, key: ModelKey) -> dict[str, Any]:
-        route = runtime.route(name, key.may_call)
-        labels = route.production.labels
-        return {
-            "name": name,
-            "versions": [str(loaded.version) for loaded in route.versions()],
-            "platform": "openvino",
-            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [{"name": "label", "datatype": "BYTES", "shape": [-1]},
-                        {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(labels)]}],
-            "parameters": {"labels": labels, "canary_percent": route.canary_percent},
-        }
+    keeps_ids = runtime.predictions is not None
 
-    @app.get("/v2/models/{name}/ready", responses=_answers(401, 403, 404, unready=True))
-    async def model_ready(name: str, key: ModelKey) -> JSONResponse:
+    def model_metadata(name: str, key: auth.ApiKey, version: int | None = None) -> dict[str, Any]:
+        if version is not None:
+            runtime.serving(name, version, key.may_call)
+        return oip.model_metadata(name, runtime.route(name, key.may_call), keeps_ids, version)
+
+    def model_config(name: str, key: auth.ApiKey, version: int | None = None) -> dict[str, Any]:
+        if version is not None:
+            runtime.serving(name, version, key.may_call)
+        return oip.model_config(name, runtime.route(name, key.may_call), keeps_ids, settings.serve.max_batch_size,
+                                settings.serve.max_delay_ms)
+
+    def model_ready(name: str, key: auth.ApiKey, version: int | None = None) -> JSONResponse:
         if not runtime.expects(name):  # unknown: no retry makes it ready
             raise runtime.not_found(name, key.may_call)
-        ok = runtime.model_ready(name)
-        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+        if version is None:
+            ok = runtime.model_ready(name)
+        else:
+            ok = name in runtime.routes and any(loaded.version == version for loaded in runtime.routes[name].versions())
+        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else _UNREADY)
 
-    inference = _answers(400, 401, 403, 404, 408, 413, 429, 503)
-
-    # The two inference endpoints answer with a JSONResponse: a returned dict would be validated and encoded
-    # again through a response model on every request, which costs more CPU than the HTTP parsing.
-    @app.post("/v2/models/{name}/infer", response_class=JSONResponse, responses=inference,
-              openapi_extra=_body_of(InferRequest))
-    async def infer(name: str, key: ModelKey, request: Request) -> JSONResponse:
+    async def infer(name: str, key: auth.ApiKey, request: Request, version: int | None = None) -> Response:
         rates.admit(key)
-        runtime.route(name, key.may_call)  # a model that does not serve is a 404 before any body work
-        body = await _json(request, InferRequest)
-        texts = body.inputs[0].data
-        rates.charge(key, len(texts))
-        if body.inputs[0].shape not in ([len(texts)], [len(texts), 1]):
-            raise BadRequest(f"input 'text' has shape {body.inputs[0].shape} but holds {len(texts)} texts",
-                             hint=f"give shape [{len(texts)}]")
-        loaded, probabilities, ids = await runtime.predict(name, texts, f"key:{key.name}", key.may_call)
-        wanted = {output.name for output in body.outputs} if body.outputs else {"label", "probabilities"}
-        outputs = []
-        if "label" in wanted:
-            labels = [loaded.labels[i] for i in probabilities.argmax(axis=1)]
-            outputs.append({"name": "label", "datatype": "BYTES", "shape": [len(texts)], "data": labels})
-        if "probabilities" in wanted:
-            outputs.append({"name": "probabilities", "datatype": "FP32", "shape": list(probabilities.shape),
-                            "data": probabilities.ravel().round(6).tolist()})
-        answer = {"model_name": name, "model_version": str(loaded.version), "outputs": outputs,
-                  "parameters": {"prediction_ids": [prediction_id or None for prediction_id in ids]}}
-        return JSONResponse(answer | ({"id": body.id} if body.id is not None else {}))
+        if version is None:
+            runtime.route(name, key.may_call)  # a model that does not serve is a 404 before any body work
+        else:
+            runtime.serving(name, version, key.may_call)
+        raw = await _body(request)
+        try:
+            ask = oip.parse_rest(raw, request.headers.get(oip.BINARY_HEADER), keeps_ids)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+        rates.charge(key, len(ask.texts))
+        answer = await runtime.predict(name, ask.texts, f"key:{key.name}", key.may_call, version)
+        content, header_length = oip.answer_rest(name, answer, ask)
+        if header_length is None:
+            return Response(content, media_type="application/json")
+        return Response(content, media_type=oip.BINARY_TYPE, headers={oip.BINARY_HEADER: str(header_length)})
 
-    @app.post("/v1/models/{name}:predict", response_class=JSONResponse, responses=inference,
-              openapi_extra=_body_of(PredictRequest))
+    metadata_answers = _answers(400, 401, 403, 404)  # 400: a version that is not a number
+    ready_answers = _answers(400, 401, 403, 404, unready=True)
+    inference = _answers(400, 401, 403, 404, 408, 413, 429, 503) | {200: _INFERRED}
+    # Each route of the protocol twice: the model's own, and one version of it by number (one that serves now).
+    # The inference routes answer with a Response built here: a returned dict would be validated and encoded
+    # again through a response model on every request, which costs more CPU than the HTTP parsing.
+
+    @app.get("/v2/models/{name}", responses=metadata_answers)
+    async def get_model_metadata(name: str, key: ModelKey) -> dict[str, Any]:
+        return model_metadata(name, key)
+
+    @app.get("/v2/models/{name}/versions/{version}", responses=metadata_answers)
+    async def get_version_metadata(name: str, version: int, key: ModelKey) -> dict[str, Any]:
+        return model_metadata(name, key, version)
+
+    @app.get("/v2/models/{name}/config", responses=metadata_answers)
+    async def get_model_config(name: str, key: ModelKey) -> dict[str, Any]:
+        """The model as a Triton model configuration (read-only)."""
+        return model_config(name, key)
+
+    @app.get("/v2/models/{name}/versions/{version}/config", responses=metadata_answers)
+    async def get_version_config(name: str, version: int, key: ModelKey) -> dict[str, Any]:
+        return model_config(name, key, version)
+
+    @app.get("/v2/models/{name}/ready", responses=ready_answers)
+    async def get_model_ready(name: str, key: ModelKey) -> JSONResponse:
+        return model_ready(name, key)
+
+    @app.get("/v2/models/{name}/versions/{version}/ready", responses=ready_answers)
+    async def get_version_ready(name: str, version: int, key: ModelKey) -> JSONResponse:
+        return model_ready(name, key, version)
+
+    @app.post("/v2/models/{name}/infer", response_class=Response, responses=inference, openapi_extra=_INFER_BODY)
+    async def model_infer(name: str, key: ModelKey, request: Request) -> Response:
+        return await infer(name, key, request)
+
+    @app.post("/v2/models/{name}/versions/{version}/infer", response_class=Response, responses=inference,
+              openapi_extra=_INFER_BODY)
+    async def version_infer(name: str, version: int, key: ModelKey, request: Request) -> Response:
+        return await infer(name, key, request, version)
+
+    @app.post("/v1/models/{name}:predict", response_class=JSONResponse,
+              responses=_answers(400, 401, 403, 404, 408, 413, 429, 503), openapi_extra=_body_of(PredictRequest))
     async def predict(name: str, key: ModelKey, request: Request) -> JSONResponse:
         rates.admit(key)
         runtime.route(name, key.may_call)
         body = await _json(request, PredictRequest)
         rates.charge(key, len(body.instances))
-        loaded, probabilities, ids = await runtime.predict(name, body.instances, f"key:{key.name}", key.may_call)
-        return JSONResponse({"model": name, "model_version": str(loaded.version),
-                             "predictions": label_scores(loaded.labels, probabilities, ids)})
+        answer = await runtime.predict(name, body.instances, f"key:{key.name}", key.may_call)
+        return JSONResponse({"model": name, "model_version": str(answer.loaded.version),
+                             "predictions": label_scores(answer)})
 
     @app.post("/v1/feedback", responses=_answers(400, 401, 403, 404, 408, 413, 429, 503),
               openapi_extra=_body_of(FeedbackRequest))
@@ -352,25 +386,20 @@ def _counted(handler: Handler) -> Handler:
     return answer
 
 
-async def _json(request: Request, model: type[M]) -> M:
-    """The body as model, read here rather than by FastAPI, which would read and parse it before the key check."""
+async def _body(request: Request) -> bytes:
+    """The body, read here rather than by FastAPI, which would read and parse it before the key check. Whatever its
+    Content-Type says (clients of the protocol send none, curl -d a form's): no browser can send the key header
+    cross-origin without asking first, so the type guards nothing."""
     try:
-        raw = await request.body()
+        return await request.body()
     except ClientDisconnect:  # the client went away, or the body timeout cut it off (see _TimedHttp)
         raise RequestTimeout("the request body did not arrive in full",
                              hint="send the whole body without pausing") from None
-    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if media_type != "application/json" and not media_type.endswith("+json"):
-        raise BadRequest("the request body must be JSON", hint="send Content-Type: application/json")
-    try:
-        found = json.loads(raw)  # not pydantic's parser: a lone surrogate must reach the runtime, which names its text
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc.msg} at character {exc.pos}",
-                         hint="see the OpenAPI document at /openapi.json") from None
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"the request body is not UTF-8 (byte {exc.start})", hint="send JSON in UTF-8") from None
-    except RecursionError:
-        raise BadRequest("the request body nests too deeply", hint="see the OpenAPI document at /openapi.json") from None
+
+
+async def _json(request: Request, model: type[M]) -> M:
+    """The body as model."""
+    found = parse_json(await _body(request))
     try:
         return model.model_validate(found)
     except ValidationError as exc:
@@ -380,14 +409,21 @@ async def _json(request: Request, model: type[M]) -> M:
 def _describe_bodies(document: dict[str, Any], serve: ServeSettings) -> None:
     """The bodies the routes read themselves (see _json) in the OpenAPI document, with the text limits."""
     schemas = document["components"]["schemas"]
-    for model in (InferRequest, PredictRequest, FeedbackRequest):
+    for model in (oip.InferRequest, oip.InferResponse, PredictRequest, FeedbackRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
-    schemas["InferInput"]["properties"]["shape"]["description"] = "[n] or [n, 1] for the n texts in data"
-    for texts in (schemas["PredictRequest"]["properties"]["instances"], schemas["InferInput"]["properties"]["data"]):
-        texts.update(minItems=1, maxItems=serve.max_instances)
-        texts["items"]["maxLength"] = serve.max_text_chars
+    tensor = schemas["InferInput"]["properties"]
+    tensor["name"]["enum"] = [oip.INPUT]
+    tensor["shape"]["description"] = "[n] or [n, 1] for the n texts in data"
+    text = {"type": "string", "maxLength": serve.max_text_chars}
+    tensor["data"] = {"description": tensor["data"]["description"], "type": "array", "minItems": 1,
+                      "maxItems": serve.max_instances, "items": {"anyOf": [text, {
+                          "type": "array", "items": text, "minItems": 1, "maxItems": 1}]}}
+    schemas["RequestedOutput"]["properties"]["name"]["enum"] = list(oip.DATATYPES)
+    instances = schemas["PredictRequest"]["properties"]["instances"]
+    instances.update(minItems=1, maxItems=serve.max_instances)
+    instances["items"]["maxLength"] = serve.max_text_chars
 
 
 def hardened_options(serve: ServeSettings) -> dict[str, Any]:
@@ -495,9 +531,12 @@ def _report_start_failure(task: asyncio.Task[None]) -> None:
         log.error("the server could not open the store, so it stays unready: %s", message)
 
 
-def label_scores(labels: list[str], probabilities: Any, ids: list[str]) -> list[dict[str, Any]]:
-    """Per text: its prediction id, the most likely label and every label's probability."""
-    return [{"id": prediction_id or None, "label": labels[int(row.argmax())],
-             "scores": {label: round(float(p), 6) for label, p in zip(labels, row)}}
-            for prediction_id, row in zip(ids, probabilities, strict=True)]
+def label_scores(answer: Answer) -> list[dict[str, Any]]:
+    """Per text: its prediction id, the most likely label, every label's probability and whether it was truncated."""
+    labels = answer.loaded.labels
+    return [{"id": prediction_id or None, "label": label,
+             "scores": {name: round(float(p), 6) for name, p in zip(labels, row, strict=True)},
+             "truncated": truncated}
+            for prediction_id, label, row, truncated in zip(answer.prediction_ids, answer.labels, answer.probabilities,
+                                                            answer.truncated, strict=True)]
 

@@ -16,6 +16,7 @@ again text by text, so only the guilty request fails (400 when its text would no
 tokenise, 503 when the model failed on it alone). And a text's CPU is bounded by what
 the model can see: the tail that truncation would drop anyway is cut before tokenising
 (`tail_cut`), so a long text costs no more than one the length of the model's window.
+Each answer says which texts the model saw only the beginning of (`Inferred.truncated`).
 
 A burst of large batches leaves OpenVINO holding buffers sized for them (tens of MB per
 infer request); once the model has been quiet for `RELEASE_AFTER_S`, the collector hands
@@ -32,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import openvino as ov
@@ -48,13 +50,21 @@ _WORDY = re.compile(r"\w[^ ]*+")  # from a word character to the end of its chun
 RELEASE_AFTER_S = 5.0  # quiet this long, the model's intermediate buffers go back; the next batch makes them again
 
 
+class Inferred(NamedTuple):
+    """A request's answer: a row of logits per text, and whether the model's window cut the text short."""
+
+    logits: np.ndarray
+    truncated: list[bool]
+
+
 @dataclass
 class _Request:
-    """One caller's texts and the future its logits arrive on, filled row by row."""
+    """One caller's texts and the future its answer arrives on, filled row by row."""
 
     texts: list[str]
-    future: asyncio.Future[np.ndarray]
+    future: asyncio.Future[Inferred]
     rows: list[np.ndarray | None] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
     remaining: int = 0
 
 
@@ -66,6 +76,13 @@ class _Flight:
     """A closed batch between the collector and its last answer; it holds one of the inference slots."""
 
     pieces: int  # not answered yet; changed only on the event loop
+
+
+class _Rows(NamedTuple):
+    """A piece's answer, row by row in the piece's order."""
+
+    logits: np.ndarray
+    truncated: list[bool]
 
 
 @dataclass(frozen=True)
@@ -128,14 +145,15 @@ class Batcher:
         self._collector = self._loop.create_task(self._collect())
         self._thread.start()
 
-    async def infer(self, texts: list[str]) -> np.ndarray:
-        """The logits of texts, in order; Overloaded when the queue is full, BadRequest naming a text that would not
+    async def infer(self, texts: list[str]) -> Inferred:
+        """The logits of texts, in order, and which were truncated; Overloaded when the queue is full, BadRequest naming a text that would not
         tokenise, ServeError when the model failed on one."""
         if self.depth + len(texts) > self._max_queue:
             raise Overloaded(f"the queue holds {self.depth} texts; {len(texts)} more would pass {self._max_queue}")
         if self._chunks is not None:
             texts = [cut_tail(text, self._chunks) for text in texts]
-        request = _Request(texts, asyncio.get_running_loop().create_future(), [None] * len(texts), len(texts))
+        request = _Request(texts, asyncio.get_running_loop().create_future(), [None] * len(texts),
+                           [False] * len(texts), len(texts))
         self._pending.extend((request, index) for index in range(len(texts)))
         self._arrived.set()
         return await request.future
@@ -213,17 +231,17 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001  on OpenVINO's thread: the callers hear of it, the thread goes on
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return
-        self._answer(flight, piece, logits, None)
+        self._answer(flight, piece, _Rows(logits, [bool(encoding.overflowing) for encoding in encodings]), None)
         try:
             self.on_batch(Batch(encodings, logits, padded, request.latency / 1000))  # device time, not queueing
         except Exception:
             log.exception("recording a batch failed")
 
-    def _answer(self, flight: _Flight, piece: list[Item], logits: np.ndarray | None, failure: _Failure | None) -> None:
+    def _answer(self, flight: _Flight, piece: list[Item], rows: _Rows | None, failure: _Failure | None) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._deliver, flight, piece, logits, failure)
+            self._loop.call_soon_threadsafe(self._deliver, flight, piece, rows, failure)
 
-    def _deliver(self, flight: _Flight, piece: list[Item], logits: np.ndarray | None, failure: _Failure | None) -> None:
+    def _deliver(self, flight: _Flight, piece: list[Item], rows: _Rows | None, failure: _Failure | None) -> None:
         if failure is not None and len(piece) > 1:  # try each text alone, so only the guilty one fails
             log.warning("a batch of %d texts failed (%s: %s); trying them one by one", len(piece),
                         type(failure.error).__name__, failure.error)
@@ -241,10 +259,10 @@ class Batcher:
             if failure is not None:
                 request.future.set_exception(_refusal(failure, index))
                 continue
-            request.rows[index] = logits[row]
+            request.rows[index], request.truncated[index] = rows.logits[row], rows.truncated[row]
             request.remaining -= 1
             if not request.remaining:
-                request.future.set_result(np.stack(request.rows))
+                request.future.set_result(Inferred(np.stack(request.rows), request.truncated))
 
 
 def _refusal(failure: _Failure, index: int) -> ServeError:

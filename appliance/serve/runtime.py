@@ -31,7 +31,7 @@ from appliance.registry import feedback, usage
 from appliance.serve import drift
 from appliance.serve.batching import Batch, Batcher
 from appliance.serve.metrics import Metrics
-from appliance.serve.web import status_of
+from appliance.serve.web import status_of, surrogate_at
 from appliance.store import audit, blobs, events
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,22 @@ class Loaded:
     def labels(self) -> list[str]:
         return self.servable.labels
 
-    async def predict(self, texts: list[str]) -> np.ndarray:
-        """Class probabilities for texts, batched with everyone else's."""
-        return drift.softmax(await self.batcher.infer(texts))
+
+@dataclass(frozen=True)
+class Answer:
+    """What the server answers a request with: the version that answered and, per text, every label's probability,
+    the prediction id feedback names it by (empty when predictions are not kept) and whether the model's window
+    cut the text short."""
+
+    loaded: Loaded
+    probabilities: np.ndarray
+    prediction_ids: list[str]
+    truncated: list[bool]
+
+    @property
+    def labels(self) -> list[str]:
+        """The most likely label of each text."""
+        return [self.loaded.labels[i] for i in self.probabilities.argmax(axis=1)]
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,9 @@ class Route:
 
     def versions(self) -> list[Loaded]:
         return [self.production] + ([self.candidate] if self.candidate else [])
+
+    def role(self, loaded: Loaded) -> str:
+        return "candidate" if loaded is self.candidate else "production"
 
 
 class Runtime:
@@ -139,18 +155,18 @@ class Runtime:
     # -- requests ----------------------------------------------------------------------------
 
     async def predict(self, model: str, texts: list[str], caller: str = "-",
-                      allowed: Callable[[str], bool] | None = None) -> tuple[Loaded, np.ndarray, list[str]]:
-        """Class probabilities for texts from the version the model's route picks, counted in the metrics and usage,
-        and a prediction id per text (empty strings when predictions are not kept).
+                      allowed: Callable[[str], bool] | None = None, version: int | None = None) -> Answer:
+        """The answer to texts from the version the model's route picks (or from `version`, when it serves),
+        counted in the metrics and usage.
 
         Each request is checked on its own before it joins a batch, so one bad text fails its request alone;
         `allowed` says which models a 404's hint may name.
         """
         check_texts(texts, self.settings.serve.max_instances, self.settings.serve.max_text_chars)
-        loaded = self.route(model, allowed).pick()
+        loaded = self.route(model, allowed).pick() if version is None else self.serving(model, version, allowed)
         started = time.perf_counter()
         try:
-            probabilities = await loaded.predict(texts)
+            inferred = await loaded.batcher.infer(texts)
         except ServeError as exc:
             status = status_of(type(exc))
             if status >= 500 and not isinstance(exc, Overloaded):  # the version failed: counted against it
@@ -160,9 +176,10 @@ class Runtime:
         elapsed = time.perf_counter() - started
         self.metrics.request(model, loaded.version, 200, elapsed)
         self.usage.count(model, caller, elapsed)
-        if self.predictions is None:
-            return loaded, probabilities, [""] * len(texts)
-        return loaded, probabilities, self.predictions.add(model, loaded.version, loaded.labels, probabilities, texts)
+        probabilities = drift.softmax(inferred.logits)
+        ids = ([""] * len(texts) if self.predictions is None
+               else self.predictions.add(model, loaded.version, loaded.labels, probabilities, texts))
+        return Answer(loaded, probabilities, ids, inferred.truncated)
 
     async def record_feedback(self, items: list[tuple[str, str]], actor: str,
                               allowed: Callable[[str], bool] | None = None, source: str = "api") -> dict[str, Any]:
@@ -182,7 +199,7 @@ class Runtime:
             for loaded in route.versions() if route else []:
                 candidate = loaded is route.candidate
                 share = route.canary_percent / 100 if candidate else 1 - route.canary_percent / 100
-                versions.append({"version": loaded.version, "role": "candidate" if candidate else "production",
+                versions.append({"version": loaded.version, "role": route.role(loaded),
                                  "variant": loaded.variant, "traffic_share": share,
                                  "queue_depth": loaded.batcher.depth, "drift_psi": dict(loaded.drift_scores)})
             described.append({"model": model, "ready": self.model_ready(model),
@@ -199,6 +216,16 @@ class Runtime:
         if route is None:
             raise self.not_found(model, allowed)
         return route
+
+    def serving(self, model: str, version: int, allowed: Callable[[str], bool] | None = None) -> Loaded:
+        """A version of the model that serves now (production or candidate), or a 404 naming those that do."""
+        route = self.route(model, allowed)
+        for loaded in route.versions():
+            if loaded.version == version:
+                return loaded
+        serving = ", ".join(f"{loaded.version} ({route.role(loaded)})" for loaded in route.versions())
+        raise ModelNotFound(f"version {version} of {model!r} is not being served",
+                            hint=f"versions serving now: {serving}; 'appliance deploy' serves another")
 
     def not_found(self, model: str, allowed: Callable[[str], bool] | None = None) -> ModelNotFound:
         """The 404 for a model that does not serve, naming the served models `allowed` admits (all when None)."""
@@ -387,21 +414,11 @@ def check_texts(texts: list[str], max_instances: int, max_chars: int) -> None:
         raise BadRequest(f"the request holds {len(texts)} texts; at most {max_instances} are allowed",
                          hint="split it into several requests")
     for index, text in enumerate(texts):
+        if not text.strip():
+            raise BadRequest(f"instance {index} is empty or only whitespace", hint="send text to classify, or leave it out")
         if len(text) > max_chars:
             raise PayloadTooLarge(f"instance {index} holds {len(text)} characters; at most {max_chars} are allowed",
                                   hint="send a shorter text: the model reads only the beginning of one")
         if (at := surrogate_at(text)) is not None:
             raise BadRequest(f"instance {index} is not valid Unicode text (a lone surrogate at character {at})",
                              hint="send UTF-8 text; a \\uD800-\\uDFFF escape in JSON must be one of a pair")
-
-
-def surrogate_at(text: str) -> int | None:
-    """Where text holds a lone surrogate (what an unpaired "\\ud800" in JSON decodes to), else None: such a text can
-    be neither tokenised, nor stored, nor sent back."""
-    if text.isascii():
-        return None
-    try:
-        text.encode()
-    except UnicodeEncodeError as exc:
-        return exc.start
-    return None

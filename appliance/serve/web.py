@@ -17,15 +17,16 @@ or not, can make a server hold more than the route's limit in memory.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, StrictStr
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -120,9 +121,27 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
                        headers or None)
 
 
+class BodyTooLarge(HTTPException):
+    """A body passed its route's limit as it streamed in. An HTTPException, since FastAPI's own body parsing turns
+    any other error there into a 400; its handler answers the 413."""
+
+    def __init__(self, limit: int, hint: str) -> None:
+        super().__init__(413)
+        self.limit, self.hint = limit, hint
+
+    def response(self) -> JSONResponse:
+        return error_response(PayloadTooLarge(f"the request body is over the limit of {self.limit} bytes",
+                                              hint=self.hint))
+
+
+async def body_too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
+    return exc.response()
+
+
 Handler = Callable[[Request, Any], Awaitable[JSONResponse]]
 EXCEPTION_HANDLERS: dict[type[Exception], Handler] = {
-    ApplianceError: appliance_error, RequestValidationError: invalid_request, HTTPException: http_error}
+    ApplianceError: appliance_error, RequestValidationError: invalid_request, HTTPException: http_error,
+    BodyTooLarge: body_too_large}
 
 
 def error_body(kind: str, message: str, hint: str | None) -> dict[str, str]:
@@ -143,6 +162,42 @@ def _describe(error: dict[str, Any]) -> str:
 
 def _sendable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode()
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body's JSON, or a 400 saying where it breaks. Not pydantic's parser: a lone surrogate in a text
+    must reach the inference runtime, which names the text it is in."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc.msg} at character {exc.pos}",
+                         hint="see the OpenAPI document at /openapi.json") from None
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the request body is not UTF-8 (byte {exc.start})", hint="send JSON in UTF-8") from None
+    except RecursionError:
+        raise BadRequest("the request body nests too deeply", hint="see the OpenAPI document at /openapi.json") from None
+
+
+def surrogate_at(text: str) -> int | None:
+    """Where text holds a lone surrogate (what an unpaired "\\ud800" in JSON decodes to), else None: such a text can
+    be neither tokenised, nor stored, nor sent back."""
+    if text.isascii():
+        return None
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _unicode(text: str) -> str:
+    """A string field the server keeps, answers with or looks up: a lone surrogate would fail it there."""
+    if surrogate_at(text) is not None:
+        raise ValueError("not valid Unicode text (a lone surrogate)")
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
 
 
 class Body(BaseModel):
@@ -210,19 +265,10 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > limit:
-                raise _TooLarge
+                raise BodyTooLarge(limit, self.hint)
             return message
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._too_large(limit, scope, receive, send)
+        await self.app(scope, counted, send)
 
     async def _too_large(self, limit: int, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(PayloadTooLarge(f"the request body is over the limit of {limit} bytes",
-                                                  hint=self.hint))
-        await response(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    """A streamed body passed the limit."""
+        await BodyTooLarge(limit, self.hint).response()(scope, receive, send)

@@ -35,8 +35,8 @@ class Spy:
         return [None if text == "broken" else encoding for text, encoding in zip(texts, encodings)]  # no feeds
 
 
-def run(batcher: batching.Batcher, requests: list[list[str]]) -> list[np.ndarray | Exception]:
-    async def scenario() -> list[np.ndarray | Exception]:
+def run(batcher: batching.Batcher, requests: list[list[str]]) -> list[batching.Inferred | Exception]:
+    async def scenario() -> list[batching.Inferred | Exception]:
         batcher.start()
         answers = await asyncio.gather(*(batcher.infer(texts) for texts in requests), return_exceptions=True)
         await batcher.close()
@@ -59,7 +59,7 @@ def test_a_text_that_will_not_tokenise_fails_its_request_alone(servable: inferen
     assert "broken" not in answers[3].message and "NoneType" not in answers[3].message
     offsets = np.cumsum([0] + [len(r) for r in requests])
     for index in (0, 2, 4):
-        np.testing.assert_allclose(answers[index], expected[offsets[index]:offsets[index + 1]], atol=1e-4)
+        np.testing.assert_allclose(answers[index].logits, expected[offsets[index]:offsets[index + 1]], atol=1e-4)
     assert any(len(given) > 2 for given in spy.given)  # they shared a batch before it was tried text by text
 
 
@@ -72,7 +72,8 @@ def test_a_long_text_is_cut_to_what_the_model_sees_before_tokenising(servable: i
     spy = Spy(servable.tokenizer)
     batcher = batching.Batcher(servable.compiled, spy, max_batch_size=32, max_delay_ms=0)
     huge_answer, short_answer = run(batcher, [[huge], [short]])
-    np.testing.assert_allclose(huge_answer, short_answer, atol=1e-5)  # the model saw the same tokens
+    np.testing.assert_allclose(huge_answer.logits, short_answer.logits, atol=1e-5)  # the model saw the same tokens
+    assert huge_answer.truncated == short_answer.truncated == [True]  # both fill the window
     assert max(len(text) for given in spy.given for text in given) <= len(short)
 
 

@@ -20,7 +20,7 @@ def test_concurrent_requests_share_inferences_and_get_their_own_answers(
     expected = inference.predict(servable.compiled, servable.tokenizer, texts)
     batches: list[batching.Batch] = []
 
-    async def scenario() -> list[np.ndarray]:
+    async def scenario() -> list[batching.Inferred]:
         batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=20,
                                    on_batch=batches.append)
         batcher.start()
@@ -31,7 +31,7 @@ def test_concurrent_requests_share_inferences_and_get_their_own_answers(
         return answers
 
     answers = asyncio.run(scenario())
-    np.testing.assert_allclose(np.concatenate(answers), expected, atol=1e-4)
+    np.testing.assert_allclose(np.concatenate([answer.logits for answer in answers]), expected, atol=1e-4)
     assert sum(len(batch.encodings) for batch in batches) == len(texts)
     assert max(len(batch.encodings) for batch in batches) > 3  # requests were merged
     assert all(len(batch.encodings) <= 16 for batch in batches)
@@ -54,7 +54,7 @@ def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: inf
         await asyncio.sleep(0)
         with pytest.raises(Overloaded, match="would pass 5"):
             await batcher.infer(["five", "six"])
-        assert (await accepted).shape == (4, 3)
+        assert (await accepted).logits.shape == (4, 3)
         await batcher.close()
 
     asyncio.run(scenario())
@@ -64,7 +64,7 @@ def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: inferen
     """With no delay allowed, a text still waits for a free infer request, and the ones behind it ride along."""
     batches: list[batching.Batch] = []
 
-    async def scenario() -> list[np.ndarray]:
+    async def scenario() -> list[batching.Inferred]:
         batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=0,
                                    on_batch=batches.append)
         batcher.start()
@@ -77,7 +77,7 @@ def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: inferen
         return answers
 
     answers = asyncio.run(scenario())
-    assert all(answer.shape == (1, 3) for answer in answers)
+    assert all(answer.logits.shape == (1, 3) for answer in answers)
     assert sum(len(batch.encodings) for batch in batches) == 40
     assert len(batches) <= 10  # one inference per text would be 40
     assert all(len(batch.encodings) <= 16 for batch in batches)
@@ -86,14 +86,14 @@ def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: inferen
 def test_a_lone_request_does_not_wait_for_company(servable: inference.Servable) -> None:
     """The delay is for gathering texts while the model is busy; an idle model starts a lone text at once."""
 
-    async def scenario() -> np.ndarray:
+    async def scenario() -> batching.Inferred:
         batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=30_000)
         batcher.start()
         answer = await asyncio.wait_for(batcher.infer(["where is my parcel"]), timeout=15)
         await batcher.close()
         return answer
 
-    assert asyncio.run(scenario()).shape == (1, 3)
+    assert asyncio.run(scenario()).logits.shape == (1, 3)
 
 
 def test_a_quiet_model_hands_back_its_buffers_and_goes_on_answering(
@@ -112,7 +112,7 @@ def test_a_quiet_model_hands_back_its_buffers_and_goes_on_answering(
                 raise RuntimeError("Attempt to call release_memory() on a compiled model in a busy state.")
             servable.compiled.release_memory()
 
-    async def scenario() -> list[np.ndarray]:
+    async def scenario() -> list[batching.Inferred]:
         batcher = batching.Batcher(servable.compiled, servable.tokenizer)
         batcher.start()
         answers = [await batcher.infer(["where is my parcel"] * 8)]
@@ -126,7 +126,7 @@ def test_a_quiet_model_hands_back_its_buffers_and_goes_on_answering(
         return answers
 
     answers = asyncio.run(scenario())
-    assert [answer.shape for answer in answers] == [(8, 3), (1, 3), (1, 3)]
+    assert [answer.logits.shape for answer in answers] == [(8, 3), (1, 3), (1, 3)]
 
 
 def test_batches_come_in_few_shapes_so_the_models_memory_stays_bounded(servable: inference.Servable) -> None:
@@ -140,3 +140,18 @@ def test_batches_come_in_few_shapes_so_the_models_memory_stays_bounded(servable:
     alone = np.concatenate([inference.predict(servable.compiled, servable.tokenizer, [text]) for text in texts[:5]])
     together = inference.predict(servable.compiled, servable.tokenizer, texts[:5])
     np.testing.assert_allclose(together, alone, atol=1e-4)
+
+
+def test_an_answer_says_which_texts_the_model_saw_only_the_beginning_of(servable: inference.Servable) -> None:
+    window = servable.manifest["max_length"]
+    texts = ["where is my parcel", "word " * (window - 2), "word " * (window - 1), "refund " * 5000]
+
+    async def scenario() -> batching.Inferred:
+        batcher = batching.Batcher(servable.compiled, servable.tokenizer)
+        batcher.start()
+        answer = await batcher.infer(texts)
+        await batcher.close()
+        return answer
+
+    # A window holds the text's tokens and the two special ones: window - 2 words fit, one more does not.
+    assert asyncio.run(scenario()).truncated == [False, False, True, True]

@@ -44,8 +44,10 @@ def test_both_apis_answer_what_the_model_predicts_in_process(server: Server) -> 
     assert [p["label"] for p in plain["predictions"]] == ["billing", "shipping"] and plain["model_version"] == "2"
     assert sum(plain["predictions"][0]["scores"].values()) == pytest.approx(1, abs=1e-4)
     assert oip["id"] == "r-1" and oip["model_name"] == "tickets" and oip["model_version"] == "2"
-    labels, probabilities = oip["outputs"]
+    outputs = {output["name"]: output for output in oip["outputs"]}
+    labels, probabilities = outputs["label"], outputs["probabilities"]
     assert labels["data"] == ["billing", "shipping"] and probabilities["shape"] == [2, 3]
+    assert outputs["truncated"]["data"] == [False, False] and plain["predictions"][0]["truncated"] is False
     assert probabilities["data"][:3] == pytest.approx(list(plain["predictions"][0]["scores"].values()), abs=1e-5)
     # The shell's quick check runs the same variant in its own process.
     shell = json.loads(server.state.cli("predict", "tickets", BILLING, SHIPPING, "--json").stdout)
@@ -156,7 +158,7 @@ def test_answers_carry_prediction_ids_that_take_true_labels(server: Server) -> N
         plain = predict(client, [BILLING, SHIPPING]).json()["predictions"]
         oip = client.post("/v2/models/tickets/infer", json={
             "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [BILLING]}]}).json()
-        ids = [p["id"] for p in plain] + oip["parameters"]["prediction_ids"]
+        ids = [p["id"] for p in plain] + next(o["data"] for o in oip["outputs"] if o["name"] == "prediction_id")
         assert len(set(ids)) == 3 and all(i.startswith("p_") for i in ids)
         # At once, before the next poll wrote them: the server writes what waits before it looks.
         stored = client.post("/v1/feedback", json={"feedback": [

@@ -52,9 +52,9 @@ async def serving(request: Request, _user: Viewer, runtime: Serving, shared: Sha
 @router.post("/v1/models/{model}/predict")
 async def try_prediction(model: str, body: PredictRequest, user: Viewer, runtime: Serving) -> dict[str, Any]:
     """Classify texts with the model as it serves (counted like any request); for trying it out."""
-    loaded, probabilities, ids = await runtime.predict(model, body.texts, actor(user))
-    return {"model": model, "version": loaded.version, "variant": loaded.variant,
-            "predictions": inference.label_scores(loaded.labels, probabilities, ids)}
+    answer = await runtime.predict(model, body.texts, actor(user))
+    return {"model": model, "version": answer.loaded.version, "variant": answer.loaded.variant,
+            "predictions": inference.label_scores(answer)}
 
 
 @router.post("/v1/feedback")
