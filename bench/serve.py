@@ -7,7 +7,12 @@ is served is exactly what an operator would get. Then these systems answer the s
 texts, one text per request:
 
   appliance serve        `appliance serve` in a subprocess: the deployed version's chosen
-                         OpenVINO variant behind dynamic batching, API keys, metrics, drift
+                         OpenVINO variant behind dynamic batching, API keys, metrics, drift;
+                         its plain JSON endpoint, the cheapest way in over REST
+  appliance serve gRPC   the same process's gRPC port (serve.grpc_port): the Open Inference
+                         Protocol's ModelInfer, the text as raw contents, the label back as
+                         raw contents. Target: at least REST's throughput at 64 clients, and
+                         at most its p50 at 1 client
   naive fastapi+torch    baseline a, what one writes first: FastAPI + uvicorn in a
                          subprocess, an `async def` endpoint running one PyTorch eager
                          forward pass per request under torch.no_grad, torch's default
@@ -90,6 +95,7 @@ TARGET_VS_NAIVE = 3.0
 TARGET_VS_INPROCESS = 0.8
 TARGET_IDLE_RSS_MB = 400  # the serving process holds OpenVINO and tokenizers, never torch
 OURS, NAIVE, NAIVE_1T = "appliance serve", "naive fastapi+torch", "naive, 1 torch thread"
+OURS_GRPC = "appliance serve gRPC"  # the same server process as OURS, on its gRPC port
 BATCHER, THREADS = "in-process batcher", "in-process threads"
 SCORING_CLIENTS = 8
 STARTED = time.perf_counter()
@@ -301,10 +307,14 @@ class Servers:
         log(f"starting {name}")
         self.ports[name] = port = free_port()
         options = [] if naive_threads is None else ["--naive-threads", str(naive_threads)]
+        env = dict(os.environ)
+        if name == OURS:
+            self.ports[OURS_GRPC] = free_port()
+            env["APPLIANCE_SERVE_GRPC_PORT"] = str(self.ports[OURS_GRPC])
         with self.log_file(name).open("wb") as output:
             process = subprocess.Popen([*command, str(port), *options], stdout=output, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL if naive_threads is None else subprocess.PIPE,
-                                       start_new_session=True)
+                                       start_new_session=True, env=env)
         self.processes[name] = process
         if process.stdin is not None:
             process.stdin.write(self.token.encode() + b"\n")
@@ -453,6 +463,39 @@ def raw_session(base_url: str, token: str) -> Session:
     return session
 
 
+def grpc_session(address: str, token: str) -> Session:
+    """Each client its own gRPC channel and connection, sending requests serialised once per text and reading the
+    label from the answer's raw contents: a client as lean as gRPC's Python stack allows."""
+    import grpc
+
+    from appliance.serve.grpc_api import SERVICE, M
+
+    requests: dict[str, bytes] = {}
+
+    def request(text: str) -> bytes:
+        if text not in requests:
+            tensor = M["ModelInferRequest"].InferInputTensor(name="text", datatype="BYTES", shape=[1, 1])
+            raw = len(text.encode()).to_bytes(4, "little") + text.encode()
+            requests[text] = M["ModelInferRequest"](
+                model_name=MODEL, inputs=[tensor], raw_input_contents=[raw],
+                outputs=[M["ModelInferRequest"].InferRequestedOutputTensor(name="label")]).SerializeToString()
+        return requests[text]
+
+    @contextlib.asynccontextmanager
+    async def session() -> AsyncIterator[Classify]:
+        async with grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            infer = channel.unary_unary(f"/{SERVICE}/ModelInfer")  # bytes in, bytes out
+
+            async def classify(text: str) -> str:
+                answer = M["ModelInferResponse"].FromString(
+                    await infer(request(text), metadata=(("x-api-key", token),), timeout=60))
+                return answer.raw_output_contents[0][4:].decode()
+
+            yield classify
+
+    return session
+
+
 def _response_head(head: bytes) -> tuple[int, dict[str, str]]:
     status_line, *lines = head.decode("latin-1").split("\r\n")
     fields = (line.partition(":") for line in lines if line)
@@ -534,6 +577,7 @@ async def run(
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(concurrency), thread_name_prefix="client")
     connect = http_session if client == "httpx" else raw_session
     systems = [System(name, connect(servers.url(name), token), servers.pid(name)) for name in (NAIVE, NAIVE_1T, OURS)]
+    systems.append(System(OURS_GRPC, grpc_session(f"127.0.0.1:{servers.ports[OURS_GRPC]}", token), servers.pid(OURS)))
     systems += [
         System(BATCHER, shared_session(batcher_classify(batcher, servable.labels))),
         System(THREADS, shared_session(threads_classify(pool, servable))),
@@ -543,7 +587,7 @@ async def run(
         points = [await measure(system, validation.texts, clients, warmup, seconds)
                   for clients in concurrency for system in systems]
         await asyncio.sleep(RELEASE_AFTER_S + 2)  # at rest: nothing in flight, the burst's buffers handed back
-        idle = {system.name: at_rest(system.pid) for system in systems if system.pid}
+        idle = {system.name: at_rest(system.pid) for system in systems if system.pid and system.name != OURS_GRPC}
     finally:
         await batcher.close()
         pool.shutdown(wait=True)
@@ -696,6 +740,12 @@ def summary(results: Results, top: int, client: str) -> None:
     print("at rest after the run: " + "; ".join(
         f"{name} {memory.rss_mb:.0f} MiB, libtorch {'mapped' if memory.maps_libtorch else 'not mapped'}"
         for name, memory in results.idle.items()) + f" (target for appliance serve: under {TARGET_IDLE_RSS_MB} MiB)")
+    fewest = min(point.concurrency for point in results.points)
+    at_fewest = {point.system: point for point in results.points if point.concurrency == fewest}
+    grpc_rate = rate[OURS_GRPC] / rate[OURS] if rate[OURS] else 0.0
+    grpc_p50 = at_fewest[OURS_GRPC].percentile_ms(50) / at_fewest[OURS].percentile_ms(50)
+    print(f"gRPC against REST: {grpc_rate:.2f}x the throughput at {top} clients (target at least 1.0), "
+          f"{grpc_p50:.2f}x the p50 at {fewest} client(s) (target at most 1.0)")
     accuracy = results.accuracy
     delta_pt = (accuracy[OURS] - max(accuracy[NAIVE], accuracy[NAIVE_1T])) * 100
     print(f"accuracy, appliance serve against naive: {delta_pt:+.1f} pt "
@@ -711,6 +761,8 @@ def summary(results: Results, top: int, client: str) -> None:
         "accuracy_delta_pt": round(delta_pt, 2),
         "serve_idle_rss_mb": round(results.idle[OURS].rss_mb), "target_serve_idle_rss_mb": TARGET_IDLE_RSS_MB,
         "serve_maps_libtorch": results.idle[OURS].maps_libtorch,
+        f"grpc_vs_rest_c{top}": round(grpc_rate, 2), "target_grpc_vs_rest": 1.0,
+        f"grpc_p50_vs_rest_c{fewest}": round(grpc_p50, 2), "target_grpc_p50_vs_rest": 1.0,
         "client": client,
         "others_max": round(max(point.others for point in results.points), 2),
     }))

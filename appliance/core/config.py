@@ -41,6 +41,7 @@ class ServeSettings:
 
     host: str = "127.0.0.1"
     port: int = 8080
+    grpc_port: int = 0  # the inference API over gRPC too, on this port; 0: REST only
     tls: bool = False  # with no cert and key given, the appliance makes a self-signed pair in the state directory
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -205,7 +206,7 @@ _SCHEMA: dict[str, type] = {
     "train.base_model": Path,
     "train.base_models_dir": Path,
     **{f"serve.{name}": kind for name, kind in {
-        "host": str, "port": int, "tls": bool, "tls_cert": Path, "tls_key": Path, "max_batch_size": int,
+        "host": str, "port": int, "grpc_port": int, "tls": bool, "tls_cert": Path, "tls_key": Path, "max_batch_size": int,
         "max_delay_ms": float, "max_queue": int, "max_body_bytes": int, "max_instances": int, "poll_s": float,
         "drift_window": int, "drift_threshold": float, "keep_predictions_days": float, "keep_predictions_mb": float,
         "max_text_chars": int, "rate_limit_per_s": float, "rate_limit_burst": int, "header_timeout_s": float,
@@ -357,11 +358,14 @@ def _check_serve(serve: ServeSettings, path: Path | None) -> None:
     """Values of the right type that still make no sense, named with where to fix them."""
     where = f"{path} or the environment" if path else "the environment"
     _check_limits("serve", serve, where, {
-        "port": (1, 65535), "max_batch_size": (1, 4096), "max_delay_ms": (0, 1000), "max_queue": (1, 10**6),
+        "port": (1, 65535), "grpc_port": (0, 65535), "max_batch_size": (1, 4096), "max_delay_ms": (0, 1000), "max_queue": (1, 10**6),
         "max_body_bytes": (1024, 2**30), "max_instances": (1, 10**5), "poll_s": (0.05, 3600),
         "drift_window": (10, 10**7), "drift_threshold": (0, 10), "keep_predictions_mb": (1, 2**24),
         "max_text_chars": (16, 10**7), "rate_limit_per_s": (0, 10**7), "rate_limit_burst": (1, 10**8),
         "header_timeout_s": (0.1, 3600), "body_timeout_s": (0.1, 3600), "max_connections": (1, 10**6)})
+    if serve.grpc_port == serve.port:
+        raise ConfigError(f"'serve.grpc_port' in {where} is serve.port ({serve.port}); gRPC needs a port of its own",
+                          hint="give another port, or 0 to serve REST alone")
     if (serve.tls_cert is None) != (serve.tls_key is None):
         raise ConfigError(f"'serve.tls_cert' and 'serve.tls_key' in {where} go together",
                           hint="give both, or neither for a self-signed certificate")

@@ -19,9 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Annotated, Any, TypeVar
 
@@ -37,9 +35,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from appliance.access import auth
 from appliance.core.config import ServeSettings, Settings
-from appliance.core.errors import ApplianceError, Forbidden, RateLimited, RequestTimeout
+from appliance.core.errors import ApplianceError, Forbidden, RequestTimeout
+from appliance.serve import grpc_api, oip, tls
 from appliance.serve import metrics as serve_metrics
-from appliance.serve import oip, tls
+from appliance.serve.rates import KeyRates
 from appliance.serve.runtime import Answer, Runtime
 from appliance.serve.web import (
     EXCEPTION_HANDLERS,
@@ -117,40 +116,6 @@ AnyKey = Annotated[auth.ApiKey, Depends(_any_key)]
 AllModelsKey = Annotated[auth.ApiKey, Depends(_all_models_key)]
 
 
-class KeyRates:
-    """A token bucket of texts per API key: `burst` at once, refilled at `per_s` a second (0: no limit).
-
-    A request is admitted while its key has a text left, before its body is read, and that takes one; once its
-    texts are counted, the rest are charged, which may leave the key in debt that later requests wait out. So
-    a key's texts over any span stay within burst + per_s x span + one request, and a malformed body costs a text.
-    """
-
-    def __init__(self, per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.per_s, self.burst, self._clock = per_s, burst, clock
-        self._buckets: dict[str, tuple[float, float]] = {}  # key id -> (texts left, when)
-
-    def admit(self, key: auth.ApiKey) -> None:
-        """Take one text; RateLimited, with the whole seconds until one is back, when the key has none."""
-        if not self.per_s:
-            return
-        now = self._clock()
-        left, at = self._buckets.get(key.id, (float(self.burst), now))
-        left = min(float(self.burst), left + (now - at) * self.per_s)
-        if left < 1:
-            wait = math.ceil((1 - left) / self.per_s)
-            raise RateLimited(f"API key {key.id} ({key.name}) sent more than its rate of {self.per_s:g} texts a"
-                              f" second", retry_after_s=wait,
-                              hint=f"retry after {wait} s; a key may send {self.burst} texts at once, then"
-                                   f" {self.per_s:g} a second")
-        self._buckets[key.id] = (left - 1, now)
-
-    def charge(self, key: auth.ApiKey, texts: int) -> None:
-        """The texts of an admitted request beyond the one admit() took."""
-        if self.per_s and texts > 1:
-            left, at = self._buckets[key.id]
-            self._buckets[key.id] = (left - (texts - 1), at)
-
-
 # -- the app -------------------------------------------------------------------------------
 
 
@@ -223,7 +188,10 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.get_running_loop().create_task(runtime.start())
         loading.add_done_callback(_report_start_failure)
+        rpc = await grpc_api.start(settings, runtime, rates) if settings.serve.grpc_port else None
         yield
+        if rpc is not None:
+            await rpc.stop(grace=5)
         loading.cancel()
         await runtime.stop()
 
@@ -252,31 +220,23 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     keeps_ids = runtime.predictions is not None
 
     def model_metadata(name: str, key: auth.ApiKey, version: int | None = None) -> dict[str, Any]:
-        if version is not None:
-            runtime.serving(name, version, key.may_call)
+        runtime.require(name, version, key.may_call)
         return oip.model_metadata(name, runtime.route(name, key.may_call), keeps_ids, version)
 
     def model_config(name: str, key: auth.ApiKey, version: int | None = None) -> dict[str, Any]:
-        if version is not None:
-            runtime.serving(name, version, key.may_call)
+        runtime.require(name, version, key.may_call)
         return oip.model_config(name, runtime.route(name, key.may_call), keeps_ids, settings.serve.max_batch_size,
                                 settings.serve.max_delay_ms)
 
     def model_ready(name: str, key: auth.ApiKey, version: int | None = None) -> JSONResponse:
         if not runtime.expects(name):  # unknown: no retry makes it ready
             raise runtime.not_found(name, key.may_call)
-        if version is None:
-            ok = runtime.model_ready(name)
-        else:
-            ok = name in runtime.routes and any(loaded.version == version for loaded in runtime.routes[name].versions())
+        ok = runtime.model_ready(name, version)
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else _UNREADY)
 
     async def infer(name: str, key: auth.ApiKey, request: Request, version: int | None = None) -> Response:
         rates.admit(key)
-        if version is None:
-            runtime.route(name, key.may_call)  # a model that does not serve is a 404 before any body work
-        else:
-            runtime.serving(name, version, key.may_call)
+        runtime.require(name, version, key.may_call)
         raw = await _body(request)
         try:
             ask = oip.parse_rest(raw, request.headers.get(oip.BINARY_HEADER), keeps_ids)

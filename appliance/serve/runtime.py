@@ -146,7 +146,10 @@ class Runtime:
         """Started, and every model that should serve is serving its wanted versions."""
         return self.started and self.diverged is None and all(self.model_ready(model) for model in self._wanted)
 
-    def model_ready(self, model: str) -> bool:
+    def model_ready(self, model: str, version: int | None = None) -> bool:
+        """Whether the model serves its wanted versions; or, given a version, whether that version serves now."""
+        if version is not None:
+            return model in self.routes and any(loaded.version == version for loaded in self.routes[model].versions())
         route, wanted = self.routes.get(model), self._wanted.get(model)
         if route is None or wanted is None:
             return False
@@ -216,6 +219,13 @@ class Runtime:
         if route is None:
             raise self.not_found(model, allowed)
         return route
+
+    def require(self, model: str, version: int | None, allowed: Callable[[str], bool] | None = None) -> None:
+        """A 404 unless the model serves (and, given a version, that version of it): before any body work."""
+        if version is None:
+            self.route(model, allowed)
+        else:
+            self.serving(model, version, allowed)
 
     def serving(self, model: str, version: int, allowed: Callable[[str], bool] | None = None) -> Loaded:
         """A version of the model that serves now (production or candidate), or a 404 naming those that do."""

@@ -1,0 +1,202 @@
+"""The inference API over gRPC: the Open Inference Protocol's GRPCInferenceService, on its own port.
+
+Off until `serve.grpc_port` names a port; then the REST app's lifespan runs it beside REST, on the same event loop,
+over the same runtime: the same API keys (metadata `authorization: Bearer apl_...` or `x-api-key`), scopes, rates,
+batcher, canary routing, metrics and usage, and TLS when serving has it. What a request may ask and what an answer
+holds is `oip`'s, as for REST; texts and outputs travel as `bytes_contents` or raw contents (tritonclient's way),
+answers always as raw contents. A refusal is the gRPC status nearest to the REST one (`CODES`), with the same
+message and hint; the body size limit is gRPC's message limit.
+
+The messages come from `proto/inference.proto`, compiled into `proto/inference.desc` and loaded into a pool of
+their own, so a process that also holds a client's copy of the protocol (Triton's) meets no clash. After changing
+the .proto, in appliance/serve/proto: `python -m grpc_tools.protoc -I. --descriptor_set_out=inference.desc
+inference.proto` (tests/serve/test_grpc.py checks that the two agree).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+from pathlib import Path
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
+
+from appliance.access import auth
+from appliance.core.config import Settings
+from appliance.core.errors import ApplianceError, BadRequest
+from appliance.serve import metrics as serve_metrics
+from appliance.serve import oip, tls
+from appliance.serve.rates import KeyRates
+from appliance.serve.runtime import Runtime
+from appliance.serve.web import status_of
+
+log = logging.getLogger(__name__)
+DESCRIPTOR = Path(__file__).with_name("proto") / "inference.desc"
+SERVICE = "inference.GRPCInferenceService"
+CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+         403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
+         408: grpc.StatusCode.DEADLINE_EXCEEDED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+         429: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
+
+
+def _messages() -> dict[str, type[Message]]:
+    pool = descriptor_pool.DescriptorPool()
+    (proto,) = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR.read_bytes()).file
+    pool.Add(proto)
+    return {kind.name: message_factory.GetMessageClass(kind)
+            for kind in pool.FindFileByName(proto.name).message_types_by_name.values()}
+
+
+M = _messages()
+
+
+class Service:
+    """The six calls; each gets its request message and the call's context, and answers a message."""
+
+    def __init__(self, runtime: Runtime, rates: KeyRates) -> None:
+        self.runtime, self.rates = runtime, rates
+        self.keeps_ids = runtime.predictions is not None
+
+    async def server_live(self, _request: Message, _context: grpc.aio.ServicerContext) -> Message:
+        return M["ServerLiveResponse"](live=True)
+
+    async def server_ready(self, _request: Message, _context: grpc.aio.ServicerContext) -> Message:
+        return M["ServerReadyResponse"](ready=self.runtime.ready)
+
+    async def server_metadata(self, _request: Message, context: grpc.aio.ServicerContext) -> Message:
+        self._key(context, None)
+        return M["ServerMetadataResponse"](name="appliance", version=metadata.version("appliance"),
+                                           extensions=oip.EXTENSIONS)
+
+    async def model_ready(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
+        key = self._key(context, request.name)
+        if not self.runtime.expects(request.name):
+            raise self.runtime.not_found(request.name, key.may_call)
+        return M["ModelReadyResponse"](ready=self.runtime.model_ready(request.name, _version(request.version)))
+
+    async def model_metadata(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
+        key = self._key(context, request.name)
+        version = _version(request.version)
+        self.runtime.require(request.name, version, key.may_call)
+        shown = oip.model_metadata(request.name, self.runtime.route(request.name, key.may_call), self.keeps_ids,
+                                   version)
+        tensors = M["ModelMetadataResponse"].TensorMetadata
+        return M["ModelMetadataResponse"](
+            name=shown["name"], versions=shown["versions"], platform=shown["platform"],
+            inputs=[tensors(**tensor) for tensor in shown["inputs"]],
+            outputs=[tensors(**tensor) for tensor in shown["outputs"]])
+
+    async def model_infer(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
+        key = self._key(context, request.model_name)
+        self.rates.admit(key)
+        version = _version(request.model_version)
+        self.runtime.require(request.model_name, version, key.may_call)
+        ask = _ask(request, self.keeps_ids)
+        self.rates.charge(key, len(ask.texts))
+        answer = await self.runtime.predict(request.model_name, ask.texts, f"key:{key.name}", key.may_call, version)
+        tensors = oip.tensors(answer, [name for name, _ in ask.outputs])
+        output = M["ModelInferResponse"].InferOutputTensor
+        return M["ModelInferResponse"](
+            model_name=request.model_name, model_version=str(answer.loaded.version), id=request.id,
+            outputs=[output(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape) for tensor in tensors],
+            raw_output_contents=[tensor.encode() for tensor in tensors])
+
+    def _key(self, context: grpc.aio.ServicerContext, model: str | None) -> auth.ApiKey:
+        sent = dict(context.invocation_metadata() or ())
+        bearer = sent.get("authorization", "")
+        token = sent.get("x-api-key") or (bearer[7:] if bearer[:7].lower() == "bearer " else None)
+        return self.runtime.authorize(token, model)
+
+
+def _version(given: str) -> int | None:
+    """A request's version: empty for the route's choice, else a number."""
+    if not given:
+        return None
+    if not given.isdigit():
+        raise BadRequest(f"version {given[:20]!r} is not a number", hint="give a version number, or none")
+    return int(given)
+
+
+def _ask(request: Message, keeps_ids: bool) -> oip.Ask:
+    """What a ModelInferRequest asks: its texts from raw contents or bytes_contents, the outputs it names."""
+    if len(request.inputs) != 1:
+        names = [tensor.name for tensor in request.inputs]
+        raise BadRequest(f"the request has {len(names)} inputs ({', '.join(map(repr, names))})",
+                         hint=f"the model takes one input, {oip.INPUT!r}")
+    tensor = request.inputs[0]
+    if request.raw_input_contents:
+        if len(request.raw_input_contents) != 1 or tensor.HasField("contents"):
+            raise BadRequest("give the input's data once: as one raw content, or as its contents",
+                             hint="raw_input_contents holds one entry per input")
+        texts = oip.decode_texts(request.raw_input_contents[0])
+    else:
+        texts = []
+        for index, raw in enumerate(tensor.contents.bytes_contents):
+            try:
+                texts.append(raw.decode())
+            except UnicodeDecodeError as exc:
+                raise BadRequest(f"instance {index} is not UTF-8 text (byte {exc.start})",
+                                 hint="send the texts encoded as UTF-8") from None
+    oip.check_input(tensor.name, tensor.datatype, list(tensor.shape), len(texts))
+    return oip.Ask(texts, oip.wanted([(output.name, True) for output in request.outputs], keeps_ids), request.id)
+
+
+Call = Callable[[Message, grpc.aio.ServicerContext], Awaitable[Message]]
+
+
+def _answered(call: Call, runtime: Runtime) -> Call:
+    """The call with an ApplianceError as the gRPC status nearest its HTTP one, counted in the metrics as REST
+    counts its refusals; a failure it did not expect is logged and answered INTERNAL, its words never shown."""
+
+    async def answer(request: Message, context: grpc.aio.ServicerContext) -> Message:
+        try:
+            return await call(request, context)
+        except ApplianceError as exc:
+            status = status_of(type(exc))
+            if not getattr(exc, "counted", False):
+                model = getattr(request, "model_name", None) or getattr(request, "name", None)
+                runtime.metrics.request(model if model in runtime.routes else serve_metrics.OTHER, None, status)
+            await context.abort(CODES.get(status, grpc.StatusCode.INVALID_ARGUMENT),
+                                f"{exc.message}{f' ({exc.hint})' if exc.hint else ''}")
+            raise  # not reached: abort raises
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # gRPC would send the exception's own words
+            log.exception("a gRPC %s call failed", type(request).__name__.removesuffix("Request"))
+            await context.abort(grpc.StatusCode.INTERNAL, "the server failed on this request (its log says why)")
+            raise
+
+    return answer
+
+
+def handlers(service: Service, runtime: Runtime) -> grpc.GenericRpcHandler:
+    calls = {"ServerLive": service.server_live, "ServerReady": service.server_ready,
+             "ServerMetadata": service.server_metadata, "ModelReady": service.model_ready,
+             "ModelMetadata": service.model_metadata, "ModelInfer": service.model_infer}
+    return grpc.method_handlers_generic_handler(SERVICE, {
+        name: grpc.unary_unary_rpc_method_handler(
+            _answered(call, runtime), request_deserializer=M[f"{name}Request"].FromString,
+            response_serializer=M[f"{name}Response"].SerializeToString)
+        for name, call in calls.items()})
+
+
+async def start(settings: Settings, runtime: Runtime, rates: KeyRates) -> grpc.aio.Server:
+    """The gRPC server on serve.host:serve.grpc_port, started; TLS with serving's certificate when serve.tls."""
+    serve = settings.serve
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", serve.max_body_bytes),
+                 ("grpc.max_concurrent_streams", 100)],
+        maximum_concurrent_rpcs=serve.max_connections)
+    server.add_generic_rpc_handlers((handlers(Service(runtime, rates), runtime),))
+    address = f"{serve.host}:{serve.grpc_port}"
+    if serve.tls:
+        files = tls.uvicorn_options(settings)
+        pair = (Path(files["ssl_keyfile"]).read_bytes(), Path(files["ssl_certfile"]).read_bytes())
+        server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+    else:
+        server.add_insecure_port(address)
+    await server.start()
+    return server

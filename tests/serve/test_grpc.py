@@ -1,0 +1,129 @@
+"""The gRPC inference API (serve.grpc_port) driven by Triton's gRPC client, as its documentation shows: health,
+metadata, inference, versions, keys, TLS; and the compiled protocol matches its source."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from appliance.serve import grpc_api
+from tests.serve.conftest import Server, State, start_server, stop_server
+
+TEXTS = ["refund for the invoice charge please", "the courier lost my parcel delivery", "où est mon colis ?",
+         "my login crashed " * 40]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(state: State) -> Iterator[tuple[Server, str]]:
+    port = free_port()
+    running = start_server(state, grpc_port=str(port))
+    yield running, f"127.0.0.1:{port}"
+    stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def triton(served: tuple[Server, str]) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(url=served[1])
+    yield client
+    client.close()
+
+
+def key(state: State) -> dict[str, str]:
+    return {"authorization": f"Bearer {state.token}"}
+
+
+def texts_input(texts: list[str]) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[text.encode()] for text in texts], dtype=object))
+    return tensor
+
+
+def test_health_and_metadata(triton: grpcclient.InferenceServerClient, state: State) -> None:
+    assert triton.is_server_live() and triton.is_server_ready()
+    assert triton.is_model_ready("tickets", headers=key(state))
+    assert triton.is_model_ready("tickets", "2", headers=key(state))
+    assert not triton.is_model_ready("tickets", "9", headers=key(state))
+    assert triton.get_server_metadata(headers=key(state)).extensions == ["binary_tensor_data", "model_configuration",
+                                                                        "parameters"]
+    metadata = triton.get_model_metadata("tickets", headers=key(state), as_json=True)
+    assert metadata["versions"] == ["2"] and metadata["platform"] == "openvino"
+    assert [(output["name"], output["datatype"]) for output in metadata["outputs"]] == [
+        ("label", "BYTES"), ("probabilities", "FP32"), ("truncated", "BOOL"), ("prediction_id", "BYTES")]
+
+
+def test_infer_answers_as_rest_does(served: tuple[Server, str], triton: grpcclient.InferenceServerClient,
+                                    state: State) -> None:
+    server, _ = served
+    with server.client() as client:
+        plain = client.post("/v1/models/tickets:predict", json={"instances": TEXTS}).json()["predictions"]
+    result = triton.infer("tickets", [texts_input(TEXTS)], request_id="g-1", headers=key(state))
+    response = result.get_response(as_json=True)
+    assert response["id"] == "g-1" and response["model_version"] == "2"
+    assert [label.decode() for label in result.as_numpy("label")] == [p["label"] for p in plain]
+    np.testing.assert_allclose(result.as_numpy("probabilities"), [list(p["scores"].values()) for p in plain],
+                               atol=1e-5)
+    assert result.as_numpy("truncated").tolist() == [False, False, False, True]
+    assert all(i.decode().startswith("p_") for i in result.as_numpy("prediction_id"))
+    only = triton.infer("tickets", [texts_input(TEXTS[:1])], outputs=[grpcclient.InferRequestedOutput("label")],
+                        model_version="2", headers=key(state))
+    assert [output.name for output in only.get_response().outputs] == ["label"]
+
+
+@pytest.mark.parametrize(("headers", "model", "version", "inputs", "status", "message"), [
+    (None, "tickets", "", None, "StatusCode.UNAUTHENTICATED", "no API key"),
+    ("scoped", "tickets", "", None, "StatusCode.PERMISSION_DENIED", "may not call model 'tickets'"),
+    ("key", "nope", "", None, "StatusCode.NOT_FOUND", "no model named 'nope'"),
+    ("key", "tickets", "9", None, "StatusCode.NOT_FOUND", "version 9 of 'tickets' is not being served"),
+    ("key", "tickets", "", ["  "], "StatusCode.INVALID_ARGUMENT", "instance 0 is empty"),
+    ("key", "tickets", "", ["x" * 20_001], "StatusCode.RESOURCE_EXHAUSTED", "at most 20000 are allowed"),
+])
+def test_refusals_carry_the_status_and_words_rest_would(
+    triton: grpcclient.InferenceServerClient, state: State, headers: str | None, model: str, version: str,
+    inputs: list[str] | None, status: str, message: str
+) -> None:
+    sent = {"key": key(state), "scoped": {"x-api-key": state.scoped_token}, None: None}[headers]
+    with pytest.raises(InferenceServerException) as refused:
+        triton.infer(model, [texts_input(inputs or TEXTS[:1])], model_version=version, headers=sent)
+    assert refused.value.status() == status and message in refused.value.message(), refused.value
+
+
+def test_an_unknown_input_is_named(triton: grpcclient.InferenceServerClient, state: State) -> None:
+    wrong = grpcclient.InferInput("texts", [1], "BYTES")
+    wrong.set_data_from_numpy(np.array([b"hello"], dtype=object))
+    with pytest.raises(InferenceServerException, match="unknown input 'texts'"):
+        triton.infer("tickets", [wrong], headers=key(state))
+
+
+def test_grpc_over_tls_with_the_serving_certificate(state: State) -> None:
+    port = free_port()
+    secure = start_server(state, tls="true", grpc_port=str(port))
+    try:
+        cert = state.settings.state_dir / "tls-cert.pem"
+        client = grpcclient.InferenceServerClient(url=f"localhost:{port}", ssl=True, root_certificates=str(cert))
+        result = client.infer("tickets", [texts_input(TEXTS[:1])], headers=key(state))
+        assert result.as_numpy("label")[0].decode() == "billing"
+        client.close()
+    finally:
+        stop_server(secure)
+
+
+def test_the_compiled_protocol_is_the_one_its_source_says(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools")
+    source = grpc_api.DESCRIPTOR.with_name("inference.proto")
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{source.parent}",
+                    f"--descriptor_set_out={tmp_path / 'inference.desc'}", source.name], check=True)
+    assert (tmp_path / "inference.desc").read_bytes() == grpc_api.DESCRIPTOR.read_bytes()
