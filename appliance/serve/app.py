@@ -1,4 +1,5 @@
-"""The HTTP API: Open Inference Protocol paths, a plain JSON text endpoint, metrics, health.
+"""The HTTP API: Open Inference Protocol paths (what they ask and answer is `oip`'s), a plain JSON text endpoint,
+metrics, health; and, in its lifespan, the gRPC server when serve.grpc_port asks for one (`grpc_api`).
 
 Every endpoint but health needs an API key (`Authorization: Bearer apl_...` or
 `X-API-Key`), scoped per model; the key is checked, and the key's rate admitted, before
