@@ -186,9 +186,13 @@ def handlers(service: Service, runtime: Runtime) -> grpc.GenericRpcHandler:
 async def start(settings: Settings, runtime: Runtime, rates: KeyRates) -> grpc.aio.Server:
     """The gRPC server on serve.host:serve.grpc_port, started; TLS with serving's certificate when serve.tls."""
     serve = settings.serve
+    # As for REST: a body within serve.max_body_bytes, a connection's handshake within serve.header_timeout_s,
+    # an idle connection closed (a client reconnects when it has more to ask), calls in progress bounded.
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", serve.max_body_bytes),
-                 ("grpc.max_concurrent_streams", 100)],
+                 ("grpc.max_concurrent_streams", 100),
+                 ("grpc.server_handshake_timeout_ms", int(serve.header_timeout_s * 1000)),
+                 ("grpc.max_connection_idle_ms", 60_000)],
         maximum_concurrent_rpcs=serve.max_connections)
     server.add_generic_rpc_handlers((handlers(Service(runtime, rates), runtime),))
     address = f"{serve.host}:{serve.grpc_port}"

@@ -127,3 +127,10 @@ def test_the_compiled_protocol_is_the_one_its_source_says(tmp_path: Path) -> Non
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{source.parent}",
                     f"--descriptor_set_out={tmp_path / 'inference.desc'}", source.name], check=True)
     assert (tmp_path / "inference.desc").read_bytes() == grpc_api.DESCRIPTOR.read_bytes()
+
+
+def test_a_message_over_the_body_limit_is_refused_before_it_is_read(triton: grpcclient.InferenceServerClient,
+                                                                    state: State) -> None:
+    with pytest.raises(InferenceServerException) as refused:  # 60 texts of 19,000 characters: over 1 MiB
+        triton.infer("tickets", [texts_input(["x" * 19_000] * 60)], headers=key(state))
+    assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED", refused.value
