@@ -1,0 +1,78 @@
+"""The Open Inference Protocol's request parsing on its own: JSON and binary tensor data, what each may claim, and
+the 400 that names what does not add up."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from appliance.core.errors import BadRequest
+from appliance.serve import oip
+
+
+def binary(texts: list[str], *, size: int | None = None, header: int | None = None,
+           outputs: list[dict] | None = None) -> tuple[bytes, str]:
+    data = b"".join(struct.pack("<I", len(text.encode())) + text.encode() for text in texts)
+    request = {"inputs": [{"name": "text", "shape": [len(texts), 1], "datatype": "BYTES",
+                           "parameters": {"binary_data_size": len(data) if size is None else size}}]}
+    if outputs is not None:
+        request["outputs"] = outputs
+    head = json.dumps(request).encode()
+    return head + data, str(len(head) if header is None else header)
+
+
+def test_binary_and_json_tensors_give_the_same_texts_and_outputs() -> None:
+    texts = ["où est mon colis", "", "请退还"]
+    raw, header = binary(texts, outputs=[{"name": "label", "parameters": {"binary_data": True}}])
+    ask = oip.parse_rest(raw, header, keeps_ids=True)
+    assert ask.texts == texts and ask.outputs == [("label", True)]
+    nested = json.dumps({"id": "r", "inputs": [{"name": "text", "shape": [3, 1], "datatype": "BYTES",
+                                                "data": [[t] for t in texts]}], "parameters": {"binary_data_output": True}})
+    ask = oip.parse_rest(nested.encode(), None, keeps_ids=False)
+    assert ask.texts == texts and ask.id == "r"
+    assert ask.outputs == [("label", True), ("probabilities", True), ("truncated", True)]  # no ids kept, none given
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    (lambda: binary(["abc"], size=99), "says binary_data_size 99, but 7 bytes follow"),
+    (lambda: binary(["abc"], header=10_000), "not a length within"),
+    (lambda: binary(["abc"], header=-1), "not a length within"),
+    (lambda: (binary(["abc"])[0][:-2], binary(["abc"])[1]), "says binary_data_size 7, but 5 bytes follow"),
+    (lambda: (binary(["abc"])[0], None), "not valid JSON: Extra data"),  # no header: the whole body is JSON
+])
+def test_sizes_that_do_not_add_up_are_named(case, message: str) -> None:
+    raw, header = case()
+    with pytest.raises(BadRequest, match=message):
+        oip.parse_rest(raw, header, keeps_ids=True)
+
+
+def test_an_element_that_claims_more_bytes_than_there_are_or_is_not_utf8_is_named() -> None:
+    with pytest.raises(BadRequest, match="element 1 of input 'text' says 1000 bytes"):
+        oip.decode_texts(struct.pack("<I", 1) + b"a" + struct.pack("<I", 1000) + b"b")
+    with pytest.raises(BadRequest, match="ends inside the length of element 1"):
+        oip.decode_texts(struct.pack("<I", 1) + b"a" + b"\x01\x00")
+    with pytest.raises(BadRequest, match="instance 1 is not UTF-8 text"):
+        oip.decode_texts(struct.pack("<I", 1) + b"a" + struct.pack("<I", 1) + b"\xff")
+
+
+@pytest.mark.parametrize(("request_body", "message"), [
+    ({"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a"]}]}, "has shape \\[2\\] but holds 1"),
+    ({"inputs": [{"name": "text", "shape": [1, 2], "datatype": "BYTES", "data": [["a", "b"]]}]}, "shape \\[1, 2\\]"),
+    ({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [[5]]}]}, "element 0 .* is int"),
+    ({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]},
+                 {"name": "extra", "shape": [1], "datatype": "BYTES", "data": ["b"]}]}, "unknown input 'extra'"),
+    ({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES"}]}, "has no data"),
+    ({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
+      "outputs": [{"name": "label"}, {"name": "scores"}, {"name": "logits"}]}, "unknown outputs 'scores', 'logits'"),
+    ({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
+      "outputs": [{"name": "prediction_id"}]}, "unknown output 'prediction_id'"),
+    ({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
+      "outputs": [{"name": "label", "parameters": {"classification": 2}}]}, "classification"),
+])
+def test_what_the_model_cannot_take_is_a_400_naming_it(request_body: dict, message: str) -> None:
+    with pytest.raises(BadRequest, match=message) as refused:
+        oip.parse_rest(json.dumps(request_body).encode(), None, keeps_ids=False)
+    if "prediction_id" in message:
+        assert "serve.keep_predictions_days" in refused.value.hint
