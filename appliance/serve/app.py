@@ -240,7 +240,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         runtime.require(name, version, key.may_call)
         raw = await _body(request)
         try:
-            ask = oip.parse_rest(raw, request.headers.get(oip.BINARY_HEADER), keeps_ids)
+            ask = oip.parse_rest(raw, request.headers.get(oip.BINARY_HEADER), keeps_ids, name, version)
         except ValidationError as exc:
             raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
         rates.charge(key, len(ask.texts))

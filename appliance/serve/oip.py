@@ -60,6 +60,8 @@ class InferRequest(Body):
     """Open Inference Protocol request: one BYTES input of texts."""
 
     id: Text | None = None
+    model_name: Text | None = Field(None, description="the path's model, when given (the KServe SDK sends it)")
+    model_version: Text | None = Field(None, description="the path's version, when given")
     inputs: list[InferInput] = Field(min_length=1)
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] | None = Field(None, description="binary_data_output: true sends every output as raw"
@@ -130,12 +132,16 @@ def wanted(requested: Sequence[tuple[str, bool]] | None, keeps_ids: bool, binary
     return list(requested)
 
 
-def parse_rest(raw: bytes, header_length: str | None, keeps_ids: bool) -> Ask:
-    """A REST request body: JSON, then binary tensor data when `header_length` (the header of that name) says
-    where the JSON ends."""
+def parse_rest(raw: bytes, header_length: str | None, keeps_ids: bool, model: str, version: int | None) -> Ask:
+    """A REST request body for the model (and version) of its path: JSON, then binary tensor data when
+    `header_length` (the header of that name) says where the JSON ends."""
     head, tail = _split(raw, header_length)
     found = parse_json(head)
     body = InferRequest.model_validate(found)  # a ValidationError is the edge's to translate
+    if body.model_name not in (None, model) or body.model_version not in (None, "", str(version or "")):
+        named = body.model_name if body.model_name not in (None, model) else f"version {body.model_version}"
+        raise BadRequest(f"the body names {named!r}, the path {model!r}{f' version {version}' if version else ''}",
+                         hint="leave model_name and model_version out of the body, or give the path's")
     names = [tensor.name for tensor in body.inputs]
     if len(names) > 1:
         extra = [name for name in names if name != INPUT] or names[1:]

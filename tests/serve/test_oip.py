@@ -26,11 +26,11 @@ def binary(texts: list[str], *, size: int | None = None, header: int | None = No
 def test_binary_and_json_tensors_give_the_same_texts_and_outputs() -> None:
     texts = ["où est mon colis", "", "请退还"]
     raw, header = binary(texts, outputs=[{"name": "label", "parameters": {"binary_data": True}}])
-    ask = oip.parse_rest(raw, header, keeps_ids=True)
+    ask = oip.parse_rest(raw, header, True, "tickets", None)
     assert ask.texts == texts and ask.outputs == [("label", True)]
     nested = json.dumps({"id": "r", "inputs": [{"name": "text", "shape": [3, 1], "datatype": "BYTES",
                                                 "data": [[t] for t in texts]}], "parameters": {"binary_data_output": True}})
-    ask = oip.parse_rest(nested.encode(), None, keeps_ids=False)
+    ask = oip.parse_rest(nested.encode(), None, False, "tickets", None)
     assert ask.texts == texts and ask.id == "r"
     assert ask.outputs == [("label", True), ("probabilities", True), ("truncated", True)]  # no ids kept, none given
 
@@ -45,7 +45,7 @@ def test_binary_and_json_tensors_give_the_same_texts_and_outputs() -> None:
 def test_sizes_that_do_not_add_up_are_named(case, message: str) -> None:
     raw, header = case()
     with pytest.raises(BadRequest, match=message):
-        oip.parse_rest(raw, header, keeps_ids=True)
+        oip.parse_rest(raw, header, True, "tickets", None)
 
 
 def test_an_element_that_claims_more_bytes_than_there_are_or_is_not_utf8_is_named() -> None:
@@ -73,6 +73,15 @@ def test_an_element_that_claims_more_bytes_than_there_are_or_is_not_utf8_is_name
 ])
 def test_what_the_model_cannot_take_is_a_400_naming_it(request_body: dict, message: str) -> None:
     with pytest.raises(BadRequest, match=message) as refused:
-        oip.parse_rest(json.dumps(request_body).encode(), None, keeps_ids=False)
+        oip.parse_rest(json.dumps(request_body).encode(), None, False, "tickets", None)
     if "prediction_id" in message:
         assert "serve.keep_predictions_days" in refused.value.hint
+
+
+def test_the_body_may_name_the_paths_model_as_the_kserve_sdk_does_but_no_other() -> None:
+    body = {"model_name": "tickets", "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}
+    assert oip.parse_rest(json.dumps(body).encode(), None, False, "tickets", None).texts == ["a"]
+    assert oip.parse_rest(json.dumps(body | {"model_version": "2"}).encode(), None, False, "tickets", 2).texts == ["a"]
+    for other, version in (({"model_name": "payroll"}, None), ({"model_version": "3"}, 2), ({"model_version": "3"}, None)):
+        with pytest.raises(BadRequest, match="the body names"):
+            oip.parse_rest(json.dumps(body | other).encode(), None, False, "tickets", version)
