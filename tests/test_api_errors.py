@@ -15,10 +15,11 @@ pytestmark = pytest.mark.slow
 REFUSED = [  # (method, path, what the request sends, status, type)
     ("GET", "/v1/jobs/nope", {}, 404, "JobNotFound"),
     ("GET", "/v1/studies/nope", {}, 404, "StudyNotFound"),
-    ("GET", "/v1/runs/nope", {}, 400, "JobError"),
+    ("GET", "/v1/runs/nope", {}, 404, "RunNotFound"),
     ("POST", "/v1/models/nope/predict", {"json": {"texts": ["x"]}}, 404, "ModelNotFound"),
-    ("POST", "/v1/models/nope/deploy", {"json": {}}, 400, "RegistryError"),
-    ("POST", "/v1/datasets/nope/residency", {"json": {"residency": "local-only"}}, 400, "DatasetError"),
+    ("POST", "/v1/models/nope/deploy", {"json": {}}, 404, "VersionNotFound"),
+    ("POST", "/v1/models/tickets:9/deploy", {"json": {}}, 404, "VersionNotFound"),
+    ("POST", "/v1/datasets/nope/residency", {"json": {"residency": "local-only"}}, 404, "DatasetNotFound"),
     ("POST", "/v1/feedback", {"json": {"feedback": [{"prediction_id": "nope", "label": "x"}]}}, 404,
      "PredictionNotFound"),
     ("POST", "/v1/jobs", {"json": {"kind": "train", "params": {}}}, 400, "ValidationError"),
@@ -48,15 +49,15 @@ def test_every_error_body_names_its_class(daemon: Daemon) -> None:
 def test_the_client_raises_what_the_daemon_refused_with(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
     with Client(daemon.settings) as client:
         for path, kind in [("/v1/jobs/nope", errors.JobNotFound), ("/v1/studies/nope", errors.StudyNotFound),
-                           ("/v1/runs/nope", errors.JobError)]:
+                           ("/v1/runs/nope", errors.RunNotFound)]:
             with pytest.raises(errors.ApplianceError) as raised:
                 client.get(path)
             assert type(raised.value) is kind, path
         with pytest.raises(errors.ModelNotFound, match="no model named 'nope' is being served"):
             client.post("/v1/models/nope/predict", {"texts": ["x"]})  # a 404 that is not a job's
-        with pytest.raises(errors.RegistryError, match="nope"):
+        with pytest.raises(errors.VersionNotFound, match="nope"):
             client.post("/v1/models/nope/deploy")
-        with pytest.raises(errors.DatasetError, match="no dataset 'nope'"):
+        with pytest.raises(errors.DatasetNotFound, match="no dataset 'nope'"):
             client.post("/v1/datasets/nope/residency", {"residency": "local-only"})
         with pytest.raises(errors.PredictionNotFound):
             client.post("/v1/feedback", {"feedback": [{"prediction_id": "nope", "label": "x"}]})

@@ -25,7 +25,8 @@ KEPT = {errors.ApplianceError: 400, errors.FeedbackError: 400, errors.Prediction
         errors.DaemonError: 503, errors.DaemonUnreachable: 503, errors.BurstError: 400,
         errors.ResidencyRefused: 403, errors.ServeError: 503, errors.ModelNotFound: 404, errors.BadRequest: 400,
         errors.RateLimited: 429, errors.Overloaded: 503, errors.PayloadTooLarge: 413, errors.RequestTimeout: 408,
-        errors.DatasetError: 400, errors.RegistryError: 400, errors.StoreError: 400}
+        errors.DatasetError: 400, errors.RegistryError: 400, errors.StoreError: 400,
+        errors.DatasetNotFound: 404, errors.VersionNotFound: 404, errors.RunNotFound: 404}
 
 
 def every_error() -> list[type[ApplianceError]]:

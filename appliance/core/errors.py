@@ -9,7 +9,8 @@
      │    ├── SchemaTooNew        the database was written by a newer appliance
      │    ├── BlobNotFound        no blob with that id
      │    └── BackupError         a backup cannot be made, fails its check, or cannot be restored now
-     ├── DatasetError             a dataset file is invalid, or no such dataset version
+     ├── DatasetError             a dataset file is invalid, or cannot be used as asked
+ │    └── DatasetNotFound     no dataset, or no version of it, by that name or id (404)
      ├── ConfinementError         a file outside the folders the daemon may read, through a link, or not plain
      ├── ErasureError             a data subject request cannot be carried out as asked
      ├── EvidenceError            a compliance evidence pack cannot be written, or does not verify
@@ -19,11 +20,13 @@
      │    └── AuditDiverged       the log no longer reaches its anchored head: nothing is written (503)
      ├── JobError                 a job cannot be submitted, start or go on
      │    ├── JobNotFound         no job with that id (404)
+     │    ├── RunNotFound         no training run with that id (404)
      │    └── StudyNotFound       no hyperparameter search with that id (404)
      ├── PlanError                no training plan: the model is unreadable or does not fit
      ├── ArtifactError            a stored model bundle or artifact cannot be read
      ├── OptimizeError            export, quantisation or distillation failed
-     ├── RegistryError            no such model, version or alias, or a move that cannot be made
+     ├── RegistryError            no such alias, or a move that cannot be made
+ │    └── VersionNotFound     no model, or no version of it, by that name or number (404)
      ├── AuthError                a request has no valid API key or the key may not do this (401)
      │    ├── Unauthenticated     no key, or a malformed, unknown, revoked or wrong one
      │    └── Forbidden           a valid key that may not call this model (403)
@@ -90,7 +93,11 @@ class BackupError(StoreError):
 
 
 class DatasetError(ApplianceError):
-    """A dataset file cannot be imported as it is, or the dataset version asked for does not exist."""
+    """A dataset file cannot be imported as it is, or a dataset cannot be used as asked."""
+
+
+class DatasetNotFound(DatasetError):
+    """No dataset, or no version of it, by that name or id."""
 
 
 class ConfinementError(ApplianceError):
@@ -130,6 +137,10 @@ class JobNotFound(JobError):
     """No job with that id."""
 
 
+class RunNotFound(JobError):
+    """No training run with that id."""
+
+
 class StudyNotFound(JobError):
     """No hyperparameter search with that id."""
 
@@ -147,7 +158,11 @@ class OptimizeError(ApplianceError):
 
 
 class RegistryError(ApplianceError):
-    """No such model, version or alias, or an alias move that cannot be made."""
+    """No such alias, or an alias move that cannot be made."""
+
+
+class VersionNotFound(RegistryError):
+    """No registered model, or no version of it, by that name or number."""
 
 
 class AuthError(ApplianceError):

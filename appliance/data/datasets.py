@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 from PIL import Image, UnidentifiedImageError
 
 from appliance.core import archive, clock, schema
-from appliance.core.errors import ConfinementError, DatasetError
+from appliance.core.errors import ConfinementError, DatasetError, DatasetNotFound
 from appliance.data import sources
 from appliance.store import Store, audit, blobs
 
@@ -631,7 +631,7 @@ def get(store: Store, ref: str) -> DatasetVersion:
         )
     if not found:
         names = sorted({version.name for version in list_versions(store)})
-        raise DatasetError(
+        raise DatasetNotFound(
             f"no dataset {ref!r}",
             hint=f"known datasets: {', '.join(names)} (see 'appliance data list')"
             if names

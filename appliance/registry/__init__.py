@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.core import clock, schema
-from appliance.core.errors import RegistryError
+from appliance.core.errors import RegistryError, VersionNotFound
 from appliance.store import Store, audit, events
 from appliance.train import runs
 
@@ -279,7 +279,7 @@ def _alias_version(store: Store, model: str, alias: str) -> int | None:
 def _newest(store: Store, model: str) -> int:
     row = store.db.execute("SELECT MAX(version) FROM model_versions WHERE model = ?", (model,)).fetchone()
     if row[0] is None:
-        raise RegistryError(f"no model named {model[:80]!r}", hint="'appliance models list' shows the models")
+        raise VersionNotFound(f"no model named {model[:80]!r}", hint="'appliance models list' shows the models")
     return row[0]
 
 
@@ -290,7 +290,7 @@ def _load(store: Store, model: str, version: int) -> ModelVersion:
     ).fetchone()
     if row is None:
         _newest(store, model)  # names the model if it does not exist at all
-        raise RegistryError(f"model {model} has no version {version}", hint=f"'appliance models show {model}'")
+        raise VersionNotFound(f"model {model} has no version {version}", hint=f"'appliance models show {model}'")
     variants = {
         name: Variant(name, fmt, blob_id, size, json.loads(metrics))
         for name, fmt, blob_id, size, metrics in store.db.execute(

@@ -37,6 +37,7 @@ from appliance.core.errors import (
     AuthError,
     BadRequest,
     DaemonError,
+    DatasetNotFound,
     Forbidden,
     JobNotFound,
     ModelNotFound,
@@ -45,15 +46,20 @@ from appliance.core.errors import (
     RateLimited,
     RequestTimeout,
     ResidencyRefused,
+    RunNotFound,
     ServeError,
     StudyNotFound,
+    VersionNotFound,
 )
 
 # The status of each error class; a class not named here takes the status of the nearest class above it.
 STATUS: dict[type[ApplianceError], int] = {
     ApplianceError: 400,  # the caller asked for something that cannot be done as asked
     JobNotFound: 404,
+    RunNotFound: 404,
     StudyNotFound: 404,
+    DatasetNotFound: 404,
+    VersionNotFound: 404,
     PredictionNotFound: 404,
     ModelNotFound: 404,
     AuthError: 401,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.core import clock
-from appliance.core.errors import JobError
+from appliance.core.errors import JobError, RunNotFound
 from appliance.store import Store, audit, blobs
 
 
@@ -97,11 +97,10 @@ def drop_model(store: Store, run_id: str) -> None:
 
 def get(store: Store, run_id: str) -> Run:
     row = store.db.execute("SELECT * FROM runs WHERE id = ? OR id LIKE ?", (run_id, f"{run_id}%")).fetchall()
-    if len(row) != 1:
-        raise JobError(
-            f"no training run {run_id!r}" if not row else f"{run_id!r} matches {len(row)} runs",
-            hint="'appliance runs list' shows the runs",
-        )
+    if not row:
+        raise RunNotFound(f"no training run {run_id!r}", hint="'appliance runs list' shows the runs")
+    if len(row) > 1:
+        raise JobError(f"{run_id!r} matches {len(row)} runs", hint="give more of the id ('appliance runs list')")
     return _run(dict(zip(_columns(store), row[0])))
 
 
