@@ -207,6 +207,7 @@ async def test_serving_shows_the_endpoints_and_tries_a_prediction(served: Daemon
         await pilot.press("5")
         await settle(pilot, lambda: "READY" in text(app, "#endpoints") and rows(app, "#served"))
         assert "/v1/models/tickets:predict" in text(app, "#endpoints")
+        assert "gRPC" not in text(app, "#endpoints")  # serve.grpc_port is off unless set
         await pilot.press("t")
         await pilot.press(*"my invoice was charged twice", "enter")
         result = await settle(pilot, lambda: "[tickets:" in (shown := text(app, "#try-result")) and shown)

@@ -51,6 +51,8 @@ class ServingScreen(ApplianceScreen):
         models = serving["models"]
         lines = [f"inference server {serving['inference_url']}: {'READY' if serving['ready'] else 'NOT READY'}"
                  + (f"; rates over the last {serving['window_s']:.0f} s" if serving["window_s"] else "")]
+        if serving["grpc_address"]:
+            lines.append(f"  gRPC (Open Inference Protocol) on {serving['grpc_address']}")
         lines += [f"  {model['model']}: POST {model['endpoints']['predict']}" for model in models[:2]]
         if not models:
             lines.append("nothing deployed: deploy a version on the Models screen (4, then d)")

@@ -46,7 +46,9 @@ async def serving(request: Request, _user: Viewer, runtime: Serving, shared: Sha
         models.append({**served, **stats.get((name, "all"), _NO_TRAFFIC), "endpoints": {
             "predict": f"{settings.inference_url}/v1/models/{name}:predict",
             "infer": f"{settings.inference_url}/v2/models/{name}/infer"}})
-    return {"inference_url": settings.inference_url, "ready": runtime.ready, "window_s": seconds, "models": models}
+    grpc = f"{settings.serve.host}:{settings.serve.grpc_port}" if settings.serve.grpc_port else None
+    return {"inference_url": settings.inference_url, "grpc_address": grpc, "ready": runtime.ready, "window_s": seconds,
+            "models": models}
 
 
 @router.post("/v1/models/{model}/predict")
