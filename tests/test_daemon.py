@@ -181,7 +181,7 @@ def test_a_viewer_cannot_deploy_and_the_refusal_is_audited(daemon: Daemon) -> No
         ("POST", "/v1/jobs", {"kind": "train", "params": {"dataset": "t"}, "priority": 1000}, 400, "priority"),
         ("GET", "/v1/jobs/nope", None, 404, "no job"),
         ("POST", "/v1/jobs/nope/cancel", None, 404, "no job"),
-        ("POST", "/v1/models/nope/deploy", {}, 400, "nope"),
+        ("POST", "/v1/models/nope/deploy", {}, 404, "no model named 'nope'"),
     ],
 )
 def test_malformed_calls_get_a_4xx_and_change_nothing(
