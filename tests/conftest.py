@@ -22,7 +22,15 @@ from appliance.data import datasets
 from appliance.operations import pipeline
 from appliance.store import Store, blobs, lifecycle
 from appliance.train import runs
-from tests.daemon import Daemon, environment
+from tests.daemon import SHORT_DIRS, Daemon, environment
+
+
+@pytest.fixture(scope="session", autouse=True)
+def short_dirs_removed() -> Iterator[None]:
+    """The socket directories of tests.daemon.short_dir, which live outside pytest's own temporary directories."""
+    yield
+    for path in SHORT_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -87,9 +87,19 @@ class Daemon:
 
 
 
+SHORT_DIRS: list[Path] = []
+
+
+def short_dir() -> Path:
+    """A new directory with a short path, for a unix socket (whose path must stay under 108 bytes); conftest removes
+    them all when the session ends."""
+    SHORT_DIRS.append(Path(tempfile.mkdtemp(prefix="apl-", dir="/tmp")))
+    return SHORT_DIRS[-1]
+
+
 def environment(state_dir: Path, tiny_base: Path, **extra: str) -> dict[str, str]:
     """The daemon's environment: its own state directory, socket and ports, the tiny base model, quick polling."""
-    short = Path(tempfile.mkdtemp(prefix="apl-", dir="/tmp"))  # a unix socket path must stay under 108 bytes
+    short = short_dir()
     imports = state_dir.parent / "import"  # what root would let the daemon read by name: daemon.import_dir
     imports.mkdir(parents=True, exist_ok=True)
     return {**os.environ, "APPLIANCE_STATE_DIR": str(state_dir), "APPLIANCE_DAEMON_SOCKET": str(short / "s"),

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_tickets
+from tests.daemon import short_dir
 from tests.test_packaging import unit_settings
 
 pytestmark = [pytest.mark.slow,
@@ -74,7 +75,7 @@ class Installed:
     root: Path
     unpacked: Path
     key: Path  # the signing key pair's name: .key and .pub beside it
-    socket_dir: Path = dataclasses.field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="apl-", dir="/tmp")))
+    socket_dir: Path = dataclasses.field(default_factory=short_dir)
 
     @property
     def state(self) -> Path:

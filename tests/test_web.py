@@ -3,11 +3,9 @@ which the client raises again."""
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import uvicorn
@@ -17,6 +15,7 @@ from appliance.core import config, errors
 from appliance.core.errors import ApplianceError
 from appliance.daemon.client import Client
 from appliance.serve.web import EXCEPTION_HANDLERS, STATUS, status_of
+from tests.daemon import short_dir
 
 # What the classes answered when each carried its own status, and the two that BadRequest's instances once set.
 KEPT = {errors.ApplianceError: 400, errors.FeedbackError: 400, errors.PredictionNotFound: 404,
@@ -62,7 +61,7 @@ def failing(monkeypatch: pytest.MonkeyPatch) -> Iterator[config.Settings]:
     def fail(name: str) -> None:
         raise make(by_name[name], f"{name} happened", f"fix {name}")
 
-    socket = Path(tempfile.mkdtemp(prefix="apl-", dir="/tmp")) / "s"
+    socket = short_dir() / "s"
     server = uvicorn.Server(uvicorn.Config(app, uds=str(socket), log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run)
     thread.start()

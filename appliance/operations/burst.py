@@ -60,6 +60,8 @@ RESULT_LINE_BYTES = 192 * 2**10  # plaintext per sealed result line in the job's
 PACKAGE_BYTES = 64 * 2**20  # sealed bytes per py_modules package: well under Ray's package cap
 UNREACHABLE_GRACE_S = 120.0  # a cluster silent this long while a job runs there fails the job
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+FORGET_SETTLE_S = 2.5  # Ray's job monitor looks at each job's supervisor once a second
+FORGET_TRIES = 3
 
 
 class Interrupted(Exception):
@@ -135,7 +137,15 @@ class RayBackend:
         self._call("stop the job", lambda client: client.stop_job(submission_id))
 
     def forget(self, submission_id: str) -> None:
-        self._call("delete the finished job", lambda client: client.delete_job(submission_id))
+        """Delete the job, and again while it comes back: Ray's job monitor, finding the supervisor of a job deleted
+        a moment ago gone, records the job anew as failed. That record holds no key, but it is a job nobody ran."""
+        for _ in range(FORGET_TRIES):
+            self._call("delete the finished job", lambda client: client.delete_job(submission_id))
+            time.sleep(FORGET_SETTLE_S)
+            if not self._call("check the job is gone", lambda client: _listed(client, submission_id)):
+                return
+        raise BurstError(f"the Ray cluster at {self.address} keeps a record of job {submission_id} after "
+                         f"{FORGET_TRIES} deletes", hint=f"delete it there: 'ray job delete {submission_id}'")
 
     def where(self, submission_id: str) -> str:
         return f"ray://{urlsplit(self.address).netloc}/{submission_id}"
@@ -160,6 +170,16 @@ class RayBackend:
     def _clean(self, exc: BaseException) -> str:
         text = " ".join(str(exc).split())[:300]
         return text.replace(self._token, "<token>") if self._token else text
+
+
+def _listed(client: Any, submission_id: str) -> bool:
+    try:
+        client.get_job_info(submission_id)
+    except RuntimeError as exc:  # Ray's client raises this for every refusal; a missing job is its 404
+        if "status code 404" in str(exc):
+            return False
+        raise
+    return True
 
 
 @functools.cache
