@@ -91,7 +91,7 @@ def test_new_labels_start_one_retrain_then_the_cooldown_holds(opened: Store, tmp
     assert job.kind == "pipeline" and job.priority == POLICY.priority and job.submitted_by == autopilot.ACTOR
     assert job.params == {"retrain": "tickets", "dataset": "tickets", "name": "tickets", "params": {"epochs": 3},
                           "canary_percent": POLICY.canary_percent}  # the default base model: named by no one
-    assert job.spec.deploy and job.spec.params.epochs == 3
+    assert job.spec.deploy == "auto" and job.spec.params.epochs == 3  # it challenges production first
     [record] = [row for row in audit.rows(opened) if row["action"] == "autopilot.retrain"]
     assert json.loads(record["details"])["trigger"] == "new-examples"
     jobs.cancel(opened, job.id)
@@ -163,7 +163,8 @@ def test_a_judged_canary_is_promoted_or_rolled_back_and_audited(opened: Store, t
         feedback.record(opened, [(i, "billing" if n < right else "shipping") for n, i in enumerate(ids)],
                         actor="user:ann")
 
-    settings = pilot_settings(opened, dataclasses.replace(POLICY, new_examples=0))
+    # Canaries are judged though the autopilot does not retrain this model (enabled is off): judge_canaries.
+    settings = pilot_settings(opened, dataclasses.replace(POLICY, new_examples=0, enabled=False))
     pilot = autopilot.Autopilot(dict)
     good = canary()
     labelled(first, 12, 40)
@@ -189,3 +190,9 @@ def test_a_judged_canary_is_promoted_or_rolled_back_and_audited(opened: Store, t
     assert decisions[0][2]["candidate"] == {"feedback": 40, "correct": 34, "accuracy": 0.85}
     assert decisions[1][2]["test"]["p_worse"] < 0.05
     assert {row["actor"] for row in audit.rows(opened) if row["action"].startswith("autopilot.")} == {autopilot.ACTOR}
+
+    left_alone = canary()
+    labelled(left_alone, 5, 40)
+    pilot._last = 0
+    pilot.tick(opened, pilot_settings(opened, dataclasses.replace(POLICY, enabled=False, judge_canaries=False)))
+    assert registry.canary_percent(opened, "tickets") == 50  # nobody asked the daemon to judge it

@@ -75,10 +75,8 @@ def test_the_report_lists_exactly_what_exists(opened: Store, tmp_path: Path) -> 
     # Lineage: dataset -> run -> version -> variants, and the alias moves that deployed it.
     run = facts["lineage"]["runs"][0]
     assert run["dataset"] == "tickets:1" and run["trained_on"] == "this appliance" and run["params"] == {"epochs": 1}
-    assert run["model_versions"][0]["ref"] == "support:1" and run["model_versions"][0]["aliases"] == [
-        "candidate", "production"]
-    assert [(m["alias"], m["version"]) for m in facts["lineage"]["alias_moves"]] == [("candidate", 1),
-                                                                                  ("production", 1)]
+    assert run["model_versions"][0]["ref"] == "support:1" and run["model_versions"][0]["aliases"] == ["production"]
+    assert [(m["alias"], m["version"]) for m in facts["lineage"]["alias_moves"]] == [("production", 1)]
     # The burst is a transfer: what left, to where, by whom.
     (transfer,) = facts["transfers"]
     assert transfer["submission"] == submission["id"] and transfer["to"] == UnreachableCluster.address

@@ -48,7 +48,8 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
     assert job["status"] == "finished", job["error"]
     assert [e.data["stage"] for e in _events(daemon, job_id) if e.kind == "stage"] == \
         ["import", "train", "optimize", "deploy"]
-    assert job["result"]["version"] == "tickets:2" and job["state"]["deployed"] == "tickets:2"
+    assert job["result"]["version"] == "tickets:2"
+    assert job["result"]["deployed"] == {"how": "production", "reason": "nothing served tickets yet"}
 
     with daemon.api() as api:
         token = api.post("/v1/api-keys", json={"name": "test"}).json()["token"]

@@ -99,7 +99,7 @@ def test_cancel_ends_a_queued_job_and_asks_a_running_one_to_stop(opened: Store) 
         ("optimize", {"version": "x", "metric": "f1"}, 'metric: "f1" is not one of "macro_f1", "accuracy"'),
         ("optimize", {"version": "x", "seed": -1}, "seed: -1 is not a whole number from 0 to 4294967295"),
         ("pipeline", {"dataset": "x", "canary_percent": 0}, "percent: 0 is not a number above 0 and at most 100"),
-        ("pipeline", {"dataset": "x", "deploy": "yes"}, 'deploy: "yes" is not true or false'),
+        ("pipeline", {"dataset": "x", "deploy": "yes"}, 'deploy: "yes" is not one of "auto", "now", "canary", "never"'),
         ("pipeline", {"dataset": "x", "task": "speech"}, 'task: "speech" is not one of "text-classification"'),
         ("pipeline", {"dataset": "x", "residency": "anywhere"}, 'residency: "anywhere" is not one of "local-only"'),
         ("pipeline", {"dataset": "x", "source": ["a.csv"]}, 'source: ["a.csv"] is not text of 1 to 255 characters'),
@@ -147,9 +147,17 @@ def test_a_job_keeps_its_parameters_as_given_and_reads_them_back_typed(opened: S
     again = jobs.get(opened, job.id).spec
     assert again == spec and isinstance(again, jobspec.TuneJob)
     assert again.params.epochs == 3 and again.params.learning_rate == TrainParams().learning_rate
-    assert not again.deploy and again.optimize_options().metric == "macro_f1"
+    assert again.deploy == "auto" and again.optimize_options().metric == "macro_f1"
     with pytest.raises(JobError, match="priority: 101 is not a whole number from -100 to 100"):
         jobs.submit(opened, spec, priority=101)
+
+
+def test_an_older_yes_or_no_deploy_reads_as_the_policy_it_meant() -> None:
+    def policy(**given: object) -> str:
+        return jobspec.parse("pipeline", {"dataset": "tickets", **given}).deploy
+
+    assert policy() == "auto" and policy(deploy=True) == "now" and policy(deploy=False) == "never"
+    assert policy(deploy=True, canary_percent=5) == "canary"
 
 
 def test_a_row_an_older_appliance_wrote_fails_its_job_with_a_message(opened: Store) -> None:

@@ -43,9 +43,9 @@ def _register(opened: Store, run_id: str, accuracy: float = 0.9) -> registry.Mod
     )
 
 
-def test_a_registered_version_carries_variants_lineage_and_the_candidate_alias(opened: Store, run_id: str) -> None:
+def test_a_registered_version_carries_variants_and_lineage_and_serves_nothing(opened: Store, run_id: str) -> None:
     version = _register(opened, run_id)
-    assert version.ref == "tickets:1" and version.aliases == ("candidate",)
+    assert version.ref == "tickets:1" and version.aliases == ()
     assert version.variants["int8"].metrics["latency_ms_p50"] == 1.5
     lineage = version.lineage(opened)
     assert lineage["base_model"] == "/models/minilm" and lineage["params"] == {"epochs": 3}
@@ -91,13 +91,16 @@ def test_unknown_models_versions_and_aliases_are_named(opened: Store, run_id: st
 
 def test_cli_lists_and_shows_versions(opened: Store, run_id: str) -> None:
     _register(opened, run_id)
+    registry.register(opened, "raw", run_id=run_id, task="text-classification", chosen="torch", reason="trained",
+                      variants=[registry.Variant("torch", "torch-bundle", blobs.put(opened, b"bundle"), 6, {})])
     opened.close()
     listed = run_cli("models", "list", check=True).stdout
-    assert "tickets:1" in listed and "serves int8" in listed and "candidate" in listed
+    assert re.search(r"^tickets:1 .* serves int8 ", listed, re.MULTILINE)
+    assert re.search(r"^raw:1 .* not optimised ", listed, re.MULTILINE)  # a torch bundle only: it cannot serve
     shown = run_cli("models", "show", "tickets:1", check=True).stdout
     assert "chosen: int8 - int8 within the 1.0 pt guard" in shown and "p50 ms" in shown
     assert re.search(r"^int8 +openvino-ir +23\.0 +0\.895 +- +1\.5 ", shown, re.M), shown
-    as_json = json.loads(run_cli("models", "show", "tickets@candidate", "--json", check=True).stdout)
+    as_json = json.loads(run_cli("models", "show", "tickets:1", "--json", check=True).stdout)
     assert as_json["lineage"]["base_model"] == "/models/minilm"
     missing = run_cli("models", "show", "nope")
     assert missing.returncode == 1 and "no model named 'nope'" in missing.stderr
@@ -118,11 +121,15 @@ def test_deploy_moves_production_and_a_canary_splits_traffic_until_stopped(opene
     canary = registry.deploy(opened, "tickets", canary_percent=25)  # a bare name is the newest version
     assert canary.ref == "tickets:2" and canary.aliases == ("candidate",)
     assert registry.canary_percent(opened, "tickets") == 25
+    _register(opened, run_id)  # a new version while the canary runs: it takes none of the canary's traffic
+    assert registry.deployments(opened)["tickets"].candidate == 2
     registry.stop_canary(opened, "tickets")
     assert registry.canary_percent(opened, "tickets") == 0 and registry.get(opened, "tickets@production").version == 1
+    assert registry.get(opened, "tickets:2").aliases == ()  # no traffic, no candidate label
     registry.deploy(opened, "tickets:2", canary_percent=25)
     registry.deploy(opened, "tickets:2")  # promotion ends the canary
     assert registry.canary_percent(opened, "tickets") == 0 and registry.get(opened, "tickets@production").version == 2
+    assert registry.get(opened, "tickets:2").aliases == ("production",)
     actions = [row["action"] for row in audit.rows(opened, action="model.*")]
     assert actions.count("model.canary") == 2 and "model.canary_stop" in actions and "model.deploy" in actions
 
@@ -134,4 +141,4 @@ def test_a_version_that_is_not_optimised_cannot_be_deployed(opened: Store, run_i
     with pytest.raises(RegistryError, match="raw:1 is not optimised") as raised:
         registry.deploy(opened, "raw:1")
     assert raised.value.hint == "'appliance optimize raw:1' makes a version that can serve"
-    assert registry.get(opened, "raw:1").aliases == ("candidate",)
+    assert registry.get(opened, "raw:1").aliases == ()

@@ -29,7 +29,8 @@ def models_list(as_json: bool) -> None:
     for v in versions:
         accuracy = v.variants[v.chosen].metrics.get("accuracy")
         score = f"accuracy {accuracy:.4f}" if accuracy is not None else ""
-        click.echo(f"{v.ref:<24} {v.created_at}  serves {v.chosen:<12} {score:<16} {' '.join(v.aliases)}")
+        runs_as = f"serves {v.chosen}" if v.variants[v.chosen].format == "openvino-ir" else "not optimised"
+        click.echo(f"{v.ref:<24} {v.created_at}  {runs_as:<19} {score:<16} {' '.join(v.aliases)}")
 
 
 @models_group.command("show")
@@ -48,7 +49,7 @@ def models_show(ref: str, as_json: bool) -> None:
 
 def show_version(version: registry.ModelVersion, lineage: dict) -> None:
     """A version for a person: aliases, the guard's decision, lineage, then its variants side by side."""
-    click.echo(f"{version.ref}  ({', '.join(version.aliases) or 'no alias'})  {version.task}")
+    click.echo(f"{version.ref}  ({', '.join(version.aliases) or 'not deployed'})  {version.task}")
     click.echo(f"chosen: {version.chosen} - {version.reason}")
     click.echo(f"lineage: run {lineage['run']}, dataset {lineage['dataset'][:12]}, base {lineage['base_model']},"
                f" trained on {lineage['trained_on']}")

@@ -32,3 +32,5 @@ def optimize(
     with opened_store() as opened:
         version = registry.get(opened, ref)
         show_version(version, version.lineage(opened))
+    click.echo(f"serve it with 'appliance deploy {version.ref}', or beside production first: "
+               f"'appliance deploy {version.ref} --canary 20'")

@@ -94,7 +94,7 @@ def _pipeline_job(api: client.Client) -> dict[str, Any]:
     with resources.as_file(resources.files("appliance.samples") / "support_tickets.csv") as sample:
         imported = api.upload(sample, {"name": SAMPLE_NAME})  # the daemon reads only the bytes it is sent
     click.echo(f"sample data {'already stored as' if imported['unchanged'] else 'imported as'} {imported['ref']}")
-    job = api.post("/v1/jobs", PipelineJob(dataset=SAMPLE_NAME, name=SAMPLE_NAME).body())
+    job = api.post("/v1/jobs", PipelineJob(dataset=SAMPLE_NAME, name=SAMPLE_NAME, deploy="now").body())
     click.echo(f"job {job['id']} queued: fine-tune, optimise, deploy")
     return job
 

@@ -37,10 +37,13 @@ def parse_budget(text: str) -> float:
 @schema_option(jobspec.TuneJob, "sampler", "--sampler")
 @schema_option(jobspec.TuneJob, "device", "--device", help="Default: the best available.")
 @click.option("--name", "model_name", help="Register the best model under this name (default: the dataset's name).")
+@schema_option(jobspec.TuneJob, "deploy", "--deploy",
+               help="auto: production if the model serves nothing yet, else a canary if it holds up against "
+                    "production; now; canary; never.")
 @click.option("--resume", "resume_study", help="Continue a stopped search.")
 @click.pass_context
 def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base: Path | None, metric: str,
-               space_file: Path | None, sampler: str, device: str | None, model_name: str | None,
+               space_file: Path | None, sampler: str, device: str | None, model_name: str | None, deploy: str,
                resume_study: str | None) -> None:
     """Find good hyperparameters for a dataset within a time budget; the best trial becomes the model.
 
@@ -54,10 +57,11 @@ def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base
         raise click.UsageError("--resume continues a search as it started: it takes no --data, --budget, --base "
                                "or --space")
     if resume_study:
-        job: dict[str, Any] = {"resume": resume_study, "name": model_name}
+        job: dict[str, Any] = {"resume": resume_study, "name": model_name, "deploy": deploy}
     else:
         job = {"dataset": dataset, "budget_s": parse_budget(budget or ""), "metric": metric, "sampler": sampler,
-               "space": space.read(space_file) if space_file else None, "device": device, "name": model_name}
+               "space": space.read(space_file) if space_file else None, "device": device, "name": model_name,
+               "deploy": deploy}
     spec = jobspec.TuneJob.parse({key: value for key, value in job.items() if value is not None})
     with connected() as appliance:
         try:
@@ -67,6 +71,13 @@ def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base
             click.echo(f"  continue it with: appliance tune --resume {stopped.made['study']}")
             sys.exit(143)
     click.echo(f"best trial: run {result['run_id']}; registered and optimised as {result['version']}")
+    version, deployed = result["version"], result["deployed"]
+    model = version.partition(":")[0]
+    click.echo(f"  {version} " + {
+        "production": "serves in production",
+        "canary": f"serves as a canary: 'appliance deploy {version}' promotes it, 'appliance rollback {model}' ends it",
+        "waits": f"is not deployed: 'appliance deploy {version}' serves it"}[deployed["how"]]
+        + f" ({deployed['reason']})")
     click.echo(f"  every trial: 'appliance tune show {result['study']}'")
 
 

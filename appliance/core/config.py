@@ -116,6 +116,8 @@ class Policy:
     cooldown_hours: float = 6.0  # at least this long between two retrains of a model
     priority: int = -10  # of the retrain job: anything a person submits goes first
     canary_percent: float = 20.0  # the new version's share of traffic while it is judged
+    challenge_max_drop: float = 2.0  # a new version more accuracy points behind production (significantly) waits
+    judge_canaries: bool = True  # promote or roll back canaries on evidence even when `enabled` is off
     canary_min_feedback: int = 50  # labels per version before a decision is taken
     canary_max_feedback: int = 1000  # per version: still undecided then, production stays
     significance: float = 0.05  # of the one-sided two-proportion test on feedback accuracy
@@ -290,6 +292,7 @@ def _autopilot(values: dict[str, Any], path: Path | None) -> AutopilotSettings:
             "accuracy_drop": (0, 100), "new_examples": (0, 10**7), "every_hours": (0, 10**5),
             "min_feedback": (1, 10**7),
             "cooldown_hours": (0, 10**5), "priority": (-100, 100), "canary_percent": (0.1, 100),
+            "challenge_max_drop": (0, 100),
             "canary_min_feedback": (1, 10**7), "canary_max_feedback": (1, 10**8), "significance": (1e-6, 0.5),
             "canary_max_latency_ratio": (1, 100), "canary_max_error_rate": (0, 1)})
         if policy.canary_max_feedback < policy.canary_min_feedback:

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from appliance import registry
 from appliance.data import datasets, sources
-from appliance.operations import burst, pipeline
+from appliance.operations import burst, challenge, pipeline
 from appliance.operations.jobspec import OptimizeJob, PipelineJob, Spec, TrainJob, TuneJob, base_dir, resumed
 from appliance.registry import feedback
-from appliance.store import Store
+from appliance.store import Store, audit
 from appliance.train import runs, studies
 
 if TYPE_CHECKING:
@@ -220,14 +220,39 @@ def optimise(ctx: Context, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) 
     return version
 
 
-def deploy(ctx: Context, ref: str, canary_percent: float | None) -> registry.ModelVersion:
-    """Serve ref: as production, or as a canary taking canary_percent of the model's traffic."""
-    if ctx.state.get("deployed") == ref:
-        return registry.get(ctx.store, ref)
+def deploy(ctx: Context, spec: PipelineJob | TuneJob, ref: str) -> dict[str, Any]:
+    """Serve ref as spec.deploy says; what became of it (how: production, canary or waits) and why.
+
+    A model that serves nothing yet gets ref in production whatever was asked. Else `auto` first challenges
+    production with ref (operations.challenge, audited as model.challenge): a canary if ref holds up, else it waits.
+    """
+    if "deployed" in ctx.state:
+        return ctx.state["deployed"]
     ctx.stage("deploy")
-    version = registry.deploy(ctx.store, ref, canary_percent, actor=ctx.actor)
-    ctx.save(deployed=ref)
-    return version
+    version = registry.get(ctx.store, ref)
+    policy = ctx.store.settings.autopilot.policy(version.model)
+    serving = registry.deployments(ctx.store).get(version.model)
+    how, reason, evidence = "canary", f"deploy: {spec.deploy}", None
+    if spec.deploy == "never":
+        how = "waits"
+    elif serving is None:
+        how, reason = "production", f"nothing served {version.model} yet"
+    elif spec.deploy == "now":
+        how = "production"
+    elif spec.deploy == "auto":
+        production = registry.get(ctx.store, f"{version.model}:{serving.production}")
+        with audit.operation(ctx.store, "model.challenge", version.ref, actor=ctx.actor) as details:
+            verdict = challenge.challenge(ctx.store, version, production, policy.challenge_max_drop,
+                                          policy.significance)
+            details.update(verdict.evidence())
+        how, reason, evidence = ("canary" if verdict.holds else "waits"), verdict.reason, verdict.evidence()
+    if how != "waits":
+        registry.deploy(ctx.store, ref, (spec.canary_percent or policy.canary_percent) if how == "canary" else None,
+                        actor=ctx.actor)
+    ctx.log(f"{version.ref}: {'waits for a person' if how == 'waits' else how} ({reason})")
+    outcome = {"how": how, "reason": reason} | ({"challenge": evidence} if evidence else {})
+    ctx.save(deployed=outcome)
+    return outcome
 
 
 @dataclass(frozen=True)
@@ -270,10 +295,9 @@ def run(ctx: Context, spec: Spec, study_id: str | None = None, base: Path | None
     if isinstance(spec, TrainJob):
         return {"run_id": run_id, "version": registered, **summary, "trained_on": runs.get(ctx.store, run_id).trained_on}
     optimized = _between(ctx, optimise(ctx, spec, registered)).ref
-    if spec.deploy:
-        deploy(ctx, optimized, spec.canary_percent)
+    deployed = deploy(ctx, spec, optimized)
     searched = {"study": ctx.state.get("study", study_id)} if isinstance(spec, TuneJob) else {}
-    return {"dataset": dataset, "run_id": run_id, "version": optimized, "deployed": spec.deploy, **searched}
+    return {"dataset": dataset, "run_id": run_id, "version": optimized, "deployed": deployed, **searched}
 
 
 def _dataset(ctx: Context, spec: TrainJob | TuneJob) -> str:

@@ -1,22 +1,24 @@
 """The feedback loop: retrain a served model when the evidence says so, then judge its canary.
 
 The daemon's supervisor calls `Autopilot.tick()` every `autopilot.check_s`. For each
-model in production whose policy is enabled (config.Policy, per model):
+model in production, by its policy (config.Policy, per model):
 
-- If a canary runs, it is judged (`judge`): the candidate's and production's accuracy
-  on feedback for predictions made since the canary started, compared with a one-sided
-  two-proportion z-test, behind two guards read from the server's metrics (the
-  candidate's error rate, and its p95 latency against production's). Significantly
-  better: promoted. Significantly worse, a guard broken, or still undecided after
-  `canary_max_feedback` labels each: rolled back, production stays. Fewer than
-  `canary_min_feedback` labels on either side: no decision at all.
-- Otherwise, unless a retrain of it is queued or running or one began within
-  `cooldown_hours`, the triggers are read in order: a drift alert on the production
-  version, live accuracy on feedback `accuracy_drop` points under its validation
-  accuracy, `new_examples` labels not trained on yet, the schedule. The first that
-  fires submits an ordinary pipeline job (params.retrain) at the policy's priority:
-  the feedback becomes a new dataset version, and the new model is deployed as a
-  canary taking `canary_percent` of traffic.
+- If a canary runs (one a job's safe deploy started, or a person), it is judged (`judge`)
+  unless the policy's `judge_canaries` and `enabled` are both off: the candidate's and
+  production's accuracy on feedback for predictions made since the canary started,
+  compared with a one-sided two-proportion z-test, behind two guards read from the
+  server's metrics (the candidate's error rate, and its p95 latency against
+  production's). Significantly better: promoted. Significantly worse, a guard broken,
+  or still undecided after `canary_max_feedback` labels each: rolled back, production
+  stays. Fewer than `canary_min_feedback` labels on either side: no decision at all.
+- Otherwise, if the policy is enabled and no retrain of the model is queued or running
+  or began within `cooldown_hours`, the triggers are read in order: a drift alert on
+  the production version, live accuracy on feedback `accuracy_drop` points under its
+  validation accuracy, `new_examples` labels not trained on yet, the schedule. The
+  first that fires submits an ordinary pipeline job (params.retrain) at the policy's
+  priority: the feedback becomes a new dataset version, and the new model challenges
+  production (operations.challenge) before it goes out as a canary taking
+  `canary_percent` of traffic.
 
 Every retrain, promotion and rollback is audited with its evidence (actor
 `service:autopilot`) and sent as an event. A person overrides at any time: `appliance
@@ -133,11 +135,10 @@ class Autopilot:
         self._last = now
         for model, deployed in registry.deployments(store).items():
             policy = settings.autopilot.policy(model)
-            if not policy.enabled:
-                continue
             if deployed.canary_percent > 0:
-                self._judge(store, model, deployed, policy)
-            else:
+                if policy.enabled or policy.judge_canaries:
+                    self._judge(store, model, deployed, policy)
+            elif policy.enabled:
                 self._maybe_retrain(store, model, deployed, policy)
 
     # -- canaries ---------------------------------------------------------------------

@@ -106,9 +106,24 @@ class _Optimizing(_Spec):
                                max_accuracy_drop=self.max_accuracy_drop)
 
 
+Deploy = Literal["auto", "now", "canary", "never"]
+
+
 class _Deploying(_Spec):
-    canary_percent: float | None = Field(None, gt=0, le=100, description="deploy as a canary taking this share of "
-                                                                         "traffic; default: production at once")
+    canary_percent: float | None = Field(None, gt=0, le=100, description="the canary's share of traffic; default: the "
+                                                                         "model's autopilot canary_percent")
+    deploy: Deploy = Field("auto", description="auto: production at once when the model serves nothing yet, else a "
+                                               "canary if the new version holds up against production on "
+                                               "production's validation data, else it waits; now: production at "
+                                               "once; canary: a canary at once; never: it waits for a person")
+
+    @field_validator("deploy", mode="before")
+    @classmethod
+    def _from_yes_or_no(cls, given: Any, info: Any) -> Any:
+        """An older client's (and an older job's) true or false: production or a canary as canary_percent said."""
+        if isinstance(given, bool):
+            return ("canary" if info.data.get("canary_percent") else "now") if given else "never"
+        return given
 
 
 class TrainJob(_Burst, _Training):
@@ -159,7 +174,6 @@ class PipelineJob(_Deploying, _Optimizing, _Burst, _Training):
     residency: Literal["local-only", "burst-allowed"] = Field(datasets.LOCAL_ONLY,
                                                              description="of the imported version")
     retrain: ModelName | None = Field(None, description="a served model whose new feedback extends 'dataset' first")
-    deploy: bool = True
 
     @model_validator(mode="after")
     def _one_origin(self) -> Self:
@@ -185,7 +199,6 @@ class TuneJob(_Deploying, _Optimizing, _Training):
     space: dict[str, Any] = Field(default_factory=dict, description="narrows the default space: parameter -> "
                                                                     '{"low", "high", "log"}, choices, or one value')
     sampler: Literal["tpe", "random"] = "tpe"
-    deploy: bool = False  # a search's best waits for a person to deploy it
 
     @field_validator("space")
     @classmethod

@@ -78,7 +78,8 @@ def register(
     reason: str,
     actor: str | None = None,
 ) -> ModelVersion:
-    """Record a new immutable version and point `candidate` at it."""
+    """Record a new immutable version. It takes no traffic and moves no alias: only deploy() does that (`candidate`
+    is the version a canary sends its share to, so a registration must never redirect a running canary)."""
     check_name(model)
     if chosen not in {variant.name for variant in variants}:
         raise RegistryError(f"the chosen variant {chosen!r} is not among the artifacts")
@@ -98,7 +99,6 @@ def register(
                 (model, version, variant.name, variant.format, variant.blob_id, variant.bytes,
                  json.dumps(variant.metrics)),
             )
-        _move(store, model, "candidate", version, "set")
         details["version"] = version
     return get(store, f"{model}:{version}")
 
@@ -162,7 +162,7 @@ def deploy(store: Store, ref: str, canary_percent: float | None = None, actor: s
     if canary_percent is None:
         with audit.operation(store, "model.deploy", version.ref, actor=actor):
             set_alias(store, version.model, "production", version.version, actor=actor)
-            _set_canary(store, version.model, 0.0)
+            _end_canary(store, version.model)
             events.emit(store, "deploy", version.model, "production", {"version": version.version})
         return get(store, version.ref)
     if not 0 < canary_percent <= 100:
@@ -233,9 +233,9 @@ def canary_percent(store: Store, model: str) -> float:
 
 
 def stop_canary(store: Store, model: str, actor: str | None = None) -> None:
-    """All traffic back to production; the candidate alias stays where it is."""
+    """All traffic back to production; no version is the candidate any more."""
     with audit.operation(store, "model.canary_stop", model, actor=actor, percent=canary_percent(store, model)):
-        _set_canary(store, model, 0.0)
+        _end_canary(store, model)
         events.emit(store, "deploy", model, "canary-stopped", {})
 
 
@@ -243,6 +243,11 @@ def _set_canary(store: Store, model: str, percent: float) -> None:
     store.db.execute(
         "INSERT OR REPLACE INTO model_canary (model, percent, set_at) VALUES (?, ?, ?)", (model, percent, clock.stamp())
     )
+
+
+def _end_canary(store: Store, model: str) -> None:
+    _set_canary(store, model, 0.0)
+    store.db.execute("DELETE FROM model_aliases WHERE model = ? AND alias = 'candidate'", (model,))
 
 
 def _move(store: Store, model: str, alias: str, version: int, kind: str) -> None:

@@ -64,7 +64,8 @@ def test_a_tune_job_hands_its_best_trial_to_register_and_optimise(daemon: Daemon
     job_id = submit(daemon, "tune", {"dataset": "tickets", "budget_s": 25, "params": TINY, "space": narrowing})
     job = daemon.ended(job_id, 300)
     assert job["status"] == "finished", job["error"]
-    assert job["result"]["study"] == job_id and job["result"]["deployed"] is False
+    assert job["result"]["study"] == job_id
+    assert job["result"]["deployed"]["how"] == "production"  # nothing served tickets yet
     assert job["result"]["version"] == "tickets:2"  # registered (1), then optimised (2)
     shown = daemon.cli("tune", "show", job_id)
     assert shown.returncode == 0 and f"search {job_id}: finished" in shown.stdout

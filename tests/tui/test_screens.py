@@ -107,7 +107,7 @@ async def test_the_wizard_starts_a_fine_tune_and_the_job_shows_progress_charts_a
         job_id = await submitted(pilot, dialog, served)
         assert app.screen.query_one("#jobs", Table).selected == job_id  # the newest, at the top
         job = api(served, f"/v1/jobs/{job_id}")
-        assert job["kind"] == "pipeline" and job["priority"] == 5
+        assert job["kind"] == "pipeline" and job["priority"] == 5 and job["params"]["deploy"] == "auto"
         assert job["params"]["params"] == {"epochs": 2, "learning_rate": 0.003, "batch_size": 16, "max_length": 32}
 
         await settle(pilot, lambda: rows(app, "#jobs")[job_id][2] == "finished", seconds=300,
@@ -125,10 +125,10 @@ async def test_the_wizard_starts_a_search_and_its_trials_are_ranked_with_their_c
     async with app.run_test(size=SIZE) as pilot:
         dialog = await open_wizard(pilot)
         await refused(pilot, dialog, "#budget", "-1", "the search budget is a number of minutes above 0", then="1")
-        dialog.query_one("#deploy").value = False
+        dialog.query_one("#deploy").value = "never"
         job_id = await submitted(pilot, dialog, served)
         job = api(served, f"/v1/jobs/{job_id}")
-        assert job["kind"] == "tune" and job["params"]["budget_s"] == 60 and job["params"]["deploy"] is False
+        assert job["kind"] == "tune" and job["params"]["budget_s"] == 60 and job["params"]["deploy"] == "never"
 
         await settle(pilot, lambda: app.screen.query_one("#jobs", Table).selected == job_id)
         await pilot.press("s")

@@ -10,7 +10,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import (
-    Checkbox,
     Collapsible,
     DataTable,
     Input,
@@ -206,8 +205,16 @@ def _describe(report: dict[str, Any]) -> str:
     return f"{report.get('stage', '')}: {report.get('what', '')}"
 
 
+AFTER_TRAINING = [  # the wizard's choices: a pipeline job's deploy policy (jobspec.Deploy), or a train job
+    ("optimise, deploy safely", "auto"), ("optimise, deploy to production", "now"),
+    ("optimise, deploy as a canary", "canary"), ("optimise only", "never"), ("train only", "")]
+
+
 class NewJobDialog(FormDialog[dict[str, Any]]):
     """The fine-tune wizard: a dataset and a name are all it needs; the rest has defaults that suit small data.
+
+    Its new model is deployed safely by default: to production when the model serves nothing yet, else as a canary
+    once it holds up against production (operations.deploy).
 
     A search budget turns it into a hyperparameter search (a tune job) of that many minutes; the advanced
     options are then its first trial.
@@ -222,7 +229,7 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
                                               id="base")))
             yield fields(("Model name", Input(placeholder="as the dataset", id="name")),
                          ("Search (min)", Input(placeholder="none: train once", type="number", id="budget")))
-            yield Checkbox("then optimise it for this box and deploy it", value=True, id="deploy")
+            yield fields(("Then", Select(AFTER_TRAINING, value="auto", allow_blank=False, id="deploy")))
             with Collapsible(title="Advanced options", collapsed=True):
                 yield fields(("Epochs", Input(str(defaults.epochs), type="integer", id="epochs")),
                              ("Learning rate", Input(str(defaults.learning_rate), type="number", id="learning_rate")))
@@ -294,8 +301,10 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
         low, high = jobspec.PRIORITY
         if not priority.lstrip("-").isdigit() or not low <= int(priority) <= high:
             raise ValueError(f"priority must be a whole number from {low} to {high}, not {priority!r}")
-        deploy = self.query_one("#deploy", Checkbox).value
+        deploy = self.query_one("#deploy", Select).value
         kind = "pipeline" if deploy else "train"
+        if deploy:
+            params["deploy"] = deploy
         if budget := self.query_one("#budget", Input).value.strip():
             try:
                 minutes = float(budget)
@@ -303,7 +312,7 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
                 minutes = 0
             if minutes <= 0:
                 raise ValueError(f"the search budget is a number of minutes above 0, not {budget!r}")
-            kind, params["budget_s"], params["deploy"] = "tune", minutes * 60, deploy  # a search always optimises
+            kind, params["budget_s"], params["deploy"] = "tune", minutes * 60, deploy or "never"  # it always optimises
         try:
             return jobspec.parse(kind, params).body(int(priority))  # refused here, with what each field takes
         except ApplianceError as exc:
