@@ -49,6 +49,10 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
     assert [e.data["stage"] for e in _events(daemon, job_id) if e.kind == "stage"] == \
         ["import", "train", "optimize", "deploy"]
     assert job["result"]["version"] == "tickets:2"
+    # The process's own lines reach the log after it recorded the job finished: `exited` closes the log after them.
+    ended = daemon.wait(lambda: (found := _events(daemon, job_id))[-1].kind == "exited" and found, 10, "no exited")
+    logged = [e.data["line"] for e in ended if e.kind == "log"]
+    assert "tickets:2: production (nothing served tickets yet)" in logged and logged[-1] == "finished"
     assert job["result"]["deployed"] == {"how": "production", "reason": "nothing served tickets yet"}
 
     with daemon.api() as api:

@@ -41,6 +41,7 @@ BACKGROUND_NICENESS = 10  # training yields the CPU to serving while a model is 
 LATENCY_WINDOW_S = 10.0  # serving latency is judged over windows this long
 LATENCY_MIN_REQUESTS = 20  # fewer requests than this in a window say nothing about latency
 LATENCY_PAUSE_S = 60.0  # after a pause for latency, no job starts for this long
+PUMP_DRAIN_S = 5.0  # how long an ended job's last stderr lines may take to arrive (a grandchild may hold the pipe)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Running:
     owner: str
     process: subprocess.Popen[str]
     lines: queue.Queue[str] = field(default_factory=queue.Queue)
+    pump: threading.Thread | None = None  # moves the process's stderr into lines
     stopping: str | None = None  # cancel | preempted by ... | the daemon is stopping
     signalled_at: float | None = None
     started: float = field(default_factory=time.monotonic)
@@ -126,7 +128,9 @@ class Supervisor:
             env=self._child_env(),
         )
         running = Running(jobs.get(self._store, job.id), owner, process)
-        threading.Thread(target=_pump, args=(process, running.lines), daemon=True, name=f"job-{job.id}").start()
+        running.pump = threading.Thread(target=_pump, args=(process, running.lines), daemon=True,
+                                        name=f"job-{job.id}")
+        running.pump.start()
         assert process.stdin is not None
         process.stdin.write((self._passphrase or "") + "\n")  # never argv or environment
         process.stdin.close()
@@ -143,8 +147,11 @@ class Supervisor:
         ended = _reap(running.process)
         if ended is not None:
             code, cpu_s = ended
+            if running.pump is not None:
+                running.pump.join(PUMP_DRAIN_S)  # the pipe is at its end: the last lines are on their way
             self._record_lines(running)
             self._ended(running, code)
+            jobs.exited(self._store, running.job.id, code)
             self.running = None
             sdnotify.notify(STATUS="idle")
             usage.record_job(self._store, jobs.get(self._store, running.job.id), cpu_s,

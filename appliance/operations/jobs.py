@@ -168,6 +168,12 @@ def log(store: Store, job_id: str, line: str) -> None:
     events.emit(store, "job", job_id, "log", {"line": line})
 
 
+def exited(store: Store, job_id: str, code: int) -> None:
+    """The job's process is gone and every line it wrote is logged: after the event that ended the job (which the
+    process records itself, before its last lines reach the log), this one ends its log."""
+    events.emit(store, "job", job_id, "exited", {"code": code})
+
+
 def finish(store: Store, job_id: str, owner: str, result: dict[str, Any]) -> None:
     _end(store, job_id, owner, "finished", result=result)
 

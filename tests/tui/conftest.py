@@ -84,7 +84,8 @@ class RecordedDaemon:
 
     async def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]:
         for event in self.answers["events"]:
-            yield event
+            if event["seq"] > after and subject in (None, event["subject"]):
+                yield event
         await asyncio.Event().wait()  # a live stream stays open
 
     def _answer(self, key: str) -> Any:

@@ -16,9 +16,10 @@ from tui.app import ApplianceApp
 
 
 async def _loaded(pilot: Any) -> None:
-    """Every fetch has landed. The event stream stays open for good, and so does a DirectoryTree's loader
-    (Textual's own "_loader" group): neither counts."""
-    while any(worker.is_running and worker.group not in ("events", "_loader") for worker in pilot.app.workers):
+    """Every fetch has landed. The event streams stay open (the app's, and a job's log while its last event has not
+    come), and so does a DirectoryTree's loader (Textual's own "_loader" group): none of them counts."""
+    streams = ("events", "job-log", "_loader")
+    while any(worker.is_running and worker.group not in streams for worker in pilot.app.workers):
         await pilot.pause(0.05)
     await pilot.pause(0.2)
 

@@ -20,6 +20,7 @@ from textual.widgets import (
     Static,
     Switch,
 )
+from textual.worker import Worker
 
 from appliance.core import schema
 from appliance.core.errors import ApplianceError
@@ -62,7 +63,9 @@ class JobsScreen(ApplianceScreen):
     def on_mount(self) -> None:
         super().on_mount()
         self._jobs: dict[str, dict[str, Any]] = {}
-        self._shown_log: tuple[str, int] = ("", 0)  # (job id, lines written) in the log pane
+        self._log_job: str | None = None  # whose log the pane shows, whether it is all there, who follows it
+        self._log_complete = False
+        self._log_follower: Worker[None] | None = None
         self._to_select: str | None = None  # a job just submitted, to show as soon as it is listed
         self.app.event_listeners.append(self._on_event)
 
@@ -99,7 +102,7 @@ class JobsScreen(ApplianceScreen):
         run_id = job["state"].get("run_id") or (job["result"] or {}).get("run_id")
         run = await self.app.request("GET", f"/v1/runs/{run_id}") if run_id else None
         self._show_charts(job, run)
-        await self._show_log(job)
+        self._show_log(job["id"])
 
     def _show_progress(self, job: dict[str, Any] | None) -> None:
         bar, step = self.query_one("#job-bar", ProgressBar), self.query_one("#job-step", Label)
@@ -126,18 +129,35 @@ class JobsScreen(ApplianceScreen):
         self.query_one("#accuracy-chart", Chart).show([epoch["metrics"].get("accuracy", 0.0) for epoch in epochs],
                                                       "{:.1%}")
 
-    async def _show_log(self, job: dict[str, Any]) -> None:
-        """The job's log, fetched whole on selection and then only while it runs; new lines are appended."""
-        shown_job, written = self._shown_log
-        if shown_job == job["id"] and job["status"] in ENDED and written:
-            return
-        lines = await self.app.request("GET", f"/v1/jobs/{job['id']}/logs")
+    def _show_log(self, job_id: str) -> None:
+        """Follow the job's log unless the pane already does, or holds all of it."""
+        following = self._log_follower is not None and self._log_follower.is_running
+        if job_id != self._log_job or not (following or self._log_complete):
+            self._log_job, self._log_complete = job_id, False
+            self._log_follower = self._follow_log(job_id)
+
+    @work(exclusive=True, group="job-log", exit_on_error=False)
+    async def _follow_log(self, job_id: str) -> None:
+        """The job's events from its first, one ordered stream: each log line is written once, in order, live while
+        the job runs. The stream ends with the job: at `exited` after the event that ended it (its process's last
+        lines come after that one), or at that event if no process ran. A lost daemon ends the stream; the next
+        refresh starts over."""
         log = self.query_one(Log)
-        if shown_job != job["id"]:
-            log.clear()
-            written = 0
-        log.write_lines(lines[written:] if written <= len(lines) else lines)
-        self._shown_log = (job["id"], len(lines))
+        log.clear()
+        process_runs = ended = False
+        async for event in self.app.daemon.events(subject=job_id):
+            kind = event["kind"]
+            if kind == "log":
+                log.write_line(event["data"]["line"])
+            elif kind == "started":
+                process_runs, ended = True, False
+            elif kind in ENDED:
+                ended = True
+            elif kind == "exited":
+                process_runs = False
+            if ended and not process_runs:
+                self._log_complete = True
+                return
 
     def action_new(self) -> None:
         def submitted(job: dict[str, Any] | None) -> None:
