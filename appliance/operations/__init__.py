@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from appliance import registry
+from appliance.core.errors import ApplianceError
 from appliance.data import datasets, sources
 from appliance.operations import burst, challenge, pipeline
 from appliance.operations.jobspec import OptimizeJob, PipelineJob, Spec, TrainJob, TuneJob, base_dir, resumed
@@ -223,8 +224,9 @@ def optimise(ctx: Context, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) 
 def deploy(ctx: Context, spec: PipelineJob | TuneJob, ref: str) -> dict[str, Any]:
     """Serve ref as spec.deploy says; what became of it (how: production, canary or waits) and why.
 
-    A model that serves nothing yet gets ref in production whatever was asked. Else `auto` first challenges
-    production with ref (operations.challenge, audited as model.challenge): a canary if ref holds up, else it waits.
+    Unless `never`, a model that serves nothing yet gets ref in production. Else `auto` first challenges production
+    with ref (operations.challenge, audited as model.challenge): a canary if ref holds up, else it waits; a canary
+    too when production cannot be challenged (its data erased, say), since the canary is judged on live feedback.
     """
     if "deployed" in ctx.state:
         return ctx.state["deployed"]
@@ -241,11 +243,15 @@ def deploy(ctx: Context, spec: PipelineJob | TuneJob, ref: str) -> dict[str, Any
         how = "production"
     elif spec.deploy == "auto":
         production = registry.get(ctx.store, f"{version.model}:{serving.production}")
-        with audit.operation(ctx.store, "model.challenge", version.ref, actor=ctx.actor) as details:
-            verdict = challenge.challenge(ctx.store, version, production, policy.challenge_max_drop,
-                                          policy.significance)
-            details.update(verdict.evidence())
-        how, reason, evidence = ("canary" if verdict.holds else "waits"), verdict.reason, verdict.evidence()
+        try:
+            with audit.operation(ctx.store, "model.challenge", version.ref, actor=ctx.actor) as details:
+                verdict = challenge.challenge(ctx.store, version, production, policy.challenge_max_drop,
+                                              policy.significance)
+                details.update(verdict.evidence())
+        except ApplianceError as exc:  # audited as failed on its way out
+            reason = f"{production.ref} could not be challenged ({exc.message}): the canary is the test"
+        else:
+            how, reason, evidence = ("canary" if verdict.holds else "waits"), verdict.reason, verdict.evidence()
     if how != "waits":
         registry.deploy(ctx.store, ref, (spec.canary_percent or policy.canary_percent) if how == "canary" else None,
                         actor=ctx.actor)

@@ -24,6 +24,7 @@ from pydantic import (
     ModelWrapValidatorHandler,
     RootModel,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -113,13 +114,13 @@ class _Deploying(_Spec):
     canary_percent: float | None = Field(None, gt=0, le=100, description="the canary's share of traffic; default: the "
                                                                          "model's autopilot canary_percent")
     deploy: Deploy = Field("auto", description="auto: production at once when the model serves nothing yet, else a "
-                                               "canary if the new version holds up against production on "
-                                               "production's validation data, else it waits; now: production at "
-                                               "once; canary: a canary at once; never: it waits for a person")
+                                               "canary unless it is clearly worse than production on validation "
+                                               "data neither trained on, then it waits; now: production at once; "
+                                               "canary: a canary at once; never: it waits for a person")
 
     @field_validator("deploy", mode="before")
     @classmethod
-    def _from_yes_or_no(cls, given: Any, info: Any) -> Any:
+    def _from_yes_or_no(cls, given: Any, info: ValidationInfo) -> Any:
         """An older client's (and an older job's) true or false: production or a canary as canary_percent said."""
         if isinstance(given, bool):
             return ("canary" if info.data.get("canary_percent") else "now") if given else "never"
