@@ -247,11 +247,12 @@ def deploy(ctx: Context, spec: PipelineJob | TuneJob, ref: str) -> dict[str, Any
             with audit.operation(ctx.store, "model.challenge", version.ref, actor=ctx.actor) as details:
                 verdict = challenge.challenge(ctx.store, version, production, policy.challenge_max_drop,
                                               policy.significance)
-                details.update(verdict.evidence())
+                evidence = verdict.evidence()
+                details.update(evidence)
         except ApplianceError as exc:  # audited as failed on its way out
             reason = f"{production.ref} could not be challenged ({exc.message}): the canary is the test"
         else:
-            how, reason, evidence = ("canary" if verdict.holds else "waits"), verdict.reason, verdict.evidence()
+            how, reason = ("canary" if verdict.holds else "waits"), verdict.reason
     if how != "waits":
         registry.deploy(ctx.store, ref, (spec.canary_percent or policy.canary_percent) if how == "canary" else None,
                         actor=ctx.actor)

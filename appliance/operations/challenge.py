@@ -67,7 +67,8 @@ class Challenge:
 def challenge(store: Store, challenger: registry.ModelVersion, production: registry.ModelVersion,
               max_drop: float, significance: float) -> Challenge:
     """Score both versions, as they serve, on the validation examples of their data that neither trained on."""
-    loaded = [_dataset(store, version) for version in (production, challenger)]
+    dataset_ids = dict.fromkeys(runs.get(store, version.run_id).dataset_id for version in (production, challenger))
+    loaded = [datasets.load(store, datasets.get(store, dataset_id)) for dataset_id in dataset_ids]  # each once
     trained = {data.texts[i] for data in loaded for i in data.train}
     held_out = {data.texts[i]: data.labels[i] for data in loaded for i in data.validation
                 if data.texts[i] not in trained}  # the challenger's (newer) label wins a text both hold
@@ -79,10 +80,6 @@ def challenge(store: Store, challenger: registry.ModelVersion, production: regis
         production.ref, challenger.ref, sorted({data.version.ref for data in loaded}), len(texts),
         _share(production_right), _share(challenger_right), only_production, only_challenger,
         _binomial_tail(only_production, only_production + only_challenger), max_drop, significance)
-
-
-def _dataset(store: Store, version: registry.ModelVersion) -> datasets.LoadedDataset:
-    return datasets.load(store, datasets.get(store, runs.get(store, version.run_id).dataset_id))
 
 
 def _right(store: Store, version: registry.ModelVersion, texts: list[str], labels: list[str]) -> list[bool]:
