@@ -34,7 +34,7 @@ class Store:
 
     def __post_init__(self) -> None:
         if not self.read_only:
-            self.db.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
+            store_db.Checkpointer.hand_over(self.db)
             self.checkpointer = store_db.Checkpointer(self.settings.db_path)
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ import sqlite_utils
 from appliance.core.errors import StoreError
 
 BUSY_TIMEOUT_MS = 30_000
+WAL_BOUND_BYTES = 512 << 20  # past this the writing connection folds the WAL in itself
 
 PRAGMAS = (
     "PRAGMA journal_mode = WAL",
@@ -35,8 +36,14 @@ class Checkpointer:
 
     SQLite checkpoints right after the commit that crossed its threshold, in the
     committing thread, so a large put would pay to write its bytes twice before
-    returning. The store's connection turns that off and this thread does the copy
+    returning. The store's connection leaves that to this thread, which does the copy
     when woken after a large write, or every CHECKPOINT_EVERY_S seconds.
+
+    Not entirely: a writer that never pauses (a training run saving a checkpoint every
+    few steps, in a transaction still open when this thread wakes) outruns a copy that
+    lets it go on. The WAL, never folded in whole, never starts over and grows until the
+    disk is full. So past WAL_BOUND_BYTES SQLite's own checkpoint runs after the commit,
+    in the writer: the one writing too fast is the one that waits.
     """
 
     CHECKPOINT_EVERY_S = 30.0
@@ -47,6 +54,12 @@ class Checkpointer:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def hand_over(db: sqlite_utils.Database) -> None:
+        """Leave db's checkpoints to the thread, up to WAL_BOUND_BYTES."""
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        db.execute(f"PRAGMA wal_autocheckpoint = {WAL_BOUND_BYTES // page_size}")
 
     def request(self) -> None:
         self._wake.set()

@@ -97,3 +97,22 @@ def test_the_wal_is_folded_into_the_database_in_the_background(opened: Store, se
     opened.close()
     wal = settings.db_path.with_name(settings.db_path.name + "-wal")
     assert not wal.exists() or wal.stat().st_size == 0
+
+
+def test_the_wal_stays_bounded_under_writes_that_never_pause(opened: Store, settings: Settings,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training run saving checkpoints back to back once grew the WAL by gigabytes, never folded in whole."""
+    import os
+
+    from appliance.store import db
+
+    bound = 16 << 20
+    monkeypatch.setattr(db, "WAL_BOUND_BYTES", bound)
+    opened.close()  # reopened so that its checkpointer reads the bound
+    with store.open(settings) as writing:
+        sizes = []
+        for _ in range(150):
+            with transaction(writing.db):  # as a checkpoint is saved: the put wakes the checkpointer mid-transaction
+                blobs.put(writing, os.urandom(1 << 20))
+            sizes.append(settings.wal_path.stat().st_size)
+    assert max(sizes) < 4 * bound, f"the WAL grew to {max(sizes) >> 20} MiB"
