@@ -5,22 +5,26 @@ models, serving and the audit log; `?` explains them all. Every screen asks the 
 daemon over its control socket with the operator's token ($APPLIANCE_TOKEN, else the
 daemon's local admin token) and refreshes itself while shown. One stream of the
 daemon's events feeds live job progress and notices. When the daemon goes away the
-screens keep their last data, the status line says what is wrong, and everything
-picks up again once it answers. A daemon error is a message, never a traceback.
+screens keep their last data, greyed, the status line says since when and what is
+wrong, and everything picks up again once it answers. A daemon error is a message,
+never a traceback. In a terminal smaller than 80x24 one screen says so instead of
+panels cut mid-word.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from textual import work
-from textual.app import App
+from textual import events, work
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
 from appliance.core import config
@@ -34,8 +38,10 @@ from tui.screens.jobs import JobsScreen
 from tui.screens.models import ModelsScreen
 from tui.screens.overview import OverviewScreen
 from tui.screens.serving import ServingScreen
+from tui.widgets import Connection
 
 RETRY_S = 2.0  # how soon the event stream asks again after the daemon went away
+MIN_SIZE = (80, 24)  # the smallest terminal every screen and dialog fits
 
 
 class Daemon(Protocol):
@@ -50,17 +56,20 @@ class Daemon(Protocol):
     def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
 
 
-class Connection(enum.Enum):
-    """How the TUI stands with the daemon (the status line shows the value)."""
+class TooSmall(Screen[None]):
+    """Shown instead of everything else while the terminal is smaller than MIN_SIZE; gone once it is large enough."""
 
-    CONNECTING = "connecting to the daemon"
-    """Nothing asked yet."""
-    CONNECTED = "connected"
-    """The last request was answered."""
-    UNREACHABLE = "DAEMON NOT REACHABLE, retrying"
-    """Nothing answers on the control socket: the daemon is stopped, starting or restarting."""
-    REFUSED = "TOKEN REFUSED"
-    """The daemon answers but does not accept the token."""
+    BINDINGS: ClassVar = [Binding("q", "app.quit", "Quit")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="too-small")
+
+    def on_resize(self, event: events.Resize) -> None:
+        width, height = MIN_SIZE
+        self.query_one("#too-small", Static).update(
+            f"The appliance console needs a terminal of at least {width}x{height}; this one is "
+            f"{event.size.width}x{event.size.height}.\n\nEnlarge the window (or make its font smaller), "
+            "or press q to quit.")
 
 
 class ApplianceApp(App[None]):
@@ -82,6 +91,7 @@ class ApplianceApp(App[None]):
 
     connection: reactive[Connection] = reactive(Connection.CONNECTING)
     problem: reactive[str] = reactive("")
+    answered_at: reactive[datetime | None] = reactive(None)  # when the daemon last answered: what screens show is of then
 
     def __init__(self, daemon: Daemon | None = None, settings: config.Settings | None = None) -> None:
         super().__init__()
@@ -109,7 +119,7 @@ class ApplianceApp(App[None]):
         except (DaemonUnreachable, Unauthenticated) as exc:
             self._lost(exc)
             raise
-        self.connection, self.problem = Connection.CONNECTED, ""
+        self.connection, self.problem, self.answered_at = Connection.CONNECTED, "", datetime.now()
         return answer
 
     def report(self, exc: ApplianceError) -> None:
@@ -121,7 +131,7 @@ class ApplianceApp(App[None]):
 
     def _lost(self, exc: ApplianceError) -> None:
         self.connection = Connection.REFUSED if isinstance(exc, Unauthenticated) else Connection.UNREACHABLE
-        self.problem = exc.hint or exc.message
+        self.problem = exc.message + (f"; {exc.hint}" if exc.hint else "")
 
     @work(exclusive=True, group="events", exit_on_error=False)
     async def follow_events(self) -> None:
@@ -161,6 +171,20 @@ class ApplianceApp(App[None]):
                         severity="warning" if decision == "rollback" else "information")
         for listener in self.event_listeners:
             listener(event)
+
+    # -- the terminal's size -------------------------------------------------------------
+
+    def on_resize(self, event: events.Resize) -> None:
+        width, height = MIN_SIZE
+        cramped = event.size.width < width or event.size.height < height
+        if cramped and not isinstance(self.screen, TooSmall):
+            self.push_screen(TooSmall())
+        elif not cramped and isinstance(self.screen, TooSmall):
+            self.pop_screen()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Nothing but quitting while the terminal is too small: a screen switched to would not fit."""
+        return action == "quit" or not isinstance(self.screen, TooSmall)
 
     # -- actions and errors ------------------------------------------------------------
 

@@ -6,6 +6,7 @@ so the TUI works on a serial console or with NO_COLOR set.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -15,6 +16,24 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Label, Sparkline, Static
 
 from appliance.core import clock
+
+
+class Connection(enum.Enum):
+    """How the TUI stands with the daemon (the status line shows the value)."""
+
+    CONNECTING = "connecting to the daemon"
+    """Nothing asked yet."""
+    CONNECTED = "connected"
+    """The last request was answered."""
+    UNREACHABLE = "DAEMON NOT REACHABLE, retrying"
+    """Nothing answers on the control socket: the daemon is stopped, starting or restarting."""
+    REFUSED = "TOKEN REFUSED"
+    """The daemon answers but does not accept the token."""
+
+    @property
+    def trouble(self) -> bool:
+        """The daemon cannot be asked: what the screens show is as old as its last answer."""
+        return self in (Connection.UNREACHABLE, Connection.REFUSED)
 
 
 class NavBar(Static):
@@ -32,7 +51,7 @@ class NavBar(Static):
 
 
 class StatusLine(Static):
-    """One line at the bottom: how the TUI stands with the daemon."""
+    """The bottom line: how the TUI stands with the daemon; in trouble, since when the data shown is old and why."""
 
     def on_mount(self) -> None:
         self.watch(self.app, "connection", self._show)
@@ -40,8 +59,10 @@ class StatusLine(Static):
 
     def _show(self, _value: object = None) -> None:
         connection, problem = self.app.connection, self.app.problem  # type: ignore[attr-defined]
-        self.update(f"{connection.value}" + (f": {problem}" if problem else ""))
-        self.set_class(connection.name != "CONNECTED", "trouble")
+        answered = self.app.answered_at  # type: ignore[attr-defined]
+        since = f" · showing data as of {answered:%H:%M:%S}" if connection.trouble and answered else ""
+        self.update(connection.value + since + (f"\n{problem}" if problem else ""))
+        self.set_class(connection.trouble, "trouble")
 
 
 class Chart(Horizontal):

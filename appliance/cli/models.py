@@ -22,14 +22,14 @@ def models_list(as_json: bool) -> None:
     with opened_store() as opened:
         versions = registry.list_versions(opened)
     if as_json:
-        print_json([dataclasses.asdict(version) for version in versions])
+        print_json([{**dataclasses.asdict(version), "servable": version.servable} for version in versions])
         return
     if not versions:
         click.echo("no models registered yet")
     for v in versions:
         accuracy = v.variants[v.chosen].metrics.get("accuracy")
         score = f"accuracy {accuracy:.4f}" if accuracy is not None else ""
-        runs_as = f"serves {v.chosen}" if v.variants[v.chosen].format == "openvino-ir" else "not optimised"
+        runs_as = f"serves {v.chosen}" if v.servable else "not optimised"
         click.echo(f"{v.ref:<24} {v.created_at}  {runs_as:<19} {score:<16} {' '.join(v.aliases)}")
 
 

@@ -42,6 +42,7 @@ def daemon_running(settings: config.Settings) -> bool:
 class Client:
     def __init__(self, settings: config.Settings) -> None:
         self._http = _http(settings, _token(settings))
+        self._socket = settings.socket_path
 
     def __enter__(self) -> Self:
         return self
@@ -70,13 +71,13 @@ class Client:
                     if line.startswith("data: "):
                         yield json.loads(line.removeprefix("data: "))
         except httpx.TransportError as exc:
-            raise _unreachable(exc) from exc
+            raise _unreachable(exc, self._socket) from exc
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise _unreachable(exc) from exc
+            raise _unreachable(exc, self._socket) from exc
         _raise_for(response, response.content)
         return response.json() if _is_json(response) else response.text
 
@@ -85,6 +86,7 @@ class AsyncClient:
     def __init__(self, settings: config.Settings) -> None:
         self._http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(settings.socket_path)),
                                        **_options(_token(settings)))
+        self._socket = settings.socket_path
 
     async def __aenter__(self) -> Self:
         return self
@@ -119,13 +121,13 @@ class AsyncClient:
                     if line.startswith("data: "):
                         yield json.loads(line.removeprefix("data: "))
         except httpx.TransportError as exc:
-            raise _unreachable(exc) from exc
+            raise _unreachable(exc, self._socket) from exc
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise _unreachable(exc) from exc
+            raise _unreachable(exc, self._socket) from exc
         _raise_for(response, response.content)
         return response.json() if _is_json(response) else response.text
 
@@ -192,5 +194,17 @@ def _subclasses(kind: type[ApplianceError]) -> list[type[ApplianceError]]:
 _ERRORS = {kind.__name__: kind for kind in _subclasses(ApplianceError)}  # what an error body's type may name
 
 
-def _unreachable(exc: Exception) -> DaemonUnreachable:
-    return DaemonUnreachable(f"the daemon does not answer: {exc}", hint="start it with 'appliance daemon' or check its log")
+def _unreachable(exc: httpx.TransportError, socket: Path) -> DaemonUnreachable:
+    """What went wrong on the way to the daemon, as a sentence naming its socket, and what to do."""
+    if "Permission denied" in str(exc):
+        return DaemonUnreachable(f"not allowed to open the daemon's socket {socket}",
+                                 hint="run as the daemon's user or a member of its group, or use sudo")
+    if isinstance(exc, httpx.ConnectError):
+        what = "nothing listens on"
+    elif isinstance(exc, httpx.TimeoutException):
+        what = "no answer in time on"
+    else:
+        what = "the connection was cut on"
+    return DaemonUnreachable(f"the daemon is not reachable: {what} {socket}",
+                             hint="start it with 'appliance daemon' (or 'systemctl start appliance'); its log says "
+                                  "why it stopped ('journalctl -u appliance')")

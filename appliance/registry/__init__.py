@@ -52,10 +52,15 @@ class ModelVersion:
     def ref(self) -> str:
         return f"{self.model}:{self.version}"
 
+    @property
+    def servable(self) -> bool:
+        """Whether the server (and `appliance predict`) can run it: its chosen variant is an OpenVINO IR."""
+        return self.variants[self.chosen].format == "openvino-ir"
+
     def serving_variant(self) -> Variant:
-        """The chosen variant, if the server (and `appliance predict`) can run it: an OpenVINO IR."""
+        """The chosen variant, if the version is servable."""
         variant = self.variants[self.chosen]
-        if variant.format != "openvino-ir":
+        if not self.servable:
             raise RegistryError(f"{self.ref} is not optimised, so the server cannot run it",
                                 hint=f"'appliance optimize {self.ref}' makes a version that can serve")
         return variant

@@ -14,8 +14,8 @@ from textual.widgets import Log
 
 from tests.daemon import TINY, Daemon, submit
 from tests.tui.conftest import SIZE, RecordedDaemon, settle, text
-from tui.app import ApplianceApp, Connection
-from tui.widgets import Table
+from tui.app import ApplianceApp
+from tui.widgets import Connection, Table
 
 pytestmark = pytest.mark.slow
 
@@ -170,7 +170,7 @@ async def test_cancelling_a_job_asks_first(served: Daemon) -> None:
 
 def optimised_versions(daemon: Daemon) -> list[int]:
     """The versions the server can load: those an optimisation registered (training registers torch alone)."""
-    return [version["version"] for version in api(daemon, "/v1/models") if len(version["variants"]) > 1]
+    return [version["version"] for version in api(daemon, "/v1/models") if version["servable"]]
 
 
 async def test_models_compare_variants_and_a_canary_is_started_and_rolled_back(served: Daemon) -> None:
@@ -203,6 +203,28 @@ async def test_models_compare_variants_and_a_canary_is_started_and_rolled_back(s
         await pilot.press("y")
         await settle(pilot, lambda: rows(app, "#models")[older][2] == "-", message="the canary did not stop")
         assert api(served, "/v1/serving")["models"][0]["canary_percent"] == 0
+
+
+async def test_a_version_that_cannot_serve_is_optimised_from_the_models_screen(served: Daemon) -> None:
+    trained = served.ended(submit(served, "train", {"dataset": "tickets", "params": TINY}))
+    ref = trained["result"]["version"]
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await settle(pilot, lambda: ref in rows(app, "#models"))
+        app.screen.query_one("#models", Table).select(ref)
+        assert rows(app, "#models")[ref][3] == "not optimised"
+        await pilot.press("d")  # refused before any question, with what to do instead
+        await settle(pilot, lambda: f"{ref} is not optimised, so it cannot serve: o optimises it" in notices(app))
+        await pilot.press("o")
+        assert f"Optimise {ref}?" in str(app.screen.query_one(".question").render())
+        await pilot.press("y")
+        await settle(pilot, lambda: "optimises it" in notices(app), message="no optimize job was started")
+        job = next(job for job in api(served, "/v1/jobs") if job["kind"] == "optimize")
+        assert job["params"]["version"] == ref
+        optimised = served.ended(job["id"])["result"]["version"]  # versions never change: a new one can serve
+        await settle(pilot, lambda: rows(app, "#models").get(optimised, [""] * 4)[3] in ("fp32", "int8", "student"),
+                     seconds=10, message="the optimised version does not show what it serves")
 
 
 async def test_serving_shows_the_endpoints_and_tries_a_prediction(served: Daemon) -> None:
@@ -279,11 +301,26 @@ async def test_losing_and_regaining_the_daemon_keeps_the_screens(daemon: Daemon)
         await settle(pilot, lambda: rows(app, "#audit"))
         daemon.stop()
         await settle(pilot, lambda: app.connection is Connection.UNREACHABLE, message="the loss was not noticed")
-        assert "NOT REACHABLE" in text(app, "#status") and "start it with 'appliance daemon'" in text(app, "#status")
-        assert rows(app, "#audit")  # the last data stays on screen
+        status = text(app, "#status")
+        assert f"NOT REACHABLE, retrying · showing data as of {app.answered_at:%H:%M:%S}" in status
+        assert f"nothing listens on {daemon.settings.socket_path}" in status and "'appliance daemon'" in status
+        assert rows(app, "#audit") and app.screen.query_one("#body").has_class("stale")  # the last data, greyed
+        await pilot.press("3")
+        await settle(pilot, lambda: app.screen.query_one("#body").has_class("stale"), message="a live-looking screen")
         daemon.start()
         await settle(pilot, lambda: app.connection is Connection.CONNECTED, message="the TUI did not reconnect")
-        assert text(app, "#status") == "connected"
+        assert text(app, "#status") == "connected" and not app.screen.query_one("#body").has_class("stale")
+
+
+async def test_a_terminal_too_small_is_told_so_until_it_is_large_enough(recorded_app: ApplianceApp) -> None:
+    async with recorded_app.run_test(size=(60, 20)) as pilot:
+        await pilot.pause()
+        assert "needs a terminal of at least 80x24; this one is 60x20" in text(recorded_app, "#too-small")
+        await pilot.press("2")  # no screen behind it moves
+        assert recorded_app.current_mode == "overview"
+        await pilot.resize_terminal(80, 24)
+        await pilot.press("2")
+        assert not recorded_app.screen.query("#too-small") and recorded_app.current_mode == "datasets"
 
 
 async def test_a_refused_token_is_said_plainly(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,7 +343,7 @@ NESTED = {"GET /v1/serving": lambda answer: answer["models"][0]["versions"][0],
 
 def test_the_recording_for_snapshots_has_the_keys_of_the_live_api(served: Daemon) -> None:
     recorded = RecordedDaemon().answers
-    live_job = next(job for job in api(served, "/v1/jobs") if job["status"] == "finished")
+    live_job = next(job for job in api(served, "/v1/jobs") if job["status"] == "finished" and job["kind"] == "pipeline")
     with served.api() as http:
         for key, answer in recorded.items():
             if key == "events":

@@ -125,12 +125,11 @@ class VerificationResult(Dialog[None]):
 class ExportDialog(FormDialog[str]):
     """Where to write the export; an existing file is never overwritten, and the file is the operator's alone."""
 
-    def compose(self) -> ComposeResult:
-        default = f"audit-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
-        with Vertical(classes="dialog"):
-            yield Label("Export the audit log (JSON lines)", classes="title")
-            yield fields(("File", Input(default, id="path")))
-            yield from self.form_end("Export")
+    def __init__(self) -> None:
+        super().__init__("Export the audit log (JSON lines)", "Export")
+
+    def compose_fields(self) -> ComposeResult:
+        yield fields(("File", Input(f"audit-{datetime.now():%Y%m%d-%H%M%S}.jsonl", id="path")))
 
     @work(exclusive=True, exit_on_error=False)
     async def submit(self) -> None:

@@ -18,7 +18,7 @@ from textual.widgets import Footer
 from textual.worker import Worker
 
 from appliance.core.errors import ApplianceError
-from tui.widgets import NavBar, StatusLine
+from tui.widgets import Connection, NavBar, StatusLine
 
 if TYPE_CHECKING:
     from tui.app import ApplianceApp
@@ -50,6 +50,11 @@ class ApplianceScreen(Screen[None]):
     def on_mount(self) -> None:
         self._loading: Worker[None] | None = None
         self.set_interval(self.REFRESH_S, self._tick)
+        self.watch(self.app, "connection", self._grey_when_stale)
+
+    def _grey_when_stale(self, connection: Connection) -> None:
+        """What the daemon said last, greyed while it cannot be asked again (the status line says since when)."""
+        self.query_one("#body").set_class(connection.trouble, "stale")
 
     def on_screen_resume(self) -> None:
         self._loading = self.reload()

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.widgets import Button, Collapsible, DataTable, DirectoryTree, Input, Label, Select, Static
 
 from appliance.core.errors import ApplianceError
@@ -87,21 +87,21 @@ class _Files(DirectoryTree):
 class ImportDialog(FormDialog[dict[str, Any]]):
     """Pick a file (or an image folder), name it, send it; the daemon checks every line and says where."""
 
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog wide"):
-            yield Label("Import a dataset", classes="title")
-            yield _Files(Path.cwd(), id="files")
-            yield fields(("File", Input(placeholder="a .csv or .jsonl file, or a folder of images", id="path")))
-            with Horizontal(classes="row"):
-                yield Label("Name", classes="field")
-                yield Input(placeholder="e.g. tickets", id="name")
-                yield Select([("text", datasets.TEXT), ("images", datasets.IMAGE)], value=datasets.TEXT,
-                             allow_blank=False, id="task")
-            with Collapsible(title="Advanced: columns, validation share", collapsed=True):
-                yield fields(("Text column", Input("text", id="text_column")),
-                             ("Label column", Input("label", id="label_column")))
-                yield fields(("Validation", Input("0.2", type="number", id="validation_fraction")))
-            yield from self.form_end("Import")
+    def __init__(self) -> None:
+        super().__init__("Import a dataset", "Import", wide=True)
+
+    def compose_fields(self) -> ComposeResult:
+        yield _Files(Path.cwd(), id="files")
+        yield fields(("File", Input(placeholder="a .csv or .jsonl file, or a folder of images", id="path")))
+        with Horizontal(classes="row"):
+            yield Label("Name", classes="field")
+            yield Input(placeholder="e.g. tickets", id="name")
+            yield Select([("text", datasets.TEXT), ("images", datasets.IMAGE)], value=datasets.TEXT,
+                         allow_blank=False, id="task")
+        with Collapsible(title="Advanced: columns, validation share", collapsed=True):
+            yield fields(("Text column", Input("text", id="text_column")),
+                         ("Label column", Input("label", id="label_column")))
+            yield fields(("Validation", Input("0.2", type="number", id="validation_fraction")))
 
     @on(DirectoryTree.FileSelected)
     def _file_picked(self, event: DirectoryTree.FileSelected) -> None:

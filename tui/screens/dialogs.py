@@ -46,15 +46,30 @@ def fields(*labelled: tuple[str, Widget]) -> Horizontal:
 
 
 class FormDialog(Dialog[T]):
-    """Fields, a problem box, and two buttons: the action (or Enter in a field) and Cancel."""
+    """A title, fields, a problem box, and two buttons: the action (or Enter in a field) and Cancel.
 
-    def form_end(self, action: str, variant: str = "primary") -> ComposeResult:
-        """The end of every form: where problems show, then the buttons."""
-        with VerticalScroll(id="problem-box"):
-            yield Static("", id="problem", markup=False)
-        with Horizontal(classes="buttons"):
-            yield Button(action, id="submit", variant=variant)  # type: ignore[arg-type]
-            yield Button("Cancel (Esc)", id="cancel")
+    The fields scroll within the dialog and the problem box has its own share of the
+    height, so in a short terminal (80x24 with the advanced options open) the buttons
+    and the problem stay in view, and Tab scrolls to the field it reaches.
+    """
+
+    def __init__(self, heading: str, action: str, *, variant: str = "primary", wide: bool = False) -> None:
+        super().__init__()
+        self.heading, self.action, self.variant, self.wide = heading, action, variant, wide
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide" if self.wide else "dialog"):
+            yield Label(self.heading, classes="title")
+            with VerticalScroll(classes="form", can_focus=False):  # Tab goes to its fields, not to it
+                yield from self.compose_fields()
+            with VerticalScroll(id="problem-box"):
+                yield Static("", id="problem", markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button(self.action, id="submit", variant=self.variant)  # type: ignore[arg-type]
+                yield Button("Cancel (Esc)", id="cancel")
+
+    def compose_fields(self) -> ComposeResult:
+        raise NotImplementedError
 
     def on_mount(self) -> None:
         self.show_problem("")

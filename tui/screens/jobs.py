@@ -240,27 +240,27 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
     options are then its first trial.
     """
 
-    def compose(self) -> ComposeResult:
+    def __init__(self) -> None:
+        super().__init__("New fine-tune", "Start", wide=True)
+
+    def compose_fields(self) -> ComposeResult:
         defaults = TrainParams()
-        with Vertical(classes="dialog wide"):
-            yield Label("New fine-tune", classes="title")
-            yield fields(("Dataset", Select([], prompt="loading datasets…", id="dataset")))
-            yield fields(("Base model", Input(placeholder="default; or a folder name in train.base_models_dir",
-                                              id="base")))
-            yield fields(("Model name", Input(placeholder="as the dataset", id="name")),
-                         ("Search (min)", Input(placeholder="none: train once", type="number", id="budget")))
-            yield fields(("Then", Select(AFTER_TRAINING, value="auto", allow_blank=False, id="deploy")))
-            with Collapsible(title="Advanced options", collapsed=True):
-                yield fields(("Epochs", Input(str(defaults.epochs), type="integer", id="epochs")),
-                             ("Learning rate", Input(str(defaults.learning_rate), type="number", id="learning_rate")))
-                yield fields(("Batch size", Input(str(defaults.batch_size), type="integer", id="batch_size")),
-                             ("Max length", Input(str(defaults.max_length), type="integer", id="max_length")))
-                yield fields(("Max minutes", Input(placeholder="no limit", type="number", id="max_minutes")),
-                             ("LoRA", Switch(value=defaults.lora, id="lora")))
-                yield fields(("Device", Select([("as planned", ""), ("cpu", "cpu"), ("cuda", "cuda")], value="",
-                                               allow_blank=False, id="device")),
-                             ("Priority", Input("0", type="integer", id="priority")))
-            yield from self.form_end("Start")
+        yield fields(("Dataset", Select([], prompt="loading datasets…", id="dataset")))
+        yield fields(("Base model", Input(placeholder="default; or a folder name in train.base_models_dir",
+                                          id="base")))
+        yield fields(("Model name", Input(placeholder="as the dataset", id="name")),
+                     ("Search (min)", Input(placeholder="none: train once", type="number", id="budget")))
+        yield fields(("Then", Select(AFTER_TRAINING, value="auto", allow_blank=False, id="deploy")))
+        with Collapsible(title="Advanced options", collapsed=True):
+            yield fields(("Epochs", Input(str(defaults.epochs), type="integer", id="epochs")),
+                         ("Learning rate", Input(str(defaults.learning_rate), type="number", id="learning_rate")))
+            yield fields(("Batch size", Input(str(defaults.batch_size), type="integer", id="batch_size")),
+                         ("Max length", Input(str(defaults.max_length), type="integer", id="max_length")))
+            yield fields(("Max minutes", Input(placeholder="no limit", type="number", id="max_minutes")),
+                         ("LoRA", Switch(value=defaults.lora, id="lora")))
+            yield fields(("Device", Select([("as planned", ""), ("cpu", "cpu"), ("cuda", "cuda")], value="",
+                                           allow_blank=False, id="device")),
+                         ("Priority", Input("0", type="integer", id="priority")))
 
     def on_mount(self) -> None:
         super().on_mount()

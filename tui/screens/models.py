@@ -1,4 +1,4 @@
-"""Models: every registered version with its variants side by side; deploy, canary and rollback."""
+"""Models: every registered version with its variants side by side; optimise, deploy, canary and rollback."""
 
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ class ModelsScreen(ApplianceScreen):
     NAME = "models"
     TITLE = "Models"
     HELP = ("Every model version, newest first, and what serves now. The highlighted version shows its variants "
-            "side by side (fp32, int8, student: accuracy, latency, size) and why one was chosen. d deploys it to "
-            "production, k sends a canary share of traffic to it, r rolls back (a running canary stops first, "
-            "else production returns to the version before); each asks before it acts.")
-    BINDINGS: ClassVar = [Binding("d", "deploy", "Deploy"), Binding("k", "canary", "Canary"),
-                          Binding("r", "rollback", "Rollback")]
+            "side by side (fp32, int8, student: accuracy, latency, size) and why one was chosen. o optimises a "
+            "version that cannot serve (OpenVINO, INT8 kept only if accuracy holds: a new version), d deploys it to production, k sends "
+            "a canary share of traffic to it, r rolls back (a running canary stops first, else production returns "
+            "to the version before); each asks before it acts.")
+    BINDINGS: ClassVar = [Binding("o", "optimise", "Optimise"), Binding("d", "deploy", "Deploy"),
+                          Binding("k", "canary", "Canary"), Binding("r", "rollback", "Rollback")]
 
     def compose_body(self) -> ComposeResult:
         yield Table("version", "aliases", "traffic", "serves", "accuracy", "registered", id="models")
@@ -62,7 +63,8 @@ class ModelsScreen(ApplianceScreen):
         accuracy = version["variants"][version["chosen"]]["metrics"].get("accuracy")
         share = self._traffic.get(ref)
         return (ref, " ".join(version["aliases"]) or "-", percent(share) if share is not None else "-",
-                version["chosen"], number(accuracy, "{:.1%}"), ago(version["created_at"]))
+                version["chosen"] if version["servable"] else "not optimised", number(accuracy, "{:.1%}"),
+                ago(version["created_at"]))
 
     @on(DataTable.RowHighlighted, "#models")
     @work(exclusive=True, group="detail", exit_on_error=False)
@@ -93,16 +95,48 @@ class ModelsScreen(ApplianceScreen):
 
     # -- actions -------------------------------------------------------------------------
 
-    def action_deploy(self) -> None:
+    def action_optimise(self) -> None:
         version = self._selected()
         if version is None:
             return
         ref = f"{version['model']}:{version['version']}"
-        self._ask(f"Deploy {ref} to production?\nTraffic moves to it once it is loaded, warm and has passed a "
-                  "smoke test; a running canary ends.", "Deploy", version["model"], {"version": version["version"]})
+        if version["servable"]:
+            self.notify(f"{ref} is optimised already: it serves {version['chosen']}", severity="warning")
+            return
+
+        def answered(confirmed: bool | None) -> None:
+            if confirmed:
+                self._optimise(ref)
+
+        self.app.push_screen(Confirm(f"Optimise {ref}?\nAn optimize job exports it to OpenVINO and quantises it to "
+                                     "INT8, keeping INT8 only if its accuracy holds, and registers the result as a "
+                                     "new version that can serve, with the variant chosen and why. Nothing is "
+                                     "deployed.", yes="Optimise"), answered)
+
+    @work(exit_on_error=False)
+    async def _optimise(self, ref: str) -> None:
+        try:
+            job = await self.app.request("POST", "/v1/jobs", {"kind": "optimize", "params": {"version": ref}})
+        except ApplianceError as exc:
+            self.app.report(exc)
+            return
+        self.notify(f"{ref}: job {job['id']} optimises it (3 shows it)", title="optimise")
+
+    def action_deploy(self) -> None:
+        version = self._deployable()
+        if version is None:
+            return
+        ref = f"{version['model']}:{version['version']}"
+        serving = next((other for other in self._versions.values() if other["model"] == version["model"]
+                        and "production" in other["aliases"]), None)
+        replaces = (f"It replaces {version['model']}:{serving['version']}, in production now. " if serving
+                    else f"Nothing of {version['model']} serves yet. ")
+        self._ask(f"Deploy {ref} to production?\n{replaces}Traffic moves to it once it is loaded, warm and has "
+                  "passed a smoke test; a running canary ends.", "Deploy", version["model"],
+                  {"version": version["version"]})
 
     def action_canary(self) -> None:
-        version = self._selected()
+        version = self._deployable()
         if version is None:
             return
 
@@ -123,6 +157,15 @@ class ModelsScreen(ApplianceScreen):
         else:
             question = (f"Roll {model} back?\nProduction returns to the version that served before the last deploy.")
         self._ask(question, "Roll back", model, None)
+
+    def _deployable(self) -> dict[str, Any] | None:
+        """The selected version, if the server can run it; else None, and the operator is told why and what to do."""
+        version = self._selected()
+        if version is not None and not version["servable"]:
+            self.notify(f"{version['model']}:{version['version']} is not optimised, so it cannot serve: o optimises it",
+                        severity="warning")
+            return None
+        return version
 
     def _ask(self, question: str, yes: str, model: str, body: dict[str, Any] | None) -> None:
         def answered(confirmed: bool | None) -> None:
@@ -151,17 +194,13 @@ class CanaryDialog(FormDialog[float]):
     """How much of a model's traffic its candidate gets, in percent."""
 
     def __init__(self, ref: str) -> None:
-        super().__init__()
-        self.ref = ref
+        super().__init__(f"Canary for {ref}", "Start the canary", variant="warning")
 
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
-            yield Label(f"Canary for {self.ref}", classes="title")
-            yield Label("Share of the traffic it gets (the rest stays on production):")
-            with Horizontal(classes="row"):
-                yield Input("10", type="number", id="percent")
-                yield Label("%", classes="unit")
-            yield from self.form_end("Start the canary", variant="warning")
+    def compose_fields(self) -> ComposeResult:
+        yield Label("Share of the traffic it gets (the rest stays on production):")
+        with Horizontal(classes="row"):
+            yield Input("10", type="number", id="percent")
+            yield Label("%", classes="unit")
 
     def submit(self) -> None:
         text = self.query_one("#percent", Input).value.strip()

@@ -23,7 +23,7 @@ class DeployRequest(Body):
 @router.get("/v1/models")
 def list_models(_user: Viewer, shared: Shared) -> list[dict[str, Any]]:
     with shared.use() as store:
-        return [asdict(version) for version in registry.list_versions(store)]
+        return [{**asdict(version), "servable": version.servable} for version in registry.list_versions(store)]
 
 
 @router.post("/v1/models/{model}/deploy")
