@@ -15,7 +15,7 @@ from appliance.core import config
 from appliance.operations import autopilot, jobs, jobspec
 from appliance.registry import feedback
 from appliance.serve.metrics import LATENCY_BUCKETS, Counts
-from appliance.store import Store, audit, blobs, events
+from appliance.store import Store, alerts, audit, blobs, events
 from tests.test_feedback import answer, served_version
 
 POLICY = config.Policy(enabled=True, canary_min_feedback=30, canary_max_feedback=200, new_examples=10,
@@ -190,6 +190,8 @@ def test_a_judged_canary_is_promoted_or_rolled_back_and_audited(opened: Store, t
     assert decisions[0][2]["candidate"] == {"feedback": 40, "correct": 34, "accuracy": 0.85}
     assert decisions[1][2]["test"]["p_worse"] < 0.05
     assert {row["actor"] for row in audit.rows(opened) if row["action"].startswith("autopilot.")} == {autopilot.ACTOR}
+    (alert,) = alerts.listed(opened)  # a rollback waits for an operator's eye; a promotion does not
+    assert alert.source == "autopilot" and alert.message.startswith(f"the canary {bad.ref} was rolled back")
 
     left_alone = canary()
     labelled(left_alone, 5, 40)

@@ -92,6 +92,7 @@ class ApplianceApp(App[None]):
     connection: reactive[Connection] = reactive(Connection.CONNECTING)
     problem: reactive[str] = reactive("")
     answered_at: reactive[datetime | None] = reactive(None)  # when the daemon last answered: what screens show is of then
+    open_alerts: reactive[int] = reactive(0)
 
     def __init__(self, daemon: Daemon | None = None, settings: config.Settings | None = None) -> None:
         super().__init__()
@@ -140,7 +141,8 @@ class ApplianceApp(App[None]):
         while True:
             try:
                 if seq is None:
-                    seq = (await self.request("GET", "/v1/status"))["last_event"]
+                    status = await self.request("GET", "/v1/status")
+                    seq, self.open_alerts = status["last_event"], status["open_alerts"]
                 async for event in self.daemon.events(after=seq):
                     seq = event["seq"]
                     self._dispatch(event)
@@ -151,26 +153,33 @@ class ApplianceApp(App[None]):
             await asyncio.sleep(RETRY_S)
 
     def _dispatch(self, event: dict[str, Any]) -> None:
-        if event["topic"] == "job" and event["kind"] == "progress":
-            self.job_progress[event["subject"]] = event["data"]
-        elif event["topic"] == "job" and event["kind"] in ("finished", "failed", "cancelled"):
+        """Live progress, and notices of what happened; what went wrong comes as an alert, which also stays on the
+        Overview until acknowledged."""
+        topic, kind, data = event["topic"], event["kind"], event["data"]
+        if topic == "job" and kind == "progress":
+            self.job_progress[event["subject"]] = data
+        elif topic == "job" and kind in ("finished", "failed", "cancelled"):
             self.job_progress.pop(event["subject"], None)
-            error = event["data"].get("error")
-            self.notify(f"job {event['subject']} {event['kind']}" + (f": {error}" if error else ""),
-                        severity="error" if event["kind"] == "failed" else "information")
-        elif event["topic"] == "drift" and event["kind"] == "alert":
-            data = event["data"]
-            self.notify(f"drift on {data.get('version')}: {data.get('feature')} PSI {data.get('psi')}",
-                        title="drift alert", severity="warning", timeout=15)
-        elif event["topic"] == "deploy" and event["kind"].startswith("autopilot-"):
-            data, decision = event["data"], event["kind"].removeprefix("autopilot-")
-            candidate = f"{event['subject']}:{data.get('candidate')}"
-            what = {"retrain": f"retraining {event['subject']} (job {data.get('job')})",
-                    "promote": f"promoted {candidate}", "rollback": f"rolled back the canary {candidate}"}[decision]
-            self.notify(f"{what}: {data.get('reason')}", title="autopilot", timeout=15,
-                        severity="warning" if decision == "rollback" else "information")
+            if kind != "failed":
+                self.notify(f"job {event['subject']} {kind}")
+        elif topic == "alert":
+            self._count_alerts()
+            if kind == "raised":
+                self.notify(data["message"] + "\n(1: the open alerts)", title=f"alert: {data['source']}",
+                            severity="error" if data["severity"] == "error" else "warning", timeout=15)
+        elif topic == "deploy" and kind in ("autopilot-promote", "autopilot-retrain"):
+            what = (f"promoted {event['subject']}:{data.get('candidate')}" if kind == "autopilot-promote"
+                    else f"retraining {event['subject']} (job {data.get('job')})")
+            self.notify(f"{what}: {data.get('reason')}", title="autopilot", timeout=15)
         for listener in self.event_listeners:
             listener(event)
+
+    @work(exclusive=True, group="alerts", exit_on_error=False)
+    async def _count_alerts(self) -> None:
+        try:
+            self.open_alerts = (await self.request("GET", "/v1/status"))["open_alerts"]
+        except ApplianceError as exc:
+            self.report(exc)
 
     # -- the terminal's size -------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Label, Sparkline, Static
 
 from appliance.core import clock
+from appliance.core.text import counted
 
 
 class Connection(enum.Enum):
@@ -54,14 +55,15 @@ class StatusLine(Static):
     """The bottom line: how the TUI stands with the daemon; in trouble, since when the data shown is old and why."""
 
     def on_mount(self) -> None:
-        self.watch(self.app, "connection", self._show)
-        self.watch(self.app, "problem", self._show)
+        for name in ("connection", "problem", "open_alerts"):
+            self.watch(self.app, name, self._show)
 
     def _show(self, _value: object = None) -> None:
         connection, problem = self.app.connection, self.app.problem  # type: ignore[attr-defined]
-        answered = self.app.answered_at  # type: ignore[attr-defined]
+        answered, alerts = self.app.answered_at, self.app.open_alerts  # type: ignore[attr-defined]
         since = f" · showing data as of {answered:%H:%M:%S}" if connection.trouble and answered else ""
-        self.update(connection.value + since + (f"\n{problem}" if problem else ""))
+        waiting = f" · {counted(alerts, 'open alert')} (1 shows them)" if alerts else ""
+        self.update(connection.value + since + waiting + (f"\n{problem}" if problem else ""))
         self.set_class(connection.trouble, "trouble")
 
 
@@ -78,7 +80,8 @@ class Chart(Horizontal):
         yield Label("-", classes="chart-value")
 
     def show(self, values: Sequence[float], fmt: str = "{:.3f}") -> None:
-        self.query_one(Sparkline).data = list(values)
+        """The values as a line (from two on: one value alone would draw as a full bar), the last written out."""
+        self.query_one(Sparkline).data = list(values) if len(values) > 1 else []
         self.query_one(".chart-value", Label).update(fmt.format(values[-1]) if values else "-")
 
 

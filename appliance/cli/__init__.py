@@ -14,6 +14,7 @@ import sys
 import click
 
 from appliance.cli import (  # noqa: F401  registers the command groups
+    alerts,
     audit,
     backup,
     compliance,

@@ -59,6 +59,15 @@ def schema_option(model: type[BaseModel], field: str, *decls: str, **attrs: Any)
     return click.option(*decls, **attrs)
 
 
+def deployment(version: str, deployed: dict[str, str]) -> str:
+    """What operations.deploy decided for a new version, and the command that takes it further."""
+    model = version.partition(":")[0]
+    return f"{version} " + {
+        "production": "serves in production",
+        "canary": f"serves as a canary: 'appliance deploy {version}' promotes it, 'appliance rollback {model}' ends it",
+        "waits": f"is not deployed: 'appliance deploy {version}' serves it"}[deployed["how"]] + f" ({deployed['reason']})"
+
+
 # The flag of every command that can print JSON instead of lines for people; the command takes it as as_json.
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 

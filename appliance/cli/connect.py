@@ -20,7 +20,7 @@ from appliance.daemon import client
 from appliance.data import datasets, sources
 from appliance.operations import jobs, jobspec, privacy
 from appliance.registry import feedback
-from appliance.store import Store, audit
+from appliance.store import Store, alerts, audit
 
 
 class Appliance(Protocol):
@@ -37,6 +37,8 @@ class Appliance(Protocol):
     def job_logs(self, job_id: str) -> list[str]: ...
     def submit(self, spec: jobspec.Spec, priority: int) -> dict[str, Any]: ...
     def cancel(self, job_id: str) -> dict[str, Any]: ...
+    def alerts(self, *, acknowledged: bool) -> list[dict[str, Any]]: ...
+    def acknowledge(self, alert_id: int) -> dict[str, Any]: ...
     def run(self, spec: jobspec.Spec, label: str, base: Path | None = None) -> dict[str, Any]: ...
 
 
@@ -95,6 +97,12 @@ class Remote:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self.api.post(f"/v1/jobs/{job_id}/cancel")
 
+    def alerts(self, *, acknowledged: bool) -> list[dict[str, Any]]:
+        return self.api.get("/v1/alerts", all=acknowledged)
+
+    def acknowledge(self, alert_id: int) -> dict[str, Any]:
+        return self.api.post(f"/v1/alerts/{alert_id}/acknowledge")
+
     def run(self, spec: jobspec.Spec, label: str, base: Path | None = None) -> dict[str, Any]:
         """The spec as a job the daemon runs, followed to its end; a base folder goes by its name in
         train.base_models_dir (JobError for any other)."""
@@ -148,6 +156,12 @@ class Local:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return asdict(jobs.cancel(self.store, job_id))
+
+    def alerts(self, *, acknowledged: bool) -> list[dict[str, Any]]:
+        return [asdict(alert) for alert in alerts.listed(self.store, acknowledged=acknowledged)]
+
+    def acknowledge(self, alert_id: int) -> dict[str, Any]:
+        return asdict(alerts.acknowledge(self.store, alert_id, audit.default_actor()))
 
     def run(self, spec: jobspec.Spec, label: str, base: Path | None = None) -> dict[str, Any]:
         """The spec's operations here, on a progress bar; a stop (SIGTERM, Ctrl-C) checkpoints and raises Stopped.

@@ -9,6 +9,7 @@ import click
 
 from appliance.cli.base import cli, json_option, load_settings, print_json
 from appliance.core import hardware
+from appliance.core.text import counted
 
 
 @cli.command("hw")
@@ -45,7 +46,7 @@ def _show(found: hardware.Hardware, base: Path, shape: hardware.ModelShape, plan
     click.echo()
     click.echo(f"plan for {base}")
     click.echo(f"  ({shape.parameters / 1e6:.1f}M parameters, {shape.layers} layers, hidden {shape.hidden_size})")
-    click.echo(f"device    {plan.device}, {plan.precision}, {plan.threads} threads")
+    click.echo(f"device    {plan.device}, {plan.precision}, {counted(plan.threads, 'thread')}")
     click.echo(
         f"batch     {plan.effective_batch} as micro-batch {plan.micro_batch} x {plan.accumulation}"
         f" accumulation step{'s' if plan.accumulation > 1 else ''}, sequence length {plan.seq_len}"

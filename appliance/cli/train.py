@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import click
 
-from appliance import operations
-from appliance.cli.base import cli, json_option, opened_store, print_json, schema_option
+from appliance import operations, registry
+from appliance.cli.base import cli, deployment, json_option, opened_store, print_json, schema_option
 from appliance.cli.connect import connected
 from appliance.core.errors import JobError
+from appliance.core.text import counted
+from appliance.data import datasets
 from appliance.operations import jobspec
 from appliance.train import runs
 from appliance.train.params import TrainParams
@@ -38,6 +39,9 @@ from appliance.train.params import TrainParams
 @click.option("--name", "model_name", help="Register the model under this name (default: the dataset's name).")
 @click.option("--burst", is_flag=True, help="Train on the configured Ray cluster, if the dataset's residency allows.")
 @click.option("--fallback", is_flag=True, help="With --burst: train here if the burst fails.")
+@schema_option(jobspec.PipelineJob, "deploy", "--deploy", default=None,
+               help="Then optimise it and deploy it. auto: production if the model serves nothing yet, else a canary "
+                    "if it holds up against production; now; canary; never: optimise only.")
 def train(
     dataset: str | None,
     base: Path | None,
@@ -56,16 +60,19 @@ def train(
     model_name: str | None,
     burst: bool,
     fallback: bool,
+    deploy: str | None,
 ) -> None:
     """Fine-tune a base model on a dataset version, checkpointing as it goes.
 
     With a daemon running, the daemon trains it as a job (it survives this shell, and crashes); with none, it
-    trains here. Either way the run is registered as the next version of the model.
+    trains here. Either way the run is registered as the next version of the model; with --deploy it is then
+    optimised and deployed as a pipeline job would.
     """
     if (dataset is None) == (resume_run is None):
         raise click.UsageError("give either --data NAME for a new run or --resume RUN")
-    if resume_run and (burst or fallback or base):
-        raise click.UsageError("--resume continues a run as it started: it takes no --burst, --fallback or --base")
+    if resume_run and (burst or fallback or base or deploy):
+        raise click.UsageError("--resume continues a run as it started: it takes no --burst, --fallback, --base or "
+                               "--deploy (optimise and deploy the version it registers afterwards)")
     if resume_run:
         job = {"resume": resume_run, "name": model_name}
     else:
@@ -74,8 +81,9 @@ def train(
             schedule=schedule, patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
         )
         job = {"dataset": dataset, "params": params, "device": device, "name": model_name, "burst": burst or None,
-               "fallback": fallback or None}
-    spec = jobspec.TrainJob.parse({key: value for key, value in job.items() if value is not None})
+               "fallback": fallback or None, "deploy": deploy}
+    kind = jobspec.PipelineJob if deploy else jobspec.TrainJob
+    spec = kind.parse({key: value for key, value in job.items() if value is not None})
     with connected() as appliance:
         try:
             result = appliance.run(spec, "burst" if burst else "training", base=base)
@@ -85,6 +93,10 @@ def train(
             click.echo(f"run {stopped.made['run_id']} stopped and checkpointed")
             click.echo(f"  continue it with: appliance train --resume {stopped.made['run_id']}")
             sys.exit(143)
+    if deploy:
+        click.echo(f"run {result['run_id']} finished; registered and optimised as {result['version']}")
+        click.echo(f"  {deployment(result['version'], result['deployed'])}")
+        return
     if result["trained_on"]:
         click.echo(f"trained on {result['trained_on']}")
     summary = ", ".join(f"{metric} {value:.4f}" for metric, value in result["metrics"].items())
@@ -105,6 +117,10 @@ def runs_list(as_json: bool) -> None:
     """Every training run, oldest first."""
     with opened_store() as opened:
         found = runs.list_runs(opened)
+        data = {version.id: version.ref for version in datasets.list_versions(opened)}
+        made: dict[str, list[str]] = {}
+        for version in registry.list_versions(opened):
+            made.setdefault(version.run_id, []).append(version.ref)
     if as_json:
         print_json([run.__dict__ for run in found])
         return
@@ -112,7 +128,8 @@ def runs_list(as_json: bool) -> None:
         click.echo("no training runs yet; start one with 'appliance train --data NAME'")
     for run in found:
         metric = f"macro_f1 {run.metrics['macro_f1']:.4f}" if run.metrics else ""
-        click.echo(f"{run.id}  {run.created_at}  {run.status:<11} {os.path.basename(run.base_model):<20} {metric}")
+        click.echo(f"{run.id}  {run.created_at[:19]}  {run.status:<11} on {data.get(run.dataset_id, run.dataset_id[:12]):<18}"
+                   f" made {' '.join(made.get(run.id, [])) or '-':<22} {metric}")
 
 
 @runs_group.command("show")
@@ -131,7 +148,7 @@ def runs_show(run_id: str, as_json: bool) -> None:
     click.echo("params: " + ", ".join(f"{k}={v}" for k, v in run.params.items()))
     plan = run.plan
     click.echo(
-        f"plan:   {plan['device']} {plan['precision']}, {plan['threads']} threads, "
+        f"plan:   {plan['device']} {plan['precision']}, {counted(plan['threads'], 'thread')}, "
         f"micro-batch {plan['micro_batch']} x {plan['accumulation']}"
     )
     for row in history:

@@ -10,8 +10,9 @@ from typing import Any
 import click
 
 from appliance import operations
-from appliance.cli.base import cli, json_option, opened_store, print_json, schema_option
+from appliance.cli.base import cli, deployment, json_option, opened_store, print_json, schema_option
 from appliance.cli.connect import connected
+from appliance.core.text import counted
 from appliance.operations import jobspec
 from appliance.train import space, studies
 
@@ -71,13 +72,7 @@ def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base
             click.echo(f"  continue it with: appliance tune --resume {stopped.made['study']}")
             sys.exit(143)
     click.echo(f"best trial: run {result['run_id']}; registered and optimised as {result['version']}")
-    version, deployed = result["version"], result["deployed"]
-    model = version.partition(":")[0]
-    click.echo(f"  {version} " + {
-        "production": "serves in production",
-        "canary": f"serves as a canary: 'appliance deploy {version}' promotes it, 'appliance rollback {model}' ends it",
-        "waits": f"is not deployed: 'appliance deploy {version}' serves it"}[deployed["how"]]
-        + f" ({deployed['reason']})")
+    click.echo(f"  {deployment(result['version'], result['deployed'])}")
     click.echo(f"  every trial: 'appliance tune show {result['study']}'")
 
 
@@ -103,7 +98,7 @@ def tune_list() -> None:
         for record in found:
             trials = studies.trials(opened, record.id)
             best = next((t.value for t in trials if t.run_id == record.best_run_id and t.value is not None), None)
-            click.echo(f"{record.id}  {record.created_at}  {record.status:<11} {len(trials):>3} trials  "
+            click.echo(f"{record.id}  {record.created_at}  {record.status:<11} {counted(len(trials), 'trial'):>10}  "
                        f"budget {record.budget_s / 60:.0f}m" + (f"  best {record.metric} {best:.4f}" if best else ""))
 
 
@@ -111,7 +106,7 @@ def _print_study(opened: Any, search: str) -> None:
     record, ranked = studies.ranked(opened, search)
     states = [row.trial.state for row in ranked]
     click.echo(f"search {record.id}: {record.status}, {record.metric} on dataset {record.dataset_id[:12]}, "
-               f"{record.spent_s:.0f}s of {record.budget_s:.0f}s, {len(ranked)} trials "
+               f"{record.spent_s:.0f}s of {record.budget_s:.0f}s, {counted(len(ranked), 'trial')} "
                f"({states.count('pruned')} pruned, {states.count('refused')} refused)")
     names = [name for name in record.space if any(name in row.trial.params for row in ranked)]
     click.echo(f"{'rank':>4} {'trial':>5} {'state':<9} {record.metric:>8} {'epochs':>6}  "

@@ -8,7 +8,8 @@
      │    ├── TamperDetected      stored bytes or audit records were changed
      │    ├── SchemaTooNew        the database was written by a newer appliance
      │    ├── BlobNotFound        no blob with that id
-     │    └── BackupError         a backup cannot be made, fails its check, or cannot be restored now
+     │    ├── BackupError         a backup cannot be made, fails its check, or cannot be restored now
+     │    └── AlertNotFound       no alert with that id (404)
      ├── DatasetError             a dataset file is invalid, or cannot be used as asked
  │    └── DatasetNotFound     no dataset, or no version of it, by that name or id (404)
      ├── ConfinementError         a file outside the folders the daemon may read, through a link, or not plain
@@ -90,6 +91,10 @@ class BlobNotFound(StoreError):
 
 class BackupError(StoreError):
     """A backup cannot be made, fails its end-to-end check, or cannot be restored now."""
+
+
+class AlertNotFound(StoreError):
+    """No alert with that id."""
 
 
 class DatasetError(ApplianceError):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from appliance.core.errors import PlanError
+from appliance.core.text import counted
 
 if TYPE_CHECKING:
     import openvino
@@ -309,7 +310,7 @@ def plan(hardware: Hardware, request: JobRequest) -> TrainingPlan:
         micro //= 2
     accumulation = math.ceil(effective / micro)
     micro = math.ceil(effective / accumulation)  # spread evenly: 9 as 3 x 3, not 4 x 3
-    notes = [precision_note, f"{hardware.cpu.physical_cores} threads: one per physical core", budget_note]
+    notes = [precision_note, f"{counted(hardware.cpu.physical_cores, 'thread')}: one per physical core", budget_note]
     if micro < effective:
         full = estimate_peak_bytes(shape, effective, request.seq_len, precision)
         notes.append(

@@ -148,6 +148,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
                 if watchdog and worker.is_alive() and time.monotonic() - supervisor.last_tick < 60:
                     sdnotify.notify(WATCHDOG=1)
                 await asyncio.to_thread(_flush_refusals, shared)
+                control_app.state.traffic.sample()  # so the Serving screen's rates cover the last minute
                 if diverged := await asyncio.to_thread(_divergence, shared):
                     log.error("stopping: %s", diverged)
                     break

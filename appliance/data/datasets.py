@@ -32,6 +32,7 @@ from PIL import Image, UnidentifiedImageError
 
 from appliance.core import archive, clock, schema
 from appliance.core.errors import ConfinementError, DatasetError, DatasetNotFound
+from appliance.core.text import counted
 from appliance.data import sources
 from appliance.store import Store, audit, blobs
 
@@ -337,7 +338,7 @@ class _Collector:
             raise DatasetError(_report(self.source, self.problems, self.problem_count), hint=_hint(self.problem_count))
         if self._duplicates:
             self.warnings.append(
-                f"dropped {_count(len(self._duplicates), 'duplicate')} of earlier examples with the same label:"
+                f"dropped {counted(len(self._duplicates), 'duplicate')} of earlier examples with the same label:"
                 f" {_listing(self._duplicates)}"
             )
         return self.warnings
@@ -374,10 +375,6 @@ def _hint(total: int) -> str:
 def _listing(items: list[str]) -> str:
     rest = len(items) - MAX_SHOWN
     return ", ".join(items[:MAX_SHOWN]) + (f" and {rest} more" if rest > 0 else "")
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 # -- text files --------------------------------------------------------------------
@@ -448,7 +445,7 @@ def _csv_rows(
     if missing:
         raise DatasetError(
             f"{name} line {header_line}: no column {' or '.join(repr(column[:80]) for column in missing)}"
-            f" among the header's {_count(len(header), 'column')}",
+            f" among the header's {counted(len(header), 'column')}",
             hint="name the columns with --text-column and --label-column;"
             " the first line must name the columns, separated by commas",
         )
@@ -457,7 +454,7 @@ def _csv_rows(
             yield f"{name} line {start}", dict(zip(header, row))
         else:
             collector.problem(
-                f"{name} line {start}: {_count(len(row), 'field')}, but the header has {len(header)}"
+                f"{name} line {start}: {counted(len(row), 'field')}, but the header has {len(header)}"
                 " (a comma in a text that is not in double quotes?)"
             )
 
@@ -499,7 +496,7 @@ def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str], 
     """The row as an example, or the problem that stops it being one."""
     for column in columns:
         if column not in fields:
-            return f"{where}: no field {column[:80]!r} (the object has {_count(len(fields), 'field')})"
+            return f"{where}: no field {column[:80]!r} (the object has {counted(len(fields), 'field')})"
     text = _as_text(fields[columns[0]])
     label = _as_text(fields[columns[1]], numbers=True)
     if text is None or label is None:
@@ -554,7 +551,7 @@ def _read_images(source: sources.Source, collector: _Collector, progress: Progre
             hint=f"put each class's images in a subfolder named after it, e.g. {source.name}/cats/1.png",
         )
     if stray:
-        collector.warnings.append(f"ignored {_count(len(stray), 'file')} outside class folders: {_listing(stray)}")
+        collector.warnings.append(f"ignored {counted(len(stray), 'file')} outside class folders: {_listing(stray)}")
 
 
 def _image_problem(content: bytes) -> str | None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from appliance import registry
 from appliance.core.errors import ApplianceError
+from appliance.core.text import counted
 from appliance.data import datasets, sources
 from appliance.operations import burst, challenge, pipeline
 from appliance.operations.jobspec import OptimizeJob, PipelineJob, Spec, TrainJob, TuneJob, base_dir, resumed
@@ -119,7 +120,8 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
         ctx.save(run_id=engine.create(ctx.store, dataset=dataset, base_dir=base, params=spec.params,
                                       device=spec.device))
     if ctx.max_threads:
-        ctx.log(f"a model is being served: training uses at most {ctx.max_threads} threads, at lower priority")
+        ctx.log(f"a model is being served: training uses at most {counted(ctx.max_threads, 'thread')}, at lower "
+                "priority")
     result = engine.resume(ctx.store, ctx.state["run_id"], progress=progress, should_stop=ctx.should_stop,
                            max_threads=ctx.max_threads)
     if result.status == "finished":

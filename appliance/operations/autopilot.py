@@ -44,7 +44,7 @@ from appliance.data import datasets
 from appliance.operations import jobs, jobspec
 from appliance.registry import feedback
 from appliance.serve.metrics import Counts, estimate_quantile_s
-from appliance.store import Store, audit, events
+from appliance.store import Store, alerts, audit, events
 from appliance.train import runs
 from appliance.train.params import TrainParams
 
@@ -162,6 +162,10 @@ class Autopilot:
             else:
                 registry.stop_canary(store, model, actor=ACTOR)
             events.emit(store, "deploy", model, f"autopilot-{verdict.decision}", details)
+            if verdict.decision == "rollback":
+                alerts.raise_alert(store, "autopilot", model, "warning",
+                                   f"the canary {ref} was rolled back: {verdict.reason}; {model}:{production} "
+                                   "serves on")
         log.info("%s: %s (%s)", ref, "promoted" if verdict.decision == "promote" else "rolled back", verdict.reason)
 
     # -- retraining -------------------------------------------------------------------

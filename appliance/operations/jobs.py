@@ -21,7 +21,7 @@ from typing import Any
 from appliance.core import clock
 from appliance.core.errors import JobError, JobNotFound
 from appliance.operations import jobspec
-from appliance.store import Store, audit, events
+from appliance.store import Store, alerts, audit, events
 from appliance.store.db import transaction
 
 ACTIVE = ("queued", "running")
@@ -239,6 +239,9 @@ def _end(store: Store, job_id: str, owner: str, status: str, **fields: Any) -> N
         ):
             raise JobError(f"job {job_id} is no longer run by this attempt", hint="a newer attempt owns it")
         events.emit(store, "job", job_id, status, {key: value for key, value in fields.items() if value is not None})
+        if status == "failed":
+            alerts.raise_alert(store, "job", job_id, "error", f"job {job_id} ({get(store, job_id).kind}) failed: "
+                               f"{fields.get('error')}; 'appliance jobs logs {job_id}' shows its log")
 
 
 def _owned_update(store: Store, job_id: str, owner: str, assignments: str, values: tuple[Any, ...]) -> bool:

@@ -168,23 +168,29 @@ class Metrics:
 class TrafficWindow:
     """Request rates, error rates and latency quantiles over about the last `span_s` seconds.
 
-    A snapshot of the counters is kept each time someone asks, and the answer compares
-    now with the oldest snapshot still inside the span: no timer, and a dashboard
-    polling every few seconds sees a trailing minute.
+    A snapshot of the counters is kept at each sample() (the daemon takes one a second)
+    and each summary(); an answer compares now with the oldest snapshot still inside the
+    span, so it covers the trailing minute however rarely anyone asks. Until a span has
+    passed since the first snapshot, it covers the time since then, and says so.
     """
 
     def __init__(self, metrics: Metrics, span_s: float = 60.0) -> None:
         self.metrics, self.span_s = metrics, span_s
         self._snapshots: deque[tuple[float, dict[tuple[str, str], Counts]]] = deque()
 
-    def summary(self) -> tuple[float, dict[tuple[str, str], dict[str, Any]]]:
-        """(seconds covered, stats by (model, version), and by (model, "all") for all its requests, refused ones too);
-        0 seconds and rates of None on the first call."""
+    def sample(self) -> tuple[float, dict[tuple[str, str], Counts]]:
+        """Keep a snapshot of the counters now; drop those the span no longer needs. Returns the snapshot."""
         now, current = time.monotonic(), _with_totals(self.metrics.counts())
         while len(self._snapshots) > 1 and now - self._snapshots[1][0] >= self.span_s:
             self._snapshots.popleft()  # keep the newest snapshot that still covers the whole span
-        since, before = self._snapshots[0] if self._snapshots else (now, current)
         self._snapshots.append((now, current))
+        return now, current
+
+    def summary(self) -> tuple[float, dict[tuple[str, str], dict[str, Any]]]:
+        """(seconds covered, stats by (model, version), and by (model, "all") for all its requests, refused ones too);
+        0 seconds and rates of None on the first call."""
+        now, current = self.sample()
+        since, before = self._snapshots[0]
         seconds = now - since
         return seconds, {key: _stats(before.get(key, Counts.zero()), counts, seconds) for key, counts in current.items()}
 

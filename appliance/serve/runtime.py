@@ -32,7 +32,7 @@ from appliance.serve import drift
 from appliance.serve.batching import Batch, Batcher
 from appliance.serve.metrics import Metrics
 from appliance.serve.web import status_of, surrogate_at
-from appliance.store import audit, blobs, events
+from appliance.store import alerts, audit, blobs, events
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -391,10 +391,14 @@ class Runtime:
         audit.record(self._store, action, obj, actor=ACTOR, **details)
 
     def _alert_drift(self, loaded: Loaded, details: dict[str, Any]) -> None:
-        """On the record, and to whoever watches the events."""
+        """On the record, to whoever watches the events, and as an alert until an operator has seen it."""
         version = f"{loaded.model}:{loaded.version}"
         self._audit("serve.drift_alert", version, details)
         events.emit(self._store, "drift", loaded.model, "alert", {"version": version, **details})
+        alerts.raise_alert(self._store, "drift", loaded.model, "warning",
+                           f"{version}: what it is sent has drifted from what it learnt ({details['feature']} PSI "
+                           f"{details['psi']:.2f}, above {details['threshold']:g}); check the inputs, or retrain "
+                           "on recent labelled data")
 
     # -- monitoring (on OpenVINO's threads) ----------------------------------------------------
 

@@ -32,6 +32,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from appliance.core.errors import (
+    AlertNotFound,
     ApplianceError,
     AuditDiverged,
     AuthError,
@@ -55,6 +56,7 @@ from appliance.core.errors import (
 # The status of each error class; a class not named here takes the status of the nearest class above it.
 STATUS: dict[type[ApplianceError], int] = {
     ApplianceError: 400,  # the caller asked for something that cannot be done as asked
+    AlertNotFound: 404,
     JobNotFound: 404,
     RunNotFound: 404,
     StudyNotFound: 404,

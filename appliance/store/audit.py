@@ -196,25 +196,32 @@ def rows(
     since: datetime | None = None,
     actor: str | None = None,
     action: str | None = None,
+    reads: bool = True,
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Records in order, filtered; action may be a glob such as 'keys.*'."""
-    where, params = [], []
-    if since is not None:
-        where.append("ts >= ?")
-        params.append(clock.stamp(since))
-    if actor is not None:
-        where.append("actor = ?")
-        params.append(actor)
-    if action is not None:
-        where.append("action GLOB ?")
-        params.append(action)
-    sql = f"SELECT {', '.join(FIELDS)} FROM audit"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY seq DESC" + (f" LIMIT {int(limit)}" if limit is not None else "")
+    """Records in order, filtered; action may be a glob such as 'keys.*'; without reads, no `api.read` records
+    (who looked at what: many, and seldom what an operator is after)."""
+    where, params = _where(since, actor, action, reads)
+    sql = f"SELECT {', '.join(FIELDS)} FROM audit{where} ORDER BY seq DESC" + (f" LIMIT {int(limit)}" if limit else "")
     newest_first = [dict(zip(FIELDS, row)) for row in store.db.execute(sql, params)]
     return newest_first[::-1]
+
+
+def _where(since: datetime | None, actor: str | None, action: str | None, reads: bool) -> tuple[str, list[str]]:
+    """The WHERE clause (with its leading space, or empty) and parameters of rows()' and export_jsonl()'s filters."""
+    conditions, params = [], []
+    if since is not None:
+        conditions.append("ts >= ?")
+        params.append(clock.stamp(since))
+    if actor is not None:
+        conditions.append("actor = ?")
+        params.append(actor)
+    if action is not None:
+        conditions.append("action GLOB ?")
+        params.append(action)
+    if not reads:
+        conditions.append("action != 'api.read'")
+    return (" WHERE " + " AND ".join(conditions) if conditions else ""), params
 
 
 def count(store: Store, action: str) -> int:
@@ -244,9 +251,12 @@ def parse_since(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def export_jsonl(store: Store) -> Iterator[str]:
-    """Every record as one JSON line, details parsed, for archiving elsewhere."""
-    for row in store.db.execute(f"SELECT {', '.join(FIELDS)} FROM audit ORDER BY seq"):
+def export_jsonl(store: Store, *, since: datetime | None = None, actor: str | None = None,
+                 action: str | None = None, reads: bool = True) -> Iterator[str]:
+    """The records rows() would list, oldest first, each as one JSON line with its details parsed, for archiving
+    elsewhere (each line keeps its hash and MAC, so a part of the log can still be checked record by record)."""
+    where, params = _where(since, actor, action, reads)
+    for row in store.db.execute(f"SELECT {', '.join(FIELDS)} FROM audit{where} ORDER BY seq", params):
         record_ = dict(zip(FIELDS, row))
         record_["details"] = json.loads(record_["details"])
         yield json.dumps(record_, sort_keys=True)
@@ -312,10 +322,17 @@ def verify(store: Store, checkpoint_file: Path | None = None, *, head_file: bool
 
 
 def check(store: Store, checkpoint_file: Path | None = None, actor: str | None = None) -> Verification:
-    """verify(), with its outcome put on the record, so the log shows when it was last checked and by whom."""
+    """verify(), with its outcome put on the record, so the log shows when it was last checked and by whom, and
+    an alert when it fails."""
+    from appliance.store import alerts  # which records its acknowledgements here
+
     result = verify(store, checkpoint_file)
     if divergence(store) is None:  # a log that diverged from its anchor takes no record, this one neither
         record(store, "audit.verify", store.store_id, actor=actor, ok=result.ok, first_bad=result.first_bad)
+    if not result.ok:
+        alerts.raise_alert(store, "audit", store.store_id, "error",
+                           f"the audit log does not verify: {result.problem}; leave the machine as it is and "
+                           "restore the last good backup ('appliance backup list')")
     return result
 
 

@@ -371,6 +371,25 @@ def _v10_usage_accounting(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v11_alerts(db: sqlite_utils.Database) -> None:
+    """What needs an operator's eye, kept until acknowledged (store/alerts.py)."""
+    db.execute(
+        """CREATE TABLE alerts (
+            id INTEGER PRIMARY KEY,
+            source TEXT NOT NULL,            -- drift | job | autopilot | audit
+            subject TEXT NOT NULL,           -- the model, job or store it is about
+            severity TEXT NOT NULL,          -- warning | error
+            message TEXT NOT NULL,           -- the latest raise's sentence: what happened, what to do
+            raised_at TEXT NOT NULL,
+            last_at TEXT NOT NULL,
+            count INTEGER NOT NULL DEFAULT 1,    -- raises while open
+            acknowledged_at TEXT,
+            acknowledged_by TEXT
+        )"""
+    )
+    db.execute("CREATE UNIQUE INDEX alerts_open ON alerts(source, subject) WHERE acknowledged_at IS NULL")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -382,6 +401,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v8_dataset_erasure,
     _v9_feedback,
     _v10_usage_accounting,
+    _v11_alerts,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from appliance.core import config
 from appliance.operations import autopilot
 from appliance.registry import feedback
@@ -29,3 +31,18 @@ def test_a_canary_flooded_with_bad_requests_is_not_rolled_back() -> None:
     assert flooded.decision == "wait" and flooded.evidence["guards"]["error_rate"] == 0.0
     failing = autopilot.judge(nothing, nothing, POLICY, answered(100), answered(100, s503=5))
     assert failing.decision == "rollback" and "failed 4.8% of 105 requests" in failing.reason
+
+
+def test_rates_cover_the_last_minute_however_rarely_someone_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dashboard opened after a quiet hour once read a rate averaged over that hour, labelled as recent."""
+    clock = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
+    served = metrics.Metrics()
+    window = metrics.TrafficWindow(served, span_s=60)
+    assert window.summary()[0] == 0  # the first reading: nothing to compare with yet
+    for _ in range(400):  # the daemon samples each second; nobody asks
+        clock[0] += 1
+        served.request("tickets", 2, 200, 0.003)
+        window.sample()
+    seconds, stats = window.summary()
+    assert 60 <= seconds < 62 and stats[("tickets", "2")]["requests_per_s"] == pytest.approx(1.0, rel=0.03)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from appliance import registry
 from appliance.access import auth
-from appliance.store import audit, events
+from appliance.store import alerts, audit, events
 from tests.serve.conftest import Server, start_server, stop_server
 
 BILLING = "refund for the invoice charge please"
@@ -198,10 +198,11 @@ def test_traffic_unlike_the_training_data_raises_a_drift_alert(server: Server) -
         def drift_events() -> list[events.Event]:
             return [event for event in events.after(opened, 0, "tickets") if event.topic == "drift"]
 
-        server.wait(drift_events)  # written off the request path, after the audit record
-        alerts, shown = audit.rows(opened, action="serve.drift_alert"), drift_events()
-    assert alerts and alerts[-1]["object"] == "tickets:2" and alerts[-1]["actor"] == "service:serve"
+        server.wait(lambda: alerts.listed(opened))  # written off the request path, after the audit record and event
+        recorded, shown, (alert,) = audit.rows(opened, action="serve.drift_alert"), drift_events(), alerts.listed(opened)
+    assert recorded and recorded[-1]["object"] == "tickets:2" and recorded[-1]["actor"] == "service:serve"
     assert shown and shown[-1].data["version"] == "tickets:2" and shown[-1].data["psi"] > 0.2
+    assert (alert.source, alert.subject) == ("drift", "tickets") and "tickets:2: what it is sent has drifted" in alert.message
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

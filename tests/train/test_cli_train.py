@@ -67,14 +67,26 @@ def test_train_reports_progress_and_runs_can_be_listed_and_compared(imported: st
     assert "finished after" in first.stdout and "best validation" in first.stdout
     assert "samples/s" in first.stderr  # the progress bar
     second = run_cli("train", "--data", imported, "--base", str(tiny_base), "--epochs", "2", "--lr", "1e-3", check=True)
-    ids = [line.split()[0] for line in run_cli("runs", "list", check=True).stdout.splitlines()]
-    assert len(ids) == 2
+    listed = run_cli("runs", "list", check=True).stdout.splitlines()
+    ids = [line.split()[0] for line in listed]
+    assert len(ids) == 2 and "on tickets:1" in listed[0] and "made tickets:1" in listed[0]  # what, and what it made
     shown = run_cli("runs", "show", ids[0], check=True).stdout
     assert "epoch   3" in shown and "micro-batch" in shown
     compared = run_cli("runs", "compare", *ids, check=True).stdout
     assert "*p.epochs" in compared and "*p.learning_rate" in compared
     assert " p.seed" in compared  # unchanged parameters are not marked
     assert first.returncode == second.returncode == 0
+
+
+def test_train_with_deploy_optimises_and_deploys_what_it_trained(imported: str, tiny_base: Path) -> None:
+    trained = run_cli("train", "--data", imported, "--base", str(tiny_base), "--epochs", "2", "--lr", "3e-3",
+                      "--deploy", "now", check=True)
+    assert "registered and optimised as tickets:2" in trained.stdout
+    assert "tickets:2 serves in production" in trained.stdout
+    versions = {v["version"]: v for v in json.loads(run_cli("models", "list", "--json", check=True).stdout)}
+    assert versions[2]["servable"] and versions[2]["aliases"] == ["production"] and not versions[1]["servable"]
+    refused = run_cli("train", "--resume", "abc", "--deploy", "now")
+    assert refused.returncode == 2 and "takes no --burst, --fallback, --base or --deploy" in refused.stderr
 
 
 def test_train_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) -> None:

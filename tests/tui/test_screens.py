@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from textual.widgets import Log
 
+from appliance import store
+from appliance.store import alerts
 from tests.daemon import TINY, Daemon, submit
 from tests.tui.conftest import SIZE, RecordedDaemon, settle, text
 from tui.app import ApplianceApp
@@ -252,6 +254,12 @@ async def test_audit_filters_verifies_and_exports_for_the_operator_alone(served:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("6")
         await settle(pilot, lambda: rows(app, "#audit"))
+        assert "api.read" not in {row[3] for row in rows(app, "#audit").values()}  # the console's own looking
+        assert "filters: none; reads hidden (r shows them)" in text(app, "#audit-shown")
+        await pilot.press("r")
+        await settle(pilot, lambda: "api.read" in {row[3] for row in rows(app, "#audit").values()},
+                     message="r did not show who read what")
+        await pilot.press("r")
         await pilot.press("f", *"last week", "enter")
         await settle(pilot, lambda: "last week" in notices(app), message="a bad filter was not explained")
         app.screen.query_one("#since").value = ""
@@ -259,6 +267,8 @@ async def test_audit_filters_verifies_and_exports_for_the_operator_alone(served:
         await pilot.press(*"model.*", "enter")
         await settle(pilot, lambda: {row[3].split(".")[0] for row in rows(app, "#audit").values()} == {"model"},
                      message="the action filter was not applied")
+        assert "filters: action model.*" in text(app, "#audit-shown")
+        shown = len(rows(app, "#audit"))
 
         await pilot.press("v")
         await settle(pilot, lambda: app.screen.query(".verdict-title"), message="no verdict")
@@ -266,6 +276,7 @@ async def test_audit_filters_verifies_and_exports_for_the_operator_alone(served:
         await pilot.press("enter")
 
         await pilot.press("e")
+        assert app.screen.query_one("#path").value.startswith(str(Path.home()))  # not wherever the TUI started
         app.screen.query_one("#path").value = str(exported)
         await pilot.press("enter")
         await settle(pilot, lambda: exported.exists() and "exported to" in notices(app))
@@ -275,7 +286,9 @@ async def test_audit_filters_verifies_and_exports_for_the_operator_alone(served:
         await settle(pilot, lambda: "exists already" in text(app, "#problem"))
     assert stat.S_IMODE(os.stat(exported).st_mode) == 0o600
     records = [json.loads(line) for line in exported.read_text().splitlines()]
-    assert any(record["action"] == "audit.verify" for record in records)
+    assert len(records) >= shown and {record["action"].split(".")[0] for record in records} == {"model"}
+    (export,) = api(served, "/v1/audit?action=audit.export")
+    assert export["details"]["action"] == "model.*" and export["details"]["reads"] is False
 
 
 async def test_a_tampered_log_is_shown_as_tampered(daemon: Daemon) -> None:
@@ -323,6 +336,21 @@ async def test_a_terminal_too_small_is_told_so_until_it_is_large_enough(recorded
         assert not recorded_app.screen.query("#too-small") and recorded_app.current_mode == "datasets"
 
 
+async def test_an_alert_stays_on_the_overview_until_acknowledged(daemon: Daemon) -> None:
+    app = ApplianceApp(settings=daemon.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.connection is Connection.CONNECTED)
+        job_id = submit(daemon, "train", {"dataset": "no-such-dataset"})
+        await settle(pilot, lambda: f"job {job_id} (train) failed" in notices(app), message="no alert notice")
+        await settle(pilot, lambda: "1 open alert (1 shows them)" in text(app, "#status"))
+        (alert,) = await settle(pilot, lambda: rows(app, "#alerts").values())
+        assert alert[1] == f"job: {job_id}" and f"job {job_id} (train) failed" in text(app, "#alert-detail")
+        await pilot.press("a")
+        await settle(pilot, lambda: not rows(app, "#alerts"), message="the acknowledged alert stayed")
+        await settle(pilot, lambda: text(app, "#status") == "connected")
+    assert api(daemon, "/v1/alerts") == [] and api(daemon, "/v1/alerts?all=true")[0]["acknowledged_by"]
+
+
 async def test_a_refused_token_is_said_plainly(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("APPLIANCE_TOKEN", "not-a-token")
     app = ApplianceApp(settings=daemon.settings)
@@ -344,6 +372,9 @@ NESTED = {"GET /v1/serving": lambda answer: answer["models"][0]["versions"][0],
 def test_the_recording_for_snapshots_has_the_keys_of_the_live_api(served: Daemon) -> None:
     recorded = RecordedDaemon().answers
     live_job = next(job for job in api(served, "/v1/jobs") if job["status"] == "finished" and job["kind"] == "pipeline")
+    if not api(served, "/v1/alerts"):  # a list's keys are those of its first item: the live one needs one
+        with store.open(served.settings) as opened:
+            alerts.raise_alert(opened, "drift", "tickets", "warning", "tickets:1: drifted")
     with served.api() as http:
         for key, answer in recorded.items():
             if key == "events":

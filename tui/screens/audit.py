@@ -25,35 +25,51 @@ SHOWN = 500  # the newest records that match; a filter narrows them down
 class AuditScreen(ApplianceScreen):
     NAME = "audit"
     TITLE = "Audit"
-    HELP = ("Every change the appliance made, who made it and whether it worked, newest last. Filter by age (30m, "
-            "12h, 7d or a date), actor (user:alice) and action (globs work: model.*), then Enter. v verifies the "
-            "whole hash chain and its signed head, and says plainly whether anything was changed; e exports the "
-            "log as JSON lines (admin only).")
+    HELP = ("Every change the appliance made, who made it and whether it worked, newest first. f goes to the "
+            "filters: age (30m, 12h, 7d or a date), actor (user:alice) and action (globs work: model.*), then Enter. "
+            "Who read what (api.read) is hidden until r shows it. v verifies the whole hash chain and its signed head, "
+            "and says plainly whether anything was changed; e exports the records shown, filters and all, as JSON "
+            "lines (admin only).")
     REFRESH_S: ClassVar[float] = 5.0
     BINDINGS: ClassVar = [Binding("v", "verify", "Verify chain"), Binding("e", "export", "Export"),
-                          Binding("f", "filter", "Filter"), Binding("escape", "leave_filters", show=False)]
+                          Binding("f", "filter", "Filter"), Binding("r", "reads", "Reads"),
+                          Binding("escape", "leave_filters", show=False)]
     AUTO_FOCUS = "#audit"
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="audit-filters"):
-            yield Input(placeholder="since: 7d", id="since")
-            yield Input(placeholder="actor: user:alice", id="actor")
-            yield Input(placeholder="action: model.*", id="action")
+            yield Input(placeholder="since, e.g. 7d", id="since")
+            yield Input(placeholder="actor, e.g. user:alice", id="actor")
+            yield Input(placeholder="action, e.g. model.*", id="action")
+        yield Static("", id="audit-shown", markup=False)
         yield Table("seq", "time", "actor", "action", "outcome", "object", id="audit")
         yield Static("", id="audit-detail", classes="detail", markup=False)
 
     def on_mount(self) -> None:
         super().on_mount()
         self._records: dict[str, dict[str, Any]] = {}
+        self._reads = False  # api.read records: who looked at what, shown on r
+
+    def _filters(self) -> dict[str, Any]:
+        """What the list shows, as /v1/audit and its export take it."""
+        typed = {name: value for name in ("since", "actor", "action")
+                 if (value := self.query_one(f"#{name}", Input).value.strip())}
+        return {**typed, "reads": self._reads}
 
     async def load(self) -> None:
-        filters = {name: self.query_one(f"#{name}", Input).value.strip() or None for name in ("since", "actor",
-                                                                                               "action")}
+        filters = self._filters()
         found = await self.app.request("GET", "/v1/audit", limit=SHOWN, **filters)
         self._records = {str(record["seq"]): record for record in found}
-        self.query_one(Table).fill(
-            (str(r["seq"]), (r["seq"], ago(r["ts"]), r["actor"], r["action"], r["outcome"], r["object"]))
-            for r in reversed(found))
+        table = self.query_one(Table)
+        following = table.selected is None or table.cursor_row == 0  # on the newest: stay on the newest
+        table.fill((str(r["seq"]), (r["seq"], ago(r["ts"]), r["actor"], r["action"], r["outcome"], r["object"]))
+                   for r in reversed(found))
+        if following and found:
+            table.select(str(found[-1]["seq"]))
+        typed = ", ".join(f"{name} {value}" for name, value in filters.items() if name != "reads") or "none"
+        self.query_one("#audit-shown", Static).update(
+            f"newest first: {len(found)}{'' if len(found) < SHOWN else ' newest'} records; filters: {typed}; "
+            + ("reads shown (r hides them)" if self._reads else "reads hidden (r shows them)"))
         if not found:
             self.query_one("#audit-detail", Static).update("no records match these filters")
 
@@ -76,6 +92,10 @@ class AuditScreen(ApplianceScreen):
     def action_leave_filters(self) -> None:
         self.query_one(Table).focus()
 
+    def action_reads(self) -> None:
+        self._reads = not self._reads
+        self.reload()
+
     @work(exclusive=True, group="verify", exit_on_error=False)
     async def action_verify(self) -> None:
         self.notify("verifying every record of the chain…", title="audit")
@@ -92,7 +112,7 @@ class AuditScreen(ApplianceScreen):
             if path is not None:
                 self.notify(f"audit log exported to {path}", title="audit")
 
-        self.app.push_screen(ExportDialog(), exported)
+        self.app.push_screen(ExportDialog(self._filters()), exported)
 
 
 class VerificationResult(Dialog[None]):
@@ -123,13 +143,19 @@ class VerificationResult(Dialog[None]):
 
 
 class ExportDialog(FormDialog[str]):
-    """Where to write the export; an existing file is never overwritten, and the file is the operator's alone."""
+    """Where to write the records the list shows (its filters too); an existing file is never overwritten, and the
+    file is the operator's alone. The default is in the home folder, not wherever the TUI was started."""
 
-    def __init__(self) -> None:
+    def __init__(self, filters: dict[str, Any]) -> None:
         super().__init__("Export the audit log (JSON lines)", "Export")
+        self.filters = filters
 
     def compose_fields(self) -> ComposeResult:
-        yield fields(("File", Input(f"audit-{datetime.now():%Y%m%d-%H%M%S}.jsonl", id="path")))
+        typed = ", ".join(f"{name} {value}" for name, value in self.filters.items() if name != "reads")
+        yield Label(f"Records: {'those filtered by ' + typed if typed else 'all'}"
+                    + ("" if self.filters["reads"] else ", without reads (api.read)"))
+        default = Path.home() / f"audit-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
+        yield fields(("File", Input(str(default), id="path")))
 
     @work(exclusive=True, exit_on_error=False)
     async def submit(self) -> None:
@@ -138,7 +164,7 @@ class ExportDialog(FormDialog[str]):
             self.show_problem(f"{path} exists already; choose another name")
             return
         try:
-            text = await self.app.request("GET", "/v1/audit/export")
+            text = await self.app.request("GET", "/v1/audit/export", **self.filters)
         except ApplianceError as exc:
             self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
             return

@@ -109,6 +109,7 @@ class JobsScreen(ApplianceScreen):
         if job is None:
             return
         report = self.app.job_progress.get(job["id"]) if job["status"] == "running" else None
+        bar.display = job["status"] not in ("failed", "cancelled")  # where it stopped is in the log, not a 0%
         if job["status"] == "finished":
             bar.update(total=1, progress=1)
             step.update("finished")

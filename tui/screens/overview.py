@@ -1,46 +1,83 @@
-"""The overview: what this box is, what it would do with a job, and how it is doing now."""
+"""The overview: what this box is, what it would do with a job, how it is doing now, and what needs an eye."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from textual import on, work
 from textual.app import ComposeResult
-from textual.containers import Grid
-from textual.widgets import Static
+from textual.binding import Binding
+from textual.containers import Grid, Vertical
+from textual.widgets import DataTable, Static
 
+from appliance.core.errors import ApplianceError
 from appliance.core.hardware import format_bytes
+from appliance.core.text import counted
 from tui.screens.base import ApplianceScreen
-from tui.widgets import ago, duration, meter, percent
+from tui.widgets import Table, ago, duration, meter, percent
 
 
 class OverviewScreen(ApplianceScreen):
     NAME = "overview"
     TITLE = "Overview"
-    HELP = ("The box at a glance: its hardware and the training plan it implies, the daemon and how busy the "
-            "machine is, the running job, the served models, and when the audit log was last verified.")
+    HELP = ("The box at a glance: its hardware and the training plan it implies, the daemon, its jobs and how busy "
+            "the machine is, the open alerts (drift, failed jobs, rolled-back canaries, an audit log that does not "
+            "verify; a acknowledges the highlighted one), the served models, and when the audit log was last "
+            "verified.")
     REFRESH_S: ClassVar[float] = 2.0
+    BINDINGS: ClassVar = [Binding("a", "acknowledge", "Acknowledge alert")]
 
     def compose_body(self) -> ComposeResult:
         with Grid(id="overview"):
             yield Static("asking the daemon…", id="hardware", classes="panel", markup=False)
             yield Static("", id="service", classes="panel", markup=False)
-            yield Static("", id="work", classes="panel", markup=False)
+            with Vertical(id="alerts-panel", classes="panel"):
+                yield Table("when", "alert", id="alerts")
+                yield Static("", id="alert-detail", markup=False)
             yield Static("", id="served", classes="panel", markup=False)
 
     def on_mount(self) -> None:
         super().on_mount()
-        for panel, title in (("hardware", "Hardware and plan"), ("service", "Service"), ("work", "Jobs"),
-                             ("served", "Served models and audit")):
+        self._alerts: dict[str, dict[str, Any]] = {}
+        for panel, title in (("hardware", "Hardware and plan"), ("service", "Service and jobs"),
+                             ("alerts-panel", "Alerts"), ("served", "Served models and audit")):
             self.query_one(f"#{panel}").border_title = title
 
     async def load(self) -> None:
         status = await self.app.request("GET", "/v1/status")
-        self.query_one("#service", Static).update(_service(status))
-        self.query_one("#work", Static).update(_work(status, self.app.job_progress))
+        self.query_one("#service", Static).update(_service(status) + "\n" + _work(status, self.app.job_progress))
+        found = await self.app.request("GET", "/v1/alerts")
+        self._alerts = {str(alert["id"]): alert for alert in found}
+        self.query_one("#alerts", Table).fill(
+            (key, (ago(alert["last_at"]), f"{alert['source']}: {alert['subject']}")) for key, alert in self._alerts.items())
+        self.query_one("#alerts-panel").border_title = f"Alerts ({len(found)} open)" if found else "Alerts"
+        self._show_alert()
         serving = await self.app.request("GET", "/v1/serving")
         self.query_one("#served", Static).update(_served(serving) + "\n" + _audit(status.get("audit_check")))
         hardware = await self.app.request("GET", "/v1/hardware")  # the daemon asks once, then remembers
         self.query_one("#hardware", Static).update(_hardware(hardware))
+
+    @on(DataTable.RowHighlighted, "#alerts")
+    def _show_alert(self) -> None:
+        alert = self._alerts.get(self.query_one("#alerts", Table).selected or "")
+        self.query_one("#alert-detail", Static).update(
+            "none open: drift, failed jobs and rolled-back canaries show here until acknowledged" if alert is None
+            else f"{alert['severity'].upper()}: {alert['message']}"
+                 + (f" ({alert['count']} times)" if alert["count"] > 1 else ""))
+
+    def action_acknowledge(self) -> None:
+        key = self.query_one("#alerts", Table).selected
+        if key is not None:
+            self._acknowledge(int(key))
+
+    @work(exit_on_error=False)
+    async def _acknowledge(self, alert_id: int) -> None:
+        try:
+            await self.app.request("POST", f"/v1/alerts/{alert_id}/acknowledge")
+        except ApplianceError as exc:
+            self.app.report(exc)
+            return
+        self.reload()
 
 
 def _hardware(report: dict[str, Any]) -> str:
@@ -52,12 +89,12 @@ def _hardware(report: dict[str, Any]) -> str:
                                             if plan["accumulation"] > 1 else "")
     return "\n".join([
         f"CPU   {cpu['model']}",
-        f"      {cpu['physical_cores']} cores, {cpu['logical_cores']} threads; {' '.join(cpu['flags']) or 'no AVX2'}",
+        f"      {counted(cpu['physical_cores'], 'core')}, {counted(cpu['logical_cores'], 'thread')}; {' '.join(cpu['flags']) or 'no AVX2'}",
         f"RAM   {format_bytes(found['ram_total_bytes'])}",
         f"GPU   {gpus}",
         f"OpenVINO  {devices}",
         f"Plan for {model['parameters'] / 1e6:.1f}M-parameter {model['path'].rstrip('/').rsplit('/', 1)[-1]}:",
-        f"      {plan['device']}, {plan['precision']}, {plan['threads']} threads, batch {batch}",
+        f"      {plan['device']}, {plan['precision']}, {counted(plan['threads'], 'thread')}, batch {batch}",
         f"      memory ~{format_bytes(plan['estimated_peak_bytes'])} of {format_bytes(plan['budget_bytes'])}",
     ])
 
@@ -82,21 +119,19 @@ def _service(status: dict[str, Any]) -> str:
 def _work(status: dict[str, Any], progress: dict[str, dict[str, Any]]) -> str:
     counts = status["jobs"]
     running = status.get("running_job")
-    lines = []
     if running:
-        lines.append(f"running  {running['id']} ({running['kind']})"
-                     + (f", stopping: {running['stopping']}" if running.get("stopping") else ""))
+        lines = [f"job  {running['id']} ({running['kind']})"
+                 + (f", stopping: {running['stopping']}" if running.get("stopping") else "")]
         report = progress.get(running["id"])
         if report and report.get("total_steps"):
             share = report["step"] / report["total_steps"]
-            lines.append(f"         {report.get('stage', '')} {meter(share)} {percent(share)}"
+            lines.append(f"     {report.get('stage', '')} {meter(share)} {percent(share)}"
                          + (f" eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""))
     else:
-        lines.append("running  nothing" + (f" (jobs wait: {status['jobs_wait_for']})" if status.get("jobs_wait_for")
-                                             else ""))
-    lines.append("queued   " + str(counts.get("queued", 0)))
-    lines.append(", ".join(f"{counts.get(state, 0)} {state}" for state in ("finished", "failed", "cancelled")))
-    lines.append("3 shows the jobs; n there starts one")
+        lines = ["job  none running" + (f" (they wait: {status['jobs_wait_for']})" if status.get("jobs_wait_for")
+                                        else "")]
+    lines.append(f"     {counts.get('queued', 0)} queued, {counts.get('finished', 0)} finished, "
+                 f"{counts.get('failed', 0)} failed")
     return "\n".join(lines)
 
 

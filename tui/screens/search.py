@@ -15,6 +15,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Label, Static
 
 from appliance.core.errors import ApplianceError
+from appliance.core.text import counted
 from tui.screens.dialogs import Dialog
 from tui.widgets import Chart, Table, duration, meter
 
@@ -85,7 +86,7 @@ class SearchDialog(Dialog[None]):
 def _summary(study: dict[str, Any]) -> str:
     states = [trial["state"] for trial in study["trials"]]
     return (f"{study['status']}, {study['metric']}, {duration(study['spent_s'])} of "
-            f"{duration(study['budget_s'])}: {len(states)} trials, {states.count('pruned')} pruned, "
+            f"{duration(study['budget_s'])}: {counted(len(states), 'trial')}, {states.count('pruned')} pruned, "
             f"{states.count('refused')} refused")
 
 

@@ -27,7 +27,19 @@ from fastapi.responses import JSONResponse
 
 from appliance.core import system
 from appliance.core.errors import BadRequest
-from appliance.daemon.api import audit, datasets, events, health, jobs, models, privacy, serving, usage, users
+from appliance.daemon.api import (
+    alerts,
+    audit,
+    datasets,
+    events,
+    health,
+    jobs,
+    models,
+    privacy,
+    serving,
+    usage,
+    users,
+)
 from appliance.daemon.api.deps import SharedStore
 from appliance.serve.metrics import Metrics, TrafficWindow
 from appliance.serve.runtime import Runtime
@@ -35,13 +47,13 @@ from appliance.serve.web import EXCEPTION_HANDLERS, BodyLimit, document_errors, 
 
 MAX_JSON_BYTES = 1 << 20  # every body but a dataset upload
 UPLOAD_BODY_TIMEOUT_S = 3600.0  # a dataset of daemon.max_upload_mb may take a while to arrive; heads are as quick
-_ROUTERS = (health.router, events.router, jobs.router, datasets.router, models.router, serving.router, audit.router,
-            users.router, usage.router, privacy.router)
+_ROUTERS = (health.router, events.router, jobs.router, datasets.router, models.router, serving.router, alerts.router,
+            audit.router, users.router, usage.router, privacy.router)
 _ERRORS = error_answers({
     400: "the request is not valid: what, where and how to fix it",
     401: "no user token, or one that is unknown or revoked",
     403: "the user's role may not do this",
-    404: "no such job, run, search, dataset or model",
+    404: "no such job, run, search, dataset, model or alert",
     413: "the body is over its limit",
     503: "the daemon cannot do this now (no inference server, the audit log diverged)",
 })

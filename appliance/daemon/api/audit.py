@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse
 
+from appliance.core import clock
 from appliance.daemon.api import deps  # deps.actor: the routes' own `actor` is a query parameter
 from appliance.daemon.api.deps import Admin, Shared, Since, Viewer
 from appliance.store import audit
@@ -23,11 +24,11 @@ class JsonLines(PlainTextResponse):
 @router.get("/v1/audit")
 def audit_records(
     _user: Viewer, shared: Shared, since: Since, actor: str | None = None, action: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    reads: bool = True, limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
 ) -> list[dict[str, Any]]:
-    """Records, oldest first (the newest `limit`); action a glob such as 'keys.*'."""
+    """Records, oldest first (the newest `limit`); action a glob such as 'keys.*'; reads=false leaves out api.read."""
     with shared.use() as store:
-        found = audit.rows(store, since=since, actor=actor or None, action=action or None, limit=limit)
+        found = audit.rows(store, since=since, actor=actor or None, action=action or None, reads=reads, limit=limit)
     return [{**row, "details": json.loads(row["details"])} for row in found]
 
 
@@ -39,9 +40,14 @@ def verify_audit(user: Viewer, shared: Shared) -> dict[str, Any]:
 
 
 @router.get("/v1/audit/export", response_class=JsonLines)
-def export_audit(user: Admin, shared: Shared) -> JsonLines:
-    """Every record as JSON lines, for archiving elsewhere; the export is recorded."""
+def export_audit(user: Admin, shared: Shared, since: Since, actor: str | None = None, action: str | None = None,
+                 reads: bool = True) -> JsonLines:
+    """The records /v1/audit would list with these filters (all of them by default), oldest first, as JSON lines
+    for archiving elsewhere; the export and its filters are recorded."""
+    selected = {"since": since, "actor": actor or None, "action": action or None, "reads": reads}
     with shared.use() as store:
-        lines = list(audit.export_jsonl(store))
-        audit.record(store, "audit.export", "api", actor=deps.actor(user), format="jsonl", records=len(lines))
+        lines = list(audit.export_jsonl(store, **selected))
+        filters = {**selected, "since": since and clock.stamp(since)}
+        audit.record(store, "audit.export", "api", actor=deps.actor(user), format="jsonl", records=len(lines),
+                     **{name: value for name, value in filters.items() if value not in (None, True)})
     return JsonLines("".join(line + "\n" for line in lines))

@@ -16,7 +16,7 @@ from appliance.core import config, system
 from appliance.core.errors import DaemonError
 from appliance.daemon.api.deps import Settings, Shared, Viewer
 from appliance.operations import jobs
-from appliance.store import audit, events
+from appliance.store import alerts, audit, events
 
 HARDWARE_TIMEOUT_S = 120.0
 
@@ -37,15 +37,16 @@ def openapi(request: Request, _user: Viewer) -> JSONResponse:
 
 @router.get("/v1/status")
 def daemon_status(request: Request, _user: Viewer, shared: Shared, settings: Settings) -> dict[str, Any]:
-    """The daemon, its jobs, how busy the box is, whether serving is ready, the last audit check."""
+    """The daemon, its jobs, how busy the box is, whether serving is ready, the last audit check, open alerts."""
     with shared.use() as store:
         counts = jobs.counts(store)
         checked = audit.last_check(store)
         last_event = events.last_seq(store)
+        open_alerts = alerts.open_count(store)
     runtime = request.app.state.runtime
     return {**request.app.state.status(), "version": metadata.version("appliance"), "jobs": counts,
             "last_event": last_event, "load": asdict(system.load(settings.state_dir)),
-            "serving_ready": bool(runtime and runtime.ready), "audit_check": checked}
+            "serving_ready": bool(runtime and runtime.ready), "audit_check": checked, "open_alerts": open_alerts}
 
 
 @router.get("/v1/hardware")
