@@ -9,11 +9,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Label, Sparkline, Static
+from textual.widgets import DataTable, Input, Label, Sparkline, Static
 
 from appliance.core import clock
 from appliance.core.text import counted
@@ -86,26 +87,51 @@ class Chart(Horizontal):
 
 
 class Table(DataTable):
-    """A table refilled from fresh rows on every reload: the cursor stays on its row, and unchanged rows cost nothing."""
+    """A table refilled from fresh rows on every reload: the cursor stays on its row, and unchanged rows cost nothing.
+
+    What it shows can be narrowed to the rows holding some text (narrow()) and ordered by a column (sort_next());
+    both hold across reloads. Numbers sort as numbers ("9" before "10", "5%" before "40%").
+    """
 
     def __init__(self, *columns: str, id: str, cursor: bool = True) -> None:
         super().__init__(id=id, cursor_type="row" if cursor else "none", zebra_stripes=cursor)
         self._column_titles = columns
-        self._filled: list[tuple[str, tuple[str, ...]]] = []
+        self._given: list[tuple[str, tuple[str, ...]]] = []  # every row of the last fill, in its order
+        self._filled: list[tuple[str, tuple[str, ...]]] = []  # the rows shown
+        self.needle = ""
+        self.sort_column: int | None = None  # None: the order the rows came in
 
     def on_mount(self) -> None:
         self.add_columns(*self._column_titles)
 
     def fill(self, rows: Iterable[tuple[str, Sequence[Any]]]) -> None:
-        """Show these rows, each (key, cells), in order."""
-        fresh = [(key, tuple(str(cell) for cell in cells)) for key, cells in rows]
-        if fresh == self._filled:
+        """Show these rows, each (key, cells), in order (narrowed and sorted as asked)."""
+        self._given = [(key, tuple(str(cell) for cell in cells)) for key, cells in rows]
+        self._show()
+
+    def narrow(self, needle: str) -> None:
+        """Show only the rows with this text in a cell (any case); empty: every row."""
+        self.needle = needle.strip().lower()
+        self._show()
+
+    def sort_next(self) -> str:
+        """Order by the next column, and after the last one as the rows came; the order now, in words."""
+        following = 0 if self.sort_column is None else self.sort_column + 1
+        self.sort_column = following if following < len(self._column_titles) else None
+        self._show()
+        return "as listed" if self.sort_column is None else f"by {self._column_titles[self.sort_column]}"
+
+    def _show(self) -> None:
+        shown = [row for row in self._given if not self.needle or any(self.needle in cell.lower() for cell in row[1])]
+        if self.sort_column is not None:
+            shown.sort(key=lambda row: _ordinal(row[1][self.sort_column]))  # type: ignore[index]
+        if shown == self._filled:
             return
         selected = self.selected
         self.clear()
-        for key, cells in fresh:
+        for key, cells in shown:
             self.add_row(*cells, key=key)
-        self._filled = fresh
+        self._filled = shown
         if selected is not None:
             self.select(selected)
 
@@ -122,6 +148,30 @@ class Table(DataTable):
         if not self.row_count:
             return None
         return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+
+
+def _ordinal(cell: str) -> tuple[int, float, str]:
+    """A cell's place in an ascending order: numbers (a unit after them ignored) first, by value; then text."""
+    number = cell.split(" ")[0].rstrip("%sx")
+    try:
+        return (0, float(number), "")
+    except ValueError:
+        return (1, 0.0, cell.lower())
+
+
+class FindBar(Input):
+    """The `/` line under a screen's list: what is typed narrows the list at once; Enter keeps it, Esc clears it."""
+
+    BINDINGS: ClassVar = [Binding("escape", "clear", "Clear", show=False)]
+
+    def __init__(self) -> None:
+        super().__init__(placeholder="find: type to narrow the list; Enter keeps it, Esc clears it", id="find")
+        self.display = False
+
+    def action_clear(self) -> None:
+        self.value = ""
+        self.display = False
+        self.screen.focus_next()
 
 
 def meter(share: float | None, width: int = 10) -> str:

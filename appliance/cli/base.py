@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ import click
 from pydantic import BaseModel
 
 from appliance import store
-from appliance.core import config, schema
+from appliance.core import config, logs, schema
 from appliance.core.errors import KeyMissing
 from appliance.daemon import client
 
@@ -66,6 +67,17 @@ def deployment(version: str, deployed: dict[str, str]) -> str:
         "production": "serves in production",
         "canary": f"serves as a canary: 'appliance deploy {version}' promotes it, 'appliance rollback {model}' ends it",
         "waits": f"is not deployed: 'appliance deploy {version}' serves it"}[deployed["how"]] + f" ({deployed['reason']})"
+
+
+# The flag of the commands that run a service; the command takes it as log_format and calls log_as_service().
+log_format_option = click.option("--log-format", type=click.Choice(logs.FORMATS), default="text", show_default=True,
+                                 help="text: journald-friendly lines; json: one object per line.")
+
+
+def log_as_service(log_format: str) -> None:
+    """Log as a service does, for journald, from INFO (the access log's lines too), not as a command at a terminal."""
+    logging.getLogger().handlers.clear()  # main() set up terminal logging
+    logs.setup(log_format)
 
 
 # The flag of every command that can print JSON instead of lines for people; the command takes it as as_json.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -10,22 +9,19 @@ from pathlib import Path
 
 import click
 
-from appliance.cli.base import cli, load_settings
-from appliance.core import logs
+from appliance.cli.base import cli, load_settings, log_as_service, log_format_option
 from appliance.core.config import Settings
 from appliance.core.errors import DaemonError
 from appliance.daemon import client
 
 
 @cli.command("daemon")
-@click.option("--log-format", type=click.Choice(logs.FORMATS), default="text", show_default=True,
-              help="text: journald-friendly lines; json: one object per line.")
+@log_format_option
 def daemon(log_format: str) -> None:
     """Run the service: control API, inference server and job worker, until SIGTERM."""
     from appliance.daemon import service
 
-    logging.getLogger().handlers.clear()  # main() set up terminal logging; a service logs for journald instead
-    logs.setup(log_format)
+    log_as_service(log_format)
     service.run(load_settings(), os.environ.get("APPLIANCE_PASSPHRASE"))
 
 

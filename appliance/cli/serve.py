@@ -8,15 +8,25 @@ import os
 import click
 
 from appliance import registry
-from appliance.cli.base import cli, json_option, load_settings, opened_store, print_json
+from appliance.cli.base import (
+    cli,
+    json_option,
+    load_settings,
+    log_as_service,
+    log_format_option,
+    opened_store,
+    print_json,
+)
 from appliance.cli.connect import connected
 
 
 @cli.command("serve")
 @click.option("--host", help="Address to listen on (default: serve.host, 127.0.0.1).")
 @click.option("--port", type=click.IntRange(1, 65535), help="Port (default: serve.port, 8080).")
-def serve(host: str | None, port: int | None) -> None:
-    """Run the inference server in the foreground; deploys and rollbacks take effect while it runs."""
+@log_format_option
+def serve(host: str | None, port: int | None, log_format: str) -> None:
+    """Run the inference server in the foreground; deploys and rollbacks take effect while it runs. It logs a line
+    per request (serve.access_log) to stderr."""
     import uvicorn
 
     from appliance.serve.app import server_config
@@ -30,6 +40,7 @@ def serve(host: str | None, port: int | None) -> None:
     settings = dataclasses.replace(settings, serve=serve_settings)
     runtime = Runtime(settings, Metrics(), os.environ.get("APPLIANCE_PASSPHRASE"))
     click.echo(f"serving on {settings.inference_url} (Ctrl-C stops)", err=True)
+    log_as_service(log_format)
     uvicorn.Server(server_config(settings, runtime)).run()
 
 

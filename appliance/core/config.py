@@ -61,6 +61,7 @@ class ServeSettings:
     drift_threshold: float = 0.2  # PSI above this raises an alert
     keep_predictions_days: float = 30.0  # answered texts (sealed) wait this long for a true label; 0: none kept
     keep_predictions_mb: float = 1024.0  # and per model at most this much of them; the oldest go first
+    access_log: bool = True  # a line per request: key id, model:version, status, time; never the texts
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from appliance.core.config import ServeSettings, Settings
 from appliance.core.errors import ApplianceError, Forbidden, RequestTimeout
 from appliance.serve import grpc_api, oip, tls
 from appliance.serve import metrics as serve_metrics
+from appliance.serve.access import AccessLog
 from appliance.serve.rates import KeyRates
 from appliance.serve.runtime import Answer, Runtime
 from appliance.serve.web import (
@@ -202,6 +203,8 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
                   exception_handlers={kind: _counted(handler) for kind, handler in EXCEPTION_HANDLERS.items()})
     app.add_middleware(BodyLimit, limit=lambda _scope: settings.serve.max_body_bytes,
                        hint="send fewer or shorter texts per request")
+    if settings.serve.access_log:
+        app.add_middleware(AccessLog)  # outermost: a refusal of the body's size gets its line too
     metrics = runtime.metrics
     rates = KeyRates(settings.serve.rate_limit_per_s, settings.serve.rate_limit_burst)
 

@@ -27,8 +27,8 @@ from google.protobuf.message import Message
 from appliance.access import auth
 from appliance.core.config import Settings
 from appliance.core.errors import ApplianceError, BadRequest
+from appliance.serve import access, oip, tls
 from appliance.serve import metrics as serve_metrics
-from appliance.serve import oip, tls
 from appliance.serve.rates import KeyRates
 from appliance.serve.runtime import Runtime
 from appliance.serve.web import status_of
@@ -172,13 +172,38 @@ def _answered(call: Call, runtime: Runtime) -> Call:
     return answer
 
 
+def _logged(name: str, call: Call) -> Call:
+    """The call with its access log line, which names the status code the call ended with."""
+
+    async def answer(request: Message, context: grpc.aio.ServicerContext) -> Message:
+        with access.request("grpc", name) as entry:
+            try:
+                return await call(request, context)
+            finally:
+                entry.status = _code_name(context.code())
+
+    return answer
+
+
+def _code_name(code: object) -> str:
+    """The name of the status a call ended with: the context gives a StatusCode, its number, or none for OK."""
+    for known in grpc.StatusCode:
+        if code in (known, known.value[0]):
+            return known.name
+    return "OK"
+
+
 def handlers(service: Service, runtime: Runtime) -> grpc.GenericRpcHandler:
     calls = {"ServerLive": service.server_live, "ServerReady": service.server_ready,
              "ServerMetadata": service.server_metadata, "ModelReady": service.model_ready,
              "ModelMetadata": service.model_metadata, "ModelInfer": service.model_infer}
+    def wrapped(name: str, call: Call) -> Call:
+        answered = _answered(call, runtime)
+        return _logged(name, answered) if runtime.settings.serve.access_log else answered
+
     return grpc.method_handlers_generic_handler(SERVICE, {
         name: grpc.unary_unary_rpc_method_handler(
-            _answered(call, runtime), request_deserializer=M[f"{name}Request"].FromString,
+            wrapped(name, call), request_deserializer=M[f"{name}Request"].FromString,
             response_serializer=M[f"{name}Response"].SerializeToString)
         for name, call in calls.items()})
 

@@ -28,7 +28,7 @@ from appliance.access import auth
 from appliance.core.config import Settings
 from appliance.core.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, PayloadTooLarge, ServeError
 from appliance.registry import feedback, usage
-from appliance.serve import drift
+from appliance.serve import access, drift
 from appliance.serve.batching import Batch, Batcher
 from appliance.serve.metrics import Metrics
 from appliance.serve.web import status_of, surrogate_at
@@ -167,6 +167,7 @@ class Runtime:
         """
         check_texts(texts, self.settings.serve.max_instances, self.settings.serve.max_text_chars)
         loaded = self.route(model, allowed).pick() if version is None else self.serving(model, version, allowed)
+        access.note(model=f"{model}:{loaded.version}")
         started = time.perf_counter()
         try:
             inferred = await loaded.batcher.infer(texts)
@@ -249,7 +250,9 @@ class Runtime:
             raise ServeError(f"serving stopped: {self.diverged}", hint=audit.REWIND_HINT)
         if self._verifier is None:
             raise auth.Unauthenticated("the server has not read its API keys yet")
-        return self._verifier.verify(token, model)
+        key = self._verifier.verify(token, model)
+        access.note(key=key.id)
+        return key
 
     # -- keeping up with the registry ----------------------------------------------------------
 

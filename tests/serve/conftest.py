@@ -75,6 +75,10 @@ class Server:
     url: str
     process: subprocess.Popen[str]
     state: State
+    log: Path  # its stderr: a file, not a pipe, which its access log would fill and stall
+
+    def logged(self) -> str:
+        return self.log.read_text()
 
     def client(self, token: str | None = "default", **options: object) -> httpx.Client:
         headers = {"X-API-Key": self.state.token if token == "default" else token} if token else {}
@@ -96,14 +100,16 @@ def start_server(state: State, **settings: str) -> Server:
         port = probe.getsockname()[1]
     env = state.env | {"APPLIANCE_SERVE_PORT": str(port), "APPLIANCE_SERVE_POLL_S": "0.2"}
     env |= {f"APPLIANCE_SERVE_{name.upper()}": value for name, value in settings.items()}
-    process = subprocess.Popen([sys.executable, "-m", "appliance", "serve"], env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    log = state.settings.state_dir.parent / f"serve-{port}.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "appliance", "serve"], env=env, text=True,
+                                   stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     scheme = "https" if settings.get("tls") == "true" else "http"
-    server = Server(f"{scheme}://127.0.0.1:{port}", process, state)
+    server = Server(f"{scheme}://127.0.0.1:{port}", process, state, log)
 
     def ready() -> bool:
         if process.poll() is not None:
-            raise AssertionError(f"the server exited {process.returncode}:\n{process.stderr.read()}")
+            raise AssertionError(f"the server exited {process.returncode}:\n{server.logged()}")
         try:
             return httpx.get(f"{server.url}/v2/health/ready", verify=False, timeout=1).status_code == 200
         except httpx.TransportError:
@@ -117,11 +123,11 @@ def stop_server(server: Server) -> str:
     """SIGTERM, as systemd stops it; returns what it wrote to stderr."""
     os.killpg(server.process.pid, signal.SIGTERM)
     try:
-        _, stderr = server.process.communicate(timeout=20)
+        server.process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         os.killpg(server.process.pid, signal.SIGKILL)
-        _, stderr = server.process.communicate()
-    return stderr
+        server.process.wait()
+    return server.logged()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ metadata, inference, versions, keys, TLS; and the compiled protocol matches its 
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -99,6 +100,18 @@ def test_refusals_carry_the_status_and_words_rest_would(
     with pytest.raises(InferenceServerException) as refused:
         triton.infer(model, [texts_input(inputs or TEXTS[:1])], model_version=version, headers=sent)
     assert refused.value.status() == status and message in refused.value.message(), refused.value
+
+
+def test_grpc_calls_have_access_lines_too(served: tuple[Server, str], triton: grpcclient.InferenceServerClient,
+                                          state: State) -> None:
+    server, _ = served
+    triton.infer("tickets", [texts_input(["where is parcel 31337"])], headers=key(state))
+    with pytest.raises(InferenceServerException):
+        triton.infer("tickets", [texts_input(["where is parcel 31337"])])
+    server.wait(lambda: "grpc ModelInfer UNAUTHENTICATED" in server.logged())
+    logged = server.logged()
+    assert re.search(rf"grpc ModelInfer OK [\d.]+ms key={state.token.split('_')[1]} model=tickets:2", logged)
+    assert "31337" not in logged
 
 
 def test_an_unknown_input_is_named(triton: grpcclient.InferenceServerClient, state: State) -> None:

@@ -138,6 +138,30 @@ def test_every_error_body_names_its_class(server: Server) -> None:
     assert answers["MethodNotAllowed"].headers["Allow"] == "GET"
 
 
+def test_every_request_has_an_access_line_that_holds_none_of_what_was_sent(server: Server) -> None:
+    secret = "invoice for Jane Roe account 4711"
+    with server.client() as client:
+        assert predict(client, [secret]).status_code == 200
+        infer = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [secret]}]}
+        assert client.post("/v2/models/tickets/infer?trace=4711", json=infer).status_code == 200
+    with server.client(token=None) as anonymous:
+        assert predict(anonymous, [secret]).status_code == 401
+    with server.client() as client:
+        assert predict(client, [secret], model="nope").status_code == 404
+    server.wait(lambda: "/v1/models/nope:predict" in server.logged())
+    lines = [line.split("appliance.access: ", 1)[1] for line in server.logged().splitlines() if "appliance.access" in line]
+    key = server.state.token.split("_")[1]  # apl_<id>_<secret>: the id, and only it, is logged
+    assert any(re.fullmatch(rf"rest POST /v1/models/tickets:predict 200 [\d.]+ms key={key} model=tickets:2", line)
+               for line in lines), lines
+    assert any(re.fullmatch(rf"rest POST /v2/models/tickets/infer 200 [\d.]+ms key={key} model=tickets:2", line)
+               for line in lines), lines
+    assert any(re.fullmatch(r"rest POST /v1/models/tickets:predict 401 [\d.]+ms key=- model=-", line) for line in lines)
+    assert any(re.fullmatch(rf"rest POST /v1/models/nope:predict 404 [\d.]+ms key={key} model=-", line)
+               for line in lines)
+    logged = server.logged()
+    assert "Jane" not in logged and "4711" not in logged and server.state.token.split("_")[2] not in logged
+
+
 def test_metrics_count_requests_errors_batches_and_queue_per_version(server: Server) -> None:
     with server.client() as client:
         predict(client, [BILLING, SHIPPING])

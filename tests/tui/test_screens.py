@@ -46,7 +46,7 @@ async def test_the_overview_shows_the_box_its_load_and_what_it_serves(served: Da
         assert "CPU  [" in text(app, "#service")
         production = api(served, "/v1/serving")["models"][0]["versions"][0]["version"]
         await settle(pilot, lambda: f"tickets: v{production} " in text(app, "#served"), message="no served model")
-        assert "1 finished" in text(app, "#work")
+        assert "1 finished" in text(app, "#service")
         assert app.connection is Connection.CONNECTED
 
 
@@ -288,7 +288,7 @@ async def test_audit_filters_verifies_and_exports_for_the_operator_alone(served:
     records = [json.loads(line) for line in exported.read_text().splitlines()]
     assert len(records) >= shown and {record["action"].split(".")[0] for record in records} == {"model"}
     (export,) = api(served, "/v1/audit?action=audit.export")
-    assert export["details"]["action"] == "model.*" and export["details"]["reads"] is False
+    assert export["details"]["filters"] == {"action": "model.*", "reads": False}
 
 
 async def test_a_tampered_log_is_shown_as_tampered(daemon: Daemon) -> None:
@@ -323,6 +323,22 @@ async def test_losing_and_regaining_the_daemon_keeps_the_screens(daemon: Daemon)
         daemon.start()
         await settle(pilot, lambda: app.connection is Connection.CONNECTED, message="the TUI did not reconnect")
         assert text(app, "#status") == "connected" and not app.screen.query_one("#body").has_class("stale")
+
+
+async def test_slash_narrows_a_list_and_greater_than_sorts_it(recorded_app: ApplianceApp) -> None:
+    async with recorded_app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        everything = await settle(pilot, lambda: len(found := rows(recorded_app, "#models")) == 4 and found)
+        await pilot.press("slash", *"not", "space", *"opt")
+        await settle(pilot, lambda: set(rows(recorded_app, "#models")) == {"tickets:1", "tickets:3"})
+        await pilot.press("enter")  # kept while the list reloads
+        await pilot.pause(2.5)
+        assert set(rows(recorded_app, "#models")) == {"tickets:1", "tickets:3"}
+        await pilot.press("slash", "escape")
+        await settle(pilot, lambda: rows(recorded_app, "#models") == everything)
+        await pilot.press("greater_than_sign")  # by version: tickets:1 first, not the newest
+        await settle(pilot, lambda: next(iter(rows(recorded_app, "#models"))) == "tickets:1")
+        assert "sorted by version" in notices(recorded_app)
 
 
 async def test_a_terminal_too_small_is_told_so_until_it_is_large_enough(recorded_app: ApplianceApp) -> None:

@@ -10,15 +10,16 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, ClassVar
 
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widgets import Footer, Input
 from textual.worker import Worker
 
 from appliance.core.errors import ApplianceError
-from tui.widgets import Connection, NavBar, StatusLine
+from tui.widgets import Connection, FindBar, NavBar, StatusLine, Table
 
 if TYPE_CHECKING:
     from tui.app import ApplianceApp
@@ -34,10 +35,15 @@ class ApplianceScreen(Screen[None]):
 
     app: ApplianceApp  # type: ignore[assignment]
 
+    # Every screen's, so the footer leaves them to the help and shows the screen's own keys.
+    BINDINGS: ClassVar = [Binding("slash", "find", "Find", show=False),
+                          Binding("greater_than_sign", "sort", "Sort", show=False)]
+
     def compose(self) -> ComposeResult:
         yield NavBar(self.NAME)
         with Vertical(id="body"):
             yield from self.compose_body()
+        yield FindBar()
         yield StatusLine(id="status")
         yield Footer()
 
@@ -51,6 +57,31 @@ class ApplianceScreen(Screen[None]):
         self._loading: Worker[None] | None = None
         self.set_interval(self.REFRESH_S, self._tick)
         self.watch(self.app, "connection", self._grey_when_stale)
+
+    # -- the list: find and sort -----------------------------------------------------------
+
+    def _list(self) -> Table | None:
+        """The screen's main list: its first table."""
+        return self.query(Table).first() if self.query(Table) else None
+
+    def action_find(self) -> None:
+        bar = self.query_one(FindBar)
+        bar.display = True
+        bar.focus()
+
+    @on(Input.Changed, "#find")
+    def _narrowed(self, event: Input.Changed) -> None:
+        if (table := self._list()) is not None:
+            table.narrow(event.value)
+
+    @on(Input.Submitted, "#find")
+    def _kept(self) -> None:
+        if (table := self._list()) is not None:
+            table.focus()
+
+    def action_sort(self) -> None:
+        if (table := self._list()) is not None:
+            self.notify(f"sorted {table.sort_next()} (> for the next column)", timeout=3)
 
     def _grey_when_stale(self, connection: Connection) -> None:
         """What the daemon said last, greyed while it cannot be asked again (the status line says since when)."""

@@ -39,7 +39,8 @@ class HelpScreen(Dialog[None]):
             yield Static(self._text(), markup=False)
 
     def _text(self) -> str:
-        parts = [START, ("Everywhere: 1-6 switch screens, ? this help, q quit. Tab moves between fields, Esc "
+        parts = [START, ("Everywhere: 1-6 switch screens, ? this help, q quit; / narrows the list to the rows "
+                         "holding what you type, > sorts it by the next column. Tab moves between fields, Esc "
                          "closes a dialog or leaves a text box, Ctrl+P opens the command palette.\n")]
         for number, screen in enumerate(self.screens, start=1):
             own = vars(screen).get("BINDINGS", [])  # the screen's own keys, not those every screen inherits

@@ -49,5 +49,5 @@ def export_audit(user: Admin, shared: Shared, since: Since, actor: str | None = 
         lines = list(audit.export_jsonl(store, **selected))
         filters = {**selected, "since": since and clock.stamp(since)}
         audit.record(store, "audit.export", "api", actor=deps.actor(user), format="jsonl", records=len(lines),
-                     **{name: value for name, value in filters.items() if value not in (None, True)})
+                     filters={name: value for name, value in filters.items() if value not in (None, True)})
     return JsonLines("".join(line + "\n" for line in lines))
