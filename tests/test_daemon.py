@@ -53,6 +53,7 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
     ended = daemon.wait(lambda: (found := _events(daemon, job_id))[-1].kind == "exited" and found, 10, "no exited")
     logged = [e.data["line"] for e in ended if e.kind == "log"]
     assert "tickets:2: production (nothing served tickets yet)" in logged and logged[-1] == "finished"
+    assert not [line for line in logged if "Warning" in line]  # the libraries' notes to their developers stay out
     assert job["result"]["deployed"] == {"how": "production", "reason": "nothing served tickets yet"}
 
     with daemon.api() as api:

@@ -14,13 +14,14 @@ panels cut mid-word.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from textual import events, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -196,6 +197,18 @@ class ApplianceApp(App[None]):
         return action == "quit" or not isinstance(self.screen, TooSmall)
 
     # -- actions and errors ------------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        """Ctrl+P finds every screen and every action of the screen in view by name, beside Textual's own."""
+        yield from super().get_system_commands(screen)
+        for key, shown in enumerate(self.NAVIGATION, start=1):
+            yield SystemCommand(f"Show {shown.TITLE}", f"key {key}: {shown.HELP.split('. ')[0]}",
+                                partial(self.switch_mode, shown.NAME))
+        if isinstance(screen, ApplianceScreen):
+            for binding in vars(type(screen)).get("BINDINGS", []):  # the screen's own, not those every screen has
+                if binding.show:
+                    yield SystemCommand(binding.description, f"key {binding.key} on {screen.TITLE}",
+                                        partial(screen.run_action, binding.action))
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

@@ -92,6 +92,10 @@ def main(argv: list[str]) -> int:
     passphrase = sys.stdin.readline().rstrip("\n") or None
     _die_with_parent()
     logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stderr)
+    # Every stderr line is a line of the job's log, which operators read: the libraries' warnings to their
+    # developers (deprecations, experimental APIs) are not for them.
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").setLevel(logging.ERROR)
     try:
         with store.open(config.load(), passphrase) as opened:
             return _run_claimed(opened, job_id, owner, max_threads)

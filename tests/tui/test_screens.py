@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import Log
+from textual.widgets import Log, RichLog
 
 from appliance import store
 from appliance.store import alerts
@@ -153,6 +154,27 @@ async def test_the_wizard_starts_a_search_and_its_trials_are_ranked_with_their_c
     with served.api() as http:  # leave the daemon free for the next test
         http.post(f"/v1/jobs/{job_id}/cancel")
     assert served.ended(job_id)["status"] in ("cancelled", "finished")
+
+
+async def test_l_shows_a_jobs_whole_log_with_times_wrapped_or_not(served: Daemon) -> None:
+    pipeline = next(job for job in api(served, "/v1/jobs") if job["kind"] == "pipeline")
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        table = await settle(pilot, lambda: (table := app.screen.query_one("#jobs", Table)).row_count and table)
+        table.select(pipeline["id"])
+        await pilot.press("l")
+
+        def shown() -> list[str]:
+            return [strip.text.rstrip() for strip in app.screen.query_one(RichLog).lines]
+
+        lines = await settle(pilot, lambda: "the whole log" in text(app, "#log-state") and shown())
+        assert re.fullmatch(r"\d\d:\d\d:\d\d  finished", lines[-1]) and any("stage: train" in line for line in lines)
+        assert [line[10:] for line in lines] == api(served, f"/v1/jobs/{pipeline['id']}/logs")  # each once, in order
+        await pilot.press("w")
+        assert "w: wrap on" in text(app, "#log-state")
+        await pilot.press("escape")
+        assert app.screen.query("#jobs")
 
 
 async def test_cancelling_a_job_asks_first(served: Daemon) -> None:
@@ -339,6 +361,14 @@ async def test_slash_narrows_a_list_and_greater_than_sorts_it(recorded_app: Appl
         await pilot.press("greater_than_sign")  # by version: tickets:1 first, not the newest
         await settle(pilot, lambda: next(iter(rows(recorded_app, "#models"))) == "tickets:1")
         assert "sorted by version" in notices(recorded_app)
+
+
+async def test_the_palette_finds_screens_and_the_actions_of_the_screen_in_view(recorded_app: ApplianceApp) -> None:
+    async with recorded_app.run_test(size=SIZE) as pilot:
+        await pilot.press("6", "ctrl+p", *"verify", "enter")
+        await settle(pilot, lambda: recorded_app.screen.query(".verdict-title"), message="verify was not found")
+        await pilot.press("enter", "ctrl+p", *"show", "space", *"models", "enter")
+        await settle(pilot, lambda: recorded_app.current_mode == "models")
 
 
 async def test_a_terminal_too_small_is_told_so_until_it_is_large_enough(recorded_app: ApplianceApp) -> None:

@@ -104,8 +104,8 @@ def test_fine_tune_wizard_with_advanced_options(snap_compare: Any, recorded_app:
 
 
 @SIZES
-@pytest.mark.parametrize("keys", [("4", "d"), ("4", "k"), ("4", "r"), ("6", "e")], ids=["deploy", "canary", "rollback",
-                                                                                       "export"])
+@pytest.mark.parametrize("keys", [("4", "d"), ("4", "k"), ("4", "r"), ("6", "e"), ("3", "l"), ("3", "c")],
+                         ids=["deploy", "canary", "rollback", "export", "log", "cancel"])
 def test_dialog(snap_compare: Any, recorded_app: ApplianceApp, keys: tuple[str, str], size: tuple[int, int]) -> None:
     async def open_it(pilot: Any) -> None:
         await pilot.press(keys[0])

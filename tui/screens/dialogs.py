@@ -89,17 +89,20 @@ class FormDialog(Dialog[T]):
 
 
 class Confirm(Dialog[bool]):
-    """A question with a yes and a no: for what cannot simply be undone, or changes what users get."""
+    """A question with a yes and a no: for what cannot simply be undone, or changes what users get; with the
+    command that does the same from a shell, for scripts and runbooks."""
 
     BINDINGS: ClassVar = [*Dialog.BINDINGS, Binding("y", "answer(True)", "Yes"), Binding("n", "answer(False)", "No")]
 
-    def __init__(self, question: str, yes: str = "Yes") -> None:
+    def __init__(self, question: str, yes: str = "Yes", command: str | None = None) -> None:
         super().__init__()
-        self.question, self.yes = question, yes
+        self.question, self.yes, self.command = question, yes, command
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.question, classes="question")
+            if self.command:
+                yield Label(f"From a shell: {self.command}", classes="command")
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.yes} (y)", id="yes", variant="warning")
                 yield Button("No (n)", id="no")

@@ -41,7 +41,7 @@ class HelpScreen(Dialog[None]):
     def _text(self) -> str:
         parts = [START, ("Everywhere: 1-6 switch screens, ? this help, q quit; / narrows the list to the rows "
                          "holding what you type, > sorts it by the next column. Tab moves between fields, Esc "
-                         "closes a dialog or leaves a text box, Ctrl+P opens the command palette.\n")]
+                         "closes a dialog or leaves a text box, Ctrl+P finds a screen or an action by name.\n")]
         for number, screen in enumerate(self.screens, start=1):
             own = vars(screen).get("BINDINGS", [])  # the screen's own keys, not those every screen inherits
             keys = ", ".join(f"{b.key} {b.description.lower()}" for b in own if b.show)

@@ -28,10 +28,10 @@ from appliance.operations import jobspec
 from appliance.train.params import TrainParams
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog, fields
+from tui.screens.logs import ENDED, LogViewer, log_events
 from tui.screens.search import SearchDialog
 from tui.widgets import Chart, Table, ago, duration
 
-ENDED = ("finished", "failed", "cancelled")
 LOG_TAIL = 200
 
 
@@ -42,11 +42,12 @@ class JobsScreen(ApplianceScreen):
             "advanced options are folded away), optionally optimised and deployed when it ends; with a search "
             "budget it searches hyperparameters for that many minutes instead, and its best trial becomes the "
             "model. The highlighted job shows its live progress, loss and validation accuracy by epoch, and its "
-            "log; s shows a search's trials ranked, their learning curves and what mattered most; c cancels a "
-            "job (a running job checkpoints first).")
+            "log; l opens the whole log full screen, with times, wrapped or not, followed live. s shows a search's "
+            "trials ranked, their learning curves and what mattered most; c cancels a job (a running job "
+            "checkpoints first).")
     REFRESH_S: ClassVar[float] = 1.0
-    BINDINGS: ClassVar = [Binding("n", "new", "New fine-tune"), Binding("s", "search", "Search results"),
-                          Binding("c", "cancel_job", "Cancel job")]
+    BINDINGS: ClassVar = [Binding("n", "new", "New fine-tune"), Binding("l", "log", "Log"),
+                          Binding("s", "search", "Search"), Binding("c", "cancel_job", "Cancel")]
 
     def compose_body(self) -> ComposeResult:
         yield Table("job", "kind", "status", "stage", "submitted", "by", id="jobs")
@@ -139,26 +140,17 @@ class JobsScreen(ApplianceScreen):
 
     @work(exclusive=True, group="job-log", exit_on_error=False)
     async def _follow_log(self, job_id: str) -> None:
-        """The job's events from its first, one ordered stream: each log line is written once, in order, live while
-        the job runs. The stream ends with the job: at `exited` after the event that ended it (its process's last
-        lines come after that one), or at that event if no process ran. A lost daemon ends the stream; the next
-        refresh starts over."""
+        """The job's log lines, each written once, in order, live while it runs (logs.log_events); a lost daemon
+        ends the stream, and the next refresh starts over."""
         log = self.query_one(Log)
         log.clear()
-        process_runs = ended = False
-        async for event in self.app.daemon.events(subject=job_id):
-            kind = event["kind"]
-            if kind == "log":
-                log.write_line(event["data"]["line"])
-            elif kind == "started":
-                process_runs, ended = True, False
-            elif kind in ENDED:
-                ended = True
-            elif kind == "exited":
-                process_runs = False
-            if ended and not process_runs:
-                self._log_complete = True
-                return
+        async for event in log_events(self.app.daemon, job_id):
+            log.write_line(event["data"]["line"])
+        self._log_complete = True
+
+    def action_log(self) -> None:
+        if (job_id := self._selected_id()) is not None:
+            self.app.push_screen(LogViewer(job_id))
 
     def action_new(self) -> None:
         def submitted(job: dict[str, Any] | None) -> None:
@@ -188,7 +180,8 @@ class JobsScreen(ApplianceScreen):
             if yes:
                 self._cancel(job["id"])
 
-        self.app.push_screen(Confirm(question, yes="Cancel the job"), answered)
+        self.app.push_screen(Confirm(question, yes="Cancel the job", command=f"appliance jobs cancel {job['id']}"),
+                             answered)
 
     @work(exit_on_error=False)
     async def _cancel(self, job_id: str) -> None:

@@ -111,7 +111,7 @@ class ModelsScreen(ApplianceScreen):
         self.app.push_screen(Confirm(f"Optimise {ref}?\nAn optimize job exports it to OpenVINO and quantises it to "
                                      "INT8, keeping INT8 only if its accuracy holds, and registers the result as a "
                                      "new version that can serve, with the variant chosen and why. Nothing is "
-                                     "deployed.", yes="Optimise"), answered)
+                                     "deployed.", yes="Optimise", command=f"appliance optimize {ref}"), answered)
 
     @work(exit_on_error=False)
     async def _optimise(self, ref: str) -> None:
@@ -133,7 +133,7 @@ class ModelsScreen(ApplianceScreen):
                     else f"Nothing of {version['model']} serves yet. ")
         self._ask(f"Deploy {ref} to production?\n{replaces}Traffic moves to it once it is loaded, warm and has "
                   "passed a smoke test; a running canary ends.", "Deploy", version["model"],
-                  {"version": version["version"]})
+                  {"version": version["version"]}, f"appliance deploy {ref}")
 
     def action_canary(self) -> None:
         version = self._deployable()
@@ -156,7 +156,7 @@ class ModelsScreen(ApplianceScreen):
                         "all of it goes back to production.")
         else:
             question = (f"Roll {model} back?\nProduction returns to the version that served before the last deploy.")
-        self._ask(question, "Roll back", model, None)
+        self._ask(question, "Roll back", model, None, f"appliance rollback {model}")
 
     def _deployable(self) -> dict[str, Any] | None:
         """The selected version, if the server can run it; else None, and the operator is told why and what to do."""
@@ -167,12 +167,12 @@ class ModelsScreen(ApplianceScreen):
             return None
         return version
 
-    def _ask(self, question: str, yes: str, model: str, body: dict[str, Any] | None) -> None:
+    def _ask(self, question: str, yes: str, model: str, body: dict[str, Any] | None, command: str) -> None:
         def answered(confirmed: bool | None) -> None:
             if confirmed:
                 self._send(model, "rollback" if body is None else "deploy", body)
 
-        self.app.push_screen(Confirm(question, yes=yes), answered)
+        self.app.push_screen(Confirm(question, yes=yes, command=command), answered)
 
     @work(exit_on_error=False)
     async def _send(self, model: str, action: str, body: dict[str, Any] | None) -> None:
@@ -195,12 +195,14 @@ class CanaryDialog(FormDialog[float]):
 
     def __init__(self, ref: str) -> None:
         super().__init__(f"Canary for {ref}", "Start the canary", variant="warning")
+        self.ref = ref
 
     def compose_fields(self) -> ComposeResult:
         yield Label("Share of the traffic it gets (the rest stays on production):")
         with Horizontal(classes="row"):
             yield Input("10", type="number", id="percent")
             yield Label("%", classes="unit")
+        yield Label(f"From a shell: appliance deploy {self.ref} --canary PERCENT", classes="command")
 
     def submit(self) -> None:
         text = self.query_one("#percent", Input).value.strip()
