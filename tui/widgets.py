@@ -123,8 +123,8 @@ class Table(DataTable):
 
     def _show(self) -> None:
         shown = [row for row in self._given if not self.needle or any(self.needle in cell.lower() for cell in row[1])]
-        if self.sort_column is not None:
-            shown.sort(key=lambda row: _ordinal(row[1][self.sort_column]))  # type: ignore[index]
+        if (column := self.sort_column) is not None:
+            shown.sort(key=lambda row: _ordinal(row[1][column]))
         if shown == self._filled:
             return
         selected = self.selected

@@ -48,8 +48,8 @@ def _show(found: hardware.Hardware, base: Path, shape: hardware.ModelShape, plan
     click.echo(f"  ({shape.parameters / 1e6:.1f}M parameters, {shape.layers} layers, hidden {shape.hidden_size})")
     click.echo(f"device    {plan.device}, {plan.precision}, {counted(plan.threads, 'thread')}")
     click.echo(
-        f"batch     {plan.effective_batch} as micro-batch {plan.micro_batch} x {plan.accumulation}"
-        f" accumulation step{'s' if plan.accumulation > 1 else ''}, sequence length {plan.seq_len}"
+        f"batch     {plan.effective_batch} as micro-batch {plan.micro_batch} x"
+        f" {counted(plan.accumulation, 'accumulation step')}, sequence length {plan.seq_len}"
     )
     click.echo(
         f"memory    about {hardware.format_bytes(plan.estimated_peak_bytes)}"

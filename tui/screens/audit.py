@@ -66,9 +66,9 @@ class AuditScreen(ApplianceScreen):
                    for r in reversed(found))
         if following and found:
             table.select(str(found[-1]["seq"]))
-        typed = ", ".join(f"{name} {value}" for name, value in filters.items() if name != "reads") or "none"
         self.query_one("#audit-shown", Static).update(
-            f"newest first: {len(found)}{'' if len(found) < SHOWN else ' newest'} records; filters: {typed}; "
+            f"newest first: {len(found)}{'' if len(found) < SHOWN else ' newest'} records; filters: "
+            f"{_typed(filters) or 'none'}; "
             + ("reads shown (r hides them)" if self._reads else "reads hidden (r shows them)"))
         if not found:
             self.query_one("#audit-detail", Static).update("no records match these filters")
@@ -115,6 +115,11 @@ class AuditScreen(ApplianceScreen):
         self.app.push_screen(ExportDialog(self._filters()), exported)
 
 
+def _typed(filters: dict[str, Any]) -> str:
+    """The filters typed into the Audit screen, in words ("action model.*, since 7d"); empty for none."""
+    return ", ".join(f"{name} {value}" for name, value in filters.items() if name != "reads")
+
+
 class VerificationResult(Dialog[None]):
     """The verdict on the chain, large enough to read from across the room, in words as well as colour."""
 
@@ -151,7 +156,7 @@ class ExportDialog(FormDialog[str]):
         self.filters = filters
 
     def compose_fields(self) -> ComposeResult:
-        typed = ", ".join(f"{name} {value}" for name, value in self.filters.items() if name != "reads")
+        typed = _typed(self.filters)
         yield Label(f"Records: {'those filtered by ' + typed if typed else 'all'}"
                     + ("" if self.filters["reads"] else ", without reads (api.read)"))
         default = Path.home() / f"audit-{datetime.now():%Y%m%d-%H%M%S}.jsonl"
