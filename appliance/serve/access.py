@@ -72,7 +72,8 @@ class AccessLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        with request("rest", f"{scope['method']} {scope['path'][:200]}") as entry:
+        path = "".join(char if char.isprintable() else "?" for char in scope["path"][:200])  # a caller's bytes
+        with request("rest", f"{scope['method']} {path}") as entry:
 
             async def answering(message: Message) -> None:
                 if message["type"] == "http.response.start":

@@ -148,7 +148,8 @@ def test_every_request_has_an_access_line_that_holds_none_of_what_was_sent(serve
         assert predict(anonymous, [secret]).status_code == 401
     with server.client() as client:
         assert predict(client, [secret], model="nope").status_code == 404
-    server.wait(lambda: "/v1/models/nope:predict" in server.logged())
+        client.get("/v2/models/x%0D%0Aforged%1B[2J/ready")  # no line of its own, no terminal escape, in the log
+    server.wait(lambda: "/v2/models/x??forged?[2J/ready" in server.logged())
     lines = [line.split("appliance.access: ", 1)[1] for line in server.logged().splitlines() if "appliance.access" in line]
     key = server.state.token.split("_")[1]  # apl_<id>_<secret>: the id, and only it, is logged
     assert any(re.fullmatch(rf"rest POST /v1/models/tickets:predict 200 [\d.]+ms key={key} model=tickets:2", line)
