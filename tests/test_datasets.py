@@ -66,7 +66,7 @@ def test_a_file_round_trips_through_load(opened: Store, tmp_path: Path, name: st
     assert (version.name, version.version, version.examples) == ("tickets", 1, len(ROWS))
     assert version.labels == ["billing", "shipping", "technical"]
     assert version.residency == "local-only"
-    assert version.id == version.blob_id and blobs.exists(opened, version.id)
+    assert blobs.exists(opened, version.blob_id) and version.removal is None
     loaded = datasets.load(opened, datasets.get(opened, "tickets"))
     assert list(zip(loaded.texts, loaded.labels)) == ROWS
     assert loaded.label_names == ["billing", "shipping", "technical"]
@@ -105,11 +105,45 @@ def test_reimport_of_the_same_content_returns_the_same_version(opened: Store, tm
     assert datasets.import_file(opened, _write(tmp_path, "old.csv", _csv(ROWS)), name="tickets") == first
 
 
-def test_the_same_content_under_another_name_is_refused(opened: Store, tmp_path: Path) -> None:
+def test_the_same_content_under_another_name_is_a_version_of_its_own_sharing_the_stored_content(
+        opened: Store, tmp_path: Path) -> None:
     path = _write(tmp_path, "t.csv", _csv(ROWS))
-    datasets.import_file(opened, path, name="tickets")
-    with pytest.raises(DatasetError, match="already imported as tickets:1"):
-        datasets.import_file(opened, path, name="other")
+    tickets = datasets.import_file(opened, path, name="tickets")
+    other = datasets.import_file(opened, path, name="other")
+    assert (other.ref, other.blob_id) == ("other:1", tickets.blob_id) and other.id != tickets.id
+    assert _count(opened, "blobs") == 1
+
+    # Deleting one name's version leaves the other readable; the stored content goes with the last of them.
+    datasets.delete(opened, "tickets", actor="user:admin")
+    assert datasets.load(opened, datasets.get(opened, "other")).texts == [text for text, _ in ROWS]
+    datasets.delete(opened, "other:1", actor="user:admin")
+    assert _count(opened, "blobs") == 0
+
+
+def test_a_deleted_version_keeps_its_row_and_says_who_deleted_it(opened: Store, tmp_path: Path) -> None:
+    path = _write(tmp_path, "t.csv", _csv(ROWS))
+    first = datasets.import_file(opened, path, name="tickets")
+    path.write_text(_csv([*ROWS, ("the parcel is wet", "shipping")]))
+    second = datasets.import_file(opened, path, name="tickets")
+
+    assert [v.ref for v in datasets.delete(opened, "tickets:1", actor="user:alice")] == ["tickets:1"]
+    gone = datasets.get(opened, first.id)
+    assert gone.blob_id is None and gone.removal.startswith("deleted on ") and gone.removal.endswith("by user:alice")
+    with pytest.raises(DatasetError, match=r"tickets:1 was deleted on .* by user:alice") as refused:
+        datasets.load(opened, gone)
+    assert refused.value.hint == "import the data again"
+    assert datasets.load(opened, second).version == second  # the other version is untouched
+    record = audit.rows(opened)[-1]
+    assert (record["action"], record["object"], record["actor"]) == ("dataset.delete", "tickets:1", "user:alice")
+
+    # The name alone deletes what is left; once nothing is left, deleting again says so and changes nothing.
+    assert [v.ref for v in datasets.delete(opened, "tickets")] == ["tickets:2"]
+    with pytest.raises(DatasetError, match="no version of it holds content any more"):
+        datasets.delete(opened, "tickets")
+
+    # The same data imported again is a new version: numbers are never given twice.
+    again = datasets.import_file(opened, _write(tmp_path, "again.csv", _csv(ROWS)), name="tickets")
+    assert again.ref == "tickets:3" and again.blob_id == first.blob_id != again.id
 
 
 def test_an_unknown_ref_names_the_datasets_there_are(opened: Store, tmp_path: Path) -> None:

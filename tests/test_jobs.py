@@ -273,3 +273,21 @@ def test_old_progress_reports_are_pruned_and_the_rest_of_a_job_kept(opened: Stor
     assert events.prune_progress(opened) == 0  # fresh reports stay
     assert events.prune_progress(opened, older_than=timedelta(seconds=-1)) == 1  # a cutoff just after it
     assert [event.kind for event in events.after(opened, 0, job.id)] == ["queued", "started", "log"]
+
+
+def test_an_ended_job_is_deleted_with_its_log_and_an_active_one_is_not(opened: Store) -> None:
+    ended, queued = _train(opened), _train(opened)
+    jobs.log(opened, ended.id, "epoch 1")
+    jobs.cancel(opened, ended.id)
+    with pytest.raises(JobError, match=f"job {queued.id} is queued, so it cannot be deleted") as refused:
+        jobs.delete(opened, queued.id)
+    assert f"appliance jobs cancel {queued.id}" in refused.value.hint
+
+    assert jobs.delete(opened, ended.id, actor="user:op").status == "cancelled"
+    with pytest.raises(JobNotFound):
+        jobs.get(opened, ended.id)
+    assert not [event for event in events.after(opened, 0, ended.id) if event.topic == "job"]
+    assert [job.id for job in jobs.list_jobs(opened)] == [queued.id]
+    assert [(r["object"], r["outcome"]) for r in audit.rows(opened, action="job.delete")] == [
+        (queued.id, "failed"), (ended.id, "ok")]
+    assert audit.rows(opened, action="job.cancel")[-1]["object"] == ended.id  # what happened to it stays on record

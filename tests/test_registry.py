@@ -142,3 +142,44 @@ def test_a_version_that_is_not_optimised_cannot_be_deployed(opened: Store, run_i
         registry.deploy(opened, "raw:1")
     assert raised.value.hint == "'appliance optimize raw:1' makes a version that can serve"
     assert registry.get(opened, "raw:1").aliases == ()
+
+
+def test_a_version_that_never_served_is_deleted_with_its_weights_and_its_number_is_not_given_again(
+        opened: Store, run_id: str) -> None:
+    _register(opened, run_id, 0.8)
+    second = _register(opened, run_id, 0.9)
+    runs.finish(opened, run_id, blobs.put(opened, b"trained weights"), {"accuracy": 0.9})
+    registry.deploy(opened, "tickets:1")
+
+    deleted = registry.delete(opened, "tickets:2", actor="user:admin")
+    assert deleted.ref == "tickets:2" and not any(blobs.exists(opened, v.blob_id) for v in second.variants.values())
+    assert runs.get(opened, run_id).model_blob is not None  # tickets:1 still comes from that run
+    with pytest.raises(RegistryError, match=r"tickets:2 was deleted on .* by user:admin"):
+        registry.get(opened, "tickets:2")
+    assert [v.ref for v in registry.list_versions(opened)] == ["tickets:1"]
+    assert _register(opened, run_id).ref == "tickets:3"
+    record = audit.rows(opened, action="model.delete")[-1]
+    assert (record["object"], record["actor"], record["outcome"]) == ("tickets:2", "user:admin", "ok")
+
+
+def test_a_version_that_serves_or_that_a_rollback_could_return_to_is_not_deleted(opened: Store, run_id: str) -> None:
+    for accuracy in (0.8, 0.85, 0.9):
+        _register(opened, run_id, accuracy)
+    registry.deploy(opened, "tickets:1")
+    registry.deploy(opened, "tickets:2")
+    registry.deploy(opened, "tickets:3", canary_percent=10)
+    for ref, reason in (("tickets:2", "is the production version"), ("tickets:3", "is the candidate version"),
+                        ("tickets:1", "a rollback of tickets@production could return to it")):
+        with pytest.raises(RegistryError, match=reason):
+            registry.delete(opened, ref)
+    assert len(registry.list_versions(opened)) == 3
+    assert [r["outcome"] for r in audit.rows(opened, action="model.delete")] == ["failed"] * 3
+
+
+def test_the_last_version_of_a_run_takes_the_runs_weights_with_it(opened: Store, run_id: str) -> None:
+    weights = blobs.put(opened, b"trained weights")
+    runs.finish(opened, run_id, weights, {"accuracy": 0.9})
+    _register(opened, run_id)
+    registry.delete(opened, "tickets:1")
+    assert runs.get(opened, run_id).model_blob is None and not blobs.exists(opened, weights)
+    assert runs.get(opened, run_id).status == "finished"  # the run and its curve stay

@@ -109,7 +109,9 @@ class ApplianceApp(App[None]):
 
     async def request(self, method: str, path: str, body: dict[str, Any] | None = None, **params: Any) -> Any:
         """Ask the daemon; whether it answered, and whether it took the token, shows on the status line."""
-        return await self._asked(self.daemon.get(path, **params) if method == "GET" else self.daemon.post(path, body))
+        asking = {"GET": lambda: self.daemon.get(path, **params), "POST": lambda: self.daemon.post(path, body),
+                  "DELETE": lambda: self.daemon.delete(path)}[method]
+        return await self._asked(asking())
 
     async def upload(self, path: Path, options: dict[str, Any]) -> Any:
         """Send a local file (or image folder) for import: the daemon reads only the bytes it is sent."""

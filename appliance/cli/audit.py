@@ -11,7 +11,7 @@ from typing import TextIO
 
 import click
 
-from appliance.cli.base import cli, json_option, opened_store, print_json
+from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
 from appliance.store import audit
 
 
@@ -78,7 +78,7 @@ def show_verification(result: audit.Verification) -> None:
 
 @audit_group.command("accept-rewind")
 @click.option("--reason", required=True, help="Why the log is shorter or older than its anchor; kept in the record.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@yes_option
 def audit_accept_rewind(reason: str, yes: bool) -> None:
     """Accept that the audit log was cut or an older database put back: audited, then the appliance writes again."""
     with opened_store() as opened:
@@ -87,8 +87,7 @@ def audit_accept_rewind(reason: str, yes: bool) -> None:
             click.echo("the audit log agrees with its head file: there is no rewind to accept")
             return
         click.echo(problem, err=True)
-        if not yes:
-            click.confirm("Record this rewind as accepted, and let the appliance write again?", abort=True)
+        ask("Record this rewind as accepted, and let the appliance write again?", yes)
         accepted = audit.accept_rewind(opened, reason)
     lost = accepted["abandoned_head"]
     click.echo("rewind accepted and recorded as audit.rewind_accepted"

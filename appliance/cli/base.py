@@ -84,6 +84,19 @@ def log_as_service(log_format: str) -> None:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
+# The flag of every command that asks before it changes something that cannot be undone.
+yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+
+
+def ask(question: str, yes: bool) -> None:
+    """Go on when --yes was given or the person at the terminal agrees; with no terminal to ask at, say to give --yes."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.UsageError("give --yes to do this without a terminal to confirm at")
+    click.confirm(question, abort=True)
+
+
 @contextmanager
 def opened_store() -> Iterator[store.Store]:
     """The unlocked store; a passphrase comes from APPLIANCE_PASSPHRASE or, at a terminal, a prompt."""

@@ -28,6 +28,9 @@ class Appliance(Protocol):
 
     def import_data(self, path: Path, options: dict[str, Any]) -> tuple[str, bool]: ...
     def set_residency(self, ref: str, residency: str) -> list[str]: ...
+    def delete_dataset(self, ref: str) -> list[str]: ...
+    def delete_model(self, ref: str) -> str: ...
+    def delete_job(self, job_id: str) -> dict[str, Any]: ...
     def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]: ...
     def rollback(self, model: str) -> operations.Rollback: ...
     def record_feedback(self, pairs: list[tuple[str, str]], source: str) -> dict[str, Any]: ...
@@ -64,6 +67,17 @@ class Remote:
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [f"{version['name']}:{version['version']}"
                 for version in self.api.post(f"/v1/datasets/{ref}/residency", {"residency": residency})]
+
+    def delete_dataset(self, ref: str) -> list[str]:
+        return [version["ref"] for version in self.api.delete(f"/v1/datasets/{ref}/content")]
+
+    def delete_model(self, ref: str) -> str:
+        model, _, number = ref.partition(":")
+        answer = self.api.delete(f"/v1/models/{model}/versions/{number}")
+        return f"{answer['model']}:{answer['version']}"
+
+    def delete_job(self, job_id: str) -> dict[str, Any]:
+        return self.api.delete(f"/v1/jobs/{job_id}")
 
     def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]:
         model, _, number = ref.partition(":")
@@ -128,6 +142,15 @@ class Local:
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [version.ref for version in datasets.set_residency(self.store, ref, residency)]
+
+    def delete_dataset(self, ref: str) -> list[str]:
+        return [version.ref for version in operations.delete_dataset(self.store, ref)]
+
+    def delete_model(self, ref: str) -> str:
+        return registry.delete(self.store, ref).ref
+
+    def delete_job(self, job_id: str) -> dict[str, Any]:
+        return asdict(jobs.delete(self.store, job_id))
 
     def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]:
         version = registry.deploy(self.store, ref, canary_percent)

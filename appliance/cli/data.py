@@ -1,4 +1,4 @@
-"""`appliance data`: import dataset files as versions, and look at the versions stored."""
+"""`appliance data`: import dataset files as versions, look at the versions stored, delete them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from appliance.cli.base import cli, json_option, opened_store, print_json
+from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
 from appliance.cli.connect import connected
 from appliance.data import datasets
 from appliance.registry import feedback
@@ -59,6 +59,21 @@ def data_residency(ref: str, residency: str) -> None:
     click.echo(f"{', '.join(changed)}: {residency}")
 
 
+@data_group.command("delete")
+@click.argument("ref")
+@yes_option
+def data_delete(ref: str, yes: bool) -> None:
+    """Delete the content of REF (a name: every version; or name:version); audited, admin only.
+
+    The versions stay listed as deleted, so the runs and models trained on them still say on what; their
+    examples are gone and nothing can train on them again. Refused while a job trains on the dataset.
+    """
+    ask(f"Delete the content of {ref} ({'that version' if ':' in ref else 'every version'})? It cannot be undone.", yes)
+    with connected() as appliance:
+        deleted = appliance.delete_dataset(ref)
+    click.echo(f"deleted {', '.join(deleted)}")
+
+
 @data_group.command("list")
 @json_option
 def data_list(as_json: bool) -> None:
@@ -74,7 +89,7 @@ def data_list(as_json: bool) -> None:
         click.echo(
             f"{v.ref:<24} {v.id[:12]}  {v.task:<20} {v.examples:>7} examples"
             f"  {len(v.labels):>3} labels  {v.residency:<13} {v.created_at[:19]}"
-            + (f"  erased {v.erased_at[:19]}" if v.erased_at else "")
+            + (f"  {v.removal}" if v.removal else "")
         )
 
 
@@ -92,8 +107,8 @@ def data_show(ref: str, as_json: bool) -> None:
         print_json({**version.summary(), "counts": counts, "from_predictions": from_predictions})
     else:
         _describe(version, counts, from_predictions)
-        if version.erased_at:
-            click.echo(f"erased      {version.erased_at} by a data subject request; its content is gone"
+        if version.removal:
+            click.echo(f"content     {version.removal}; it is gone"
                        + (f", the rest is in {replacement}" if replacement else ""))
 
 

@@ -90,6 +90,16 @@ def jobs_cancel(job_id: str) -> None:
         click.echo(f"job {job_id} is asked to stop; it checkpoints and ends as cancelled")
 
 
+@jobs_group.command("delete")
+@click.argument("job_ids", nargs=-1, required=True, metavar="JOB_ID...")
+def jobs_delete(job_ids: tuple[str, ...]) -> None:
+    """Forget ended jobs: their records and logs. What they made (runs, models) and the audit records stay."""
+    with connected() as appliance:
+        for job_id in job_ids:
+            job = appliance.delete_job(job_id)
+            click.echo(f"job {job['id']} ({job['kind']}, {job['status']}) deleted")
+
+
 @jobs_group.command("submit")
 @click.argument("kind", type=click.Choice(jobspec.KINDS))
 @click.option("--param", "-p", "pairs", multiple=True, metavar="KEY=JSON",

@@ -1,4 +1,4 @@
-"""`appliance models`: the registry's versions, their variants, lineage and aliases."""
+"""`appliance models`: the registry's versions, their variants, lineage and aliases; deleting one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import dataclasses
 import click
 
 from appliance import registry
-from appliance.cli.base import cli, json_option, opened_store, print_json
+from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
+from appliance.cli.connect import connected
 
 
 @cli.group("models")
@@ -45,6 +46,22 @@ def models_show(ref: str, as_json: bool) -> None:
         print_json({**dataclasses.asdict(version), "lineage": lineage})
         return
     show_version(version, lineage)
+
+
+@models_group.command("delete")
+@click.argument("ref", metavar="MODEL:VERSION")
+@yes_option
+def models_delete(ref: str, yes: bool) -> None:
+    """Delete a version and its weights; audited, admin only.
+
+    Refused while it serves, is the canary's candidate, or a rollback could return to it. Its number is not
+    given again; the run it came from and the audit records stay.
+    """
+    if not ref.partition(":")[2].isdigit():
+        raise click.BadParameter("name the version as MODEL:VERSION, e.g. tickets:3", param_hint="MODEL:VERSION")
+    ask(f"Delete {ref} and its weights? It cannot be undone.", yes)
+    with connected() as appliance:
+        click.echo(f"deleted {appliance.delete_model(ref)}")
 
 
 def show_version(version: registry.ModelVersion, lineage: dict) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from appliance.cli.base import cli, json_option, print_json
+from appliance.cli.base import ask, cli, json_option, print_json, yes_option
 from appliance.cli.connect import connected
 
 
@@ -21,7 +21,7 @@ def privacy_group() -> None:
               help="The identifier (email address, customer id), matched in any case; '-' reads it from stdin,"
                    " which keeps it out of the process list and shell history.")
 @click.option("--dry-run", is_flag=True, help="List what would be erased and change nothing.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@yes_option
 @json_option
 def privacy_erase(subject: str, dry_run: bool, yes: bool, as_json: bool) -> None:
     """Remove every record containing SUBJECT: dataset examples (a new version without them); audited.
@@ -44,10 +44,9 @@ def privacy_erase(subject: str, dry_run: bool, yes: bool, as_json: bool) -> None
 def _confirm(found: dict[str, Any], skip: bool) -> None:
     if skip or not found["findings"]:
         return
-    if not sys.stdin.isatty():
-        raise click.UsageError("give --yes to erase without a terminal to confirm at")
-    _show(found, "would erase")
-    click.confirm("Erase these records?", abort=True)
+    if sys.stdin.isatty():
+        _show(found, "would erase")
+    ask("Erase these records?", skip)
 
 
 def _show(request: dict[str, Any], verb: str) -> None:

@@ -72,6 +72,7 @@ def _datasets(store: Store) -> list[dict[str, Any]]:
             "bytes": blobs.size(store, version.blob_id) if version.blob_id else None,
             "residency": version.residency, "source": version.source, "created_at": version.created_at,
             "erased_at": version.erased_at, "replaced_by": version.replaced_by, "parent": version.parent,
+            "removal": version.removal,
             "from_predictions": len(feedback.used_by(store, version.id)),
             "used_by": {use: sorted(used_by[version.id][use]) for use in ("runs", "studies", "models", "bursts")},
         }

@@ -56,6 +56,9 @@ class Client:
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return self._request("POST", path, json=body or {})
 
+    def delete(self, path: str) -> Any:
+        return self._request("DELETE", path)
+
     def upload(self, path: Path, options: dict[str, Any], sent: Callable[[int], None] = lambda size: None) -> Any:
         """Import a local file (or image folder) by sending its bytes: the daemon never opens a path of ours."""
         params, chunks = _upload(path, options, sent)
@@ -99,6 +102,9 @@ class AsyncClient:
 
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return await self._request("POST", path, json=body or {})
+
+    async def delete(self, path: str) -> Any:
+        return await self._request("DELETE", path)
 
     async def upload(self, path: Path, options: dict[str, Any]) -> Any:
         """Client.upload, with the file read off the event loop."""

@@ -5,10 +5,14 @@ images, from a source (sources.py: a local path, a name inside daemon.import_dir
 upload), checks every example and reports the problems together, each with the file
 and line, column or image it is on, never with what the file holds. What passes is normalised to one canonical form (JSON
 lines of text and label in file order; an uncompressed tar of label/file entries with
-fixed metadata) whose SHA-256 is both the version's id and its blob id, so the same
-data is one version however often it is imported. The train/validation split is
-stratified per label and fixed by its seed. Plaintext never touches the disk: files
-are read line by line, normalised in memory and stored with blobs.put.
+fixed metadata) whose SHA-256 is its blob id: the same data under the same name is one
+version however often it is imported, and under another name a version of its own that
+shares the stored content. The train/validation split is stratified per label and fixed
+by its seed. Plaintext never touches the disk: files are read line by line, normalised
+in memory and stored with blobs.put.
+
+A version's content can go two ways, its row staying for the runs and models that name
+it: erase_rows() for a data subject request, delete() when a person no longer wants it.
 """
 
 from __future__ import annotations
@@ -67,13 +71,23 @@ class DatasetVersion:
     warnings: list[str]
     residency: str
     created_at: str
-    erased_at: str | None = None  # a data subject request removed its content (erase_rows)
+    erased_at: str | None = None  # when its content was removed: by a data subject request, or deleted_by
     replaced_by: str | None = None  # the id of the version written without the erased rows
     parent: str | None = None  # the version this one extends with feedback
+    deleted_by: str | None = None  # who deleted its content (delete), when no data subject request did
 
     @property
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
+
+    @property
+    def removal(self) -> str | None:
+        """How its content went, as a sentence; None while it is kept."""
+        if self.erased_at is None:
+            return None
+        if self.deleted_by is not None:
+            return f"deleted on {self.erased_at[:19]} by {self.deleted_by}"
+        return f"erased on {self.erased_at[:19]} by a data subject request"
 
     def summary(self) -> dict[str, Any]:
         """The version as JSON, with the split's sizes rather than its index lists (which grow with the data)."""
@@ -140,7 +154,7 @@ def import_data(
         _check_residency(residency)
         examples, warnings = _read(source, task, (text_column, label_column), max_text_chars, min_per_class, progress)
         content = _canonical(task, examples)
-        existing = _existing(store, hashlib.sha256(content).hexdigest(), name)
+        existing = _kept(store, name, hashlib.sha256(content).hexdigest())
     except (DatasetError, ConfinementError):
         # A refusal is audited too: operation() writes the "failed" record and re-raises.
         with audit.operation(store, ACTION, name, actor=actor, **details):
@@ -150,15 +164,14 @@ def import_data(
     labels = [example.label for example in examples]
     with audit.operation(store, ACTION, name, actor=actor, **details) as recorded:
         blob_id = blobs.put(store, content)
-        version = store.db.execute(
-            "SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (name,)
-        ).fetchone()[0]
+        version = _next_version(store, name)
+        dataset_id = _identity(name, version, blob_id)
         _insert(store, DatasetVersion(
-            id=blob_id, name=name, version=version, task=task, blob_id=blob_id, source=source.origin,
+            id=dataset_id, name=name, version=version, task=task, blob_id=blob_id, source=source.origin,
             examples=len(labels), labels=sorted(set(labels)), split=_split(labels, validation_fraction, seed),
             warnings=warnings, residency=residency, created_at=clock.stamp()))
-        recorded.update(id=blob_id, version=version, examples=len(labels), warnings=len(warnings))
-    return _select(store, "id = ?", (blob_id,))[0]
+        recorded.update(id=dataset_id, version=version, examples=len(labels), warnings=len(warnings))
+    return _select(store, "id = ?", (dataset_id,))[0]
 
 
 def extend(store: Store, base: DatasetVersion, additions: list[tuple[str, str]], *, source: str,
@@ -186,22 +199,30 @@ def extend(store: Store, base: DatasetVersion, additions: list[tuple[str, str]],
     labels = [example.label for example in examples]
     details = {"base": base.ref, "source": source, "added": len(examples) - base.examples, "relabelled": relabelled}
     with audit.operation(store, "dataset.extend", base.name, actor=actor, **details) as recorded:
-        existing = _existing(store, hashlib.sha256(canonical).hexdigest(), base.name)
+        existing = _kept(store, base.name, hashlib.sha256(canonical).hexdigest())
         if existing is not None:
             recorded["unchanged"] = existing.ref
             return existing
         blob_id = blobs.put(store, canonical)
-        version = store.db.execute(
-            "SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (base.name,)
-        ).fetchone()[0]
+        version = _next_version(store, base.name)
+        dataset_id = _identity(base.name, version, blob_id)
         warnings = [f"{relabelled} examples of {base.ref} relabelled by newer feedback"] if relabelled else []
         _insert(store, DatasetVersion(
-            id=blob_id, name=base.name, version=version, task=TEXT, blob_id=blob_id, source=source,
+            id=dataset_id, name=base.name, version=version, task=TEXT, blob_id=blob_id, source=source,
             examples=len(examples), labels=sorted(set(labels)),
             split=_split(labels, base.split["validation_fraction"], base.split["seed"]), warnings=warnings,
             residency=base.residency, created_at=clock.stamp(), parent=base.id))
-        recorded.update(id=blob_id, version=version)
-    return _select(store, "id = ?", (blob_id,))[0]
+        recorded.update(id=dataset_id, version=version)
+    return _select(store, "id = ?", (dataset_id,))[0]
+
+
+def _identity(name: str, version: int, blob_id: str) -> str:
+    """A version's id: one per name:version, and naming its content, so lineage that quotes it pins both."""
+    return hashlib.sha256(f"{name}:{version}:{blob_id}".encode()).hexdigest()
+
+
+def _next_version(store: Store, name: str) -> int:
+    return store.db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM datasets WHERE name = ?", (name,)).fetchone()[0]
 
 
 def _insert(store: Store, version: DatasetVersion) -> None:
@@ -213,8 +234,8 @@ def _insert(store: Store, version: DatasetVersion) -> None:
 
 def adopt(store: Store, version: DatasetVersion, content: bytes) -> DatasetVersion:
     """Keep a version made by another appliance (a burst job's), with its id, name, version and split."""
-    if hashlib.sha256(content).hexdigest() != version.id:
-        raise DatasetError(f"the content sent for dataset {version.ref} does not match its id {version.id[:12]}")
+    if hashlib.sha256(content).hexdigest() != version.blob_id:
+        raise DatasetError(f"the content sent for dataset {version.ref} does not match its hash {version.blob_id[:12]}")
     with audit.operation(store, "dataset.adopt", version.ref, id=version.id):
         blobs.put(store, content)
         _insert(store, dataclasses.replace(version, parent=None))  # its parent stays on the appliance that made it
@@ -283,15 +304,10 @@ def _check_request(source: sources.Source, name: str, task: str, validation_frac
         )
 
 
-def _existing(store: Store, dataset_id: str, name: str) -> DatasetVersion | None:
-    """The version that already holds this content under this name; under another name, refuse."""
-    found = _select(store, "id = ?", (dataset_id,))
-    if found and found[0].name != name:
-        raise DatasetError(
-            f"this data is already imported as {found[0].ref} (id {dataset_id[:12]})",
-            hint=f"train on '{found[0].ref}', or change the data before importing it as {name!r}",
-        )
-    return found[0] if found else None
+def _kept(store: Store, name: str, blob_id: str) -> DatasetVersion | None:
+    """The version of this name that holds this content now, if one does."""
+    found = _select(store, "name = ? AND blob_id = ?", (name, blob_id))
+    return found[-1] if found else None
 
 
 @dataclass(frozen=True)
@@ -647,12 +663,13 @@ def load(store: Store, version: DatasetVersion) -> LoadedDataset:
 
 
 def content(store: Store, version: DatasetVersion) -> bytes:
-    """The canonical content of a version, decrypted into memory; an erased one says so and names its replacement."""
+    """The canonical content of a version, decrypted into memory; a removed one says how and names what to use."""
     if version.blob_id is None:
         replacement = _select(store, "id = ?", (version.replaced_by,)) if version.replaced_by else []
         raise DatasetError(
-            f"dataset {version.ref} was erased on {version.erased_at[:19]} by a data subject request",
+            f"dataset {version.ref} was {version.removal}",
             hint=f"use {replacement[0].ref}, written without the erased rows" if replacement
+            else "import the data again" if version.deleted_by
             else "no rows were left to keep; import the data again without them",
         )
     return blobs.read(store, version.blob_id)
@@ -680,33 +697,54 @@ def erase_rows(store: Store, version: DatasetVersion, rows: set[int]) -> Dataset
     examples = _examples(version.task, content(store, version))
     kept = [index for index in range(len(examples)) if index not in rows]
     replacement = _without(store, version, examples, kept) if kept else None
-    store.db.execute(
-        "UPDATE datasets SET blob_id = NULL, erased_at = ?, replaced_by = ? WHERE id = ?",
-        (clock.stamp(), replacement and replacement.id, version.id),
-    )
-    blobs.delete(store, version.blob_id)
+    _drop_content(store, version, replaced_by=replacement and replacement.id)
     return replacement
+
+
+def delete(store: Store, ref: str, actor: str | None = None) -> list[DatasetVersion]:
+    """Delete the content of a dataset: every version of a name, or the one version of name:version.
+
+    The rows stay, marked deleted, so the runs, models and audit records that name a version still read; a
+    version erased or deleted before is left as it is. operations.delete_dataset() refuses while a job uses it.
+    """
+    with audit.operation(store, "dataset.delete", ref, actor=actor) as details:
+        named = [] if ":" in ref else _select(store, "name = ?", (ref,))
+        versions = [version for version in named or [get(store, ref)] if version.removal is None]
+        if not versions:
+            raise DatasetError(f"{ref}: no version of it holds content any more ({get(store, ref).removal})")
+        for version in versions:
+            _drop_content(store, version, deleted_by=actor or audit.default_actor())
+        details["deleted"] = [version.ref for version in versions]
+    return [get(store, version.ref) for version in versions]
+
+
+def _drop_content(store: Store, version: DatasetVersion, *, replaced_by: str | None = None,
+                  deleted_by: str | None = None) -> None:
+    """Keep the row, without its content; the blob goes once no other version (of another name) shares it."""
+    store.db.execute(
+        "UPDATE datasets SET blob_id = NULL, erased_at = ?, replaced_by = ?, deleted_by = ? WHERE id = ?",
+        (clock.stamp(), replaced_by, deleted_by, version.id),
+    )
+    blobs.release(store, version.blob_id)
 
 
 def _without(store: Store, version: DatasetVersion, examples: list[_Example], kept: list[int]) -> DatasetVersion:
     canonical = _canonical(version.task, [examples[index] for index in kept])
-    found = _select(store, "id = ?", (hashlib.sha256(canonical).hexdigest(),))
-    if found and found[0].erased_at is None:
-        return found[0]  # an earlier version held exactly the rows that are left
-    if found:
-        raise DatasetError(f"what is left of {version.ref} is the content of {found[0].ref}, which was erased",
-                           hint="import the data again without the rows to erase")
+    found = _kept(store, version.name, hashlib.sha256(canonical).hexdigest())
+    if found is not None:
+        return found  # an earlier version held exactly the rows that are left
     blob_id = blobs.put(store, canonical)
     position = {old: new for new, old in enumerate(kept)}
     split = {**version.split, **{part: [position[i] for i in version.split[part] if i in position]
                                  for part in ("train", "validation")}}
-    number = store.db.execute("SELECT MAX(version) + 1 FROM datasets WHERE name = ?", (version.name,)).fetchone()[0]
+    number = _next_version(store, version.name)
+    dataset_id = _identity(version.name, number, blob_id)
     _insert(store, dataclasses.replace(
-        version, id=blob_id, blob_id=blob_id, version=number,
+        version, id=dataset_id, blob_id=blob_id, version=number,
         source=f"{version.ref} without {len(examples) - len(kept)} erased examples", examples=len(kept),
         labels=sorted({examples[index].label for index in kept}), split=split,
         created_at=clock.stamp()))
-    return _select(store, "id = ?", (blob_id,))[0]
+    return _select(store, "id = ?", (dataset_id,))[0]
 
 
 def _examples(task: str, content: bytes) -> list[_Example]:

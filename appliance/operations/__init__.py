@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from appliance import registry
-from appliance.core.errors import ApplianceError
+from appliance.core.errors import ApplianceError, DatasetError
 from appliance.core.text import counted
 from appliance.data import datasets, sources
-from appliance.operations import burst, challenge, pipeline
+from appliance.operations import burst, challenge, jobs, pipeline
 from appliance.operations.jobspec import OptimizeJob, PipelineJob, Spec, TrainJob, TuneJob, base_dir, resumed
 from appliance.registry import feedback
 from appliance.store import Store, audit
@@ -279,6 +279,16 @@ def rollback(store: Store, model: str, actor: str | None = None) -> Rollback:
         registry.stop_canary(store, model, actor=actor)
         return Rollback(model, True, None)
     return Rollback(model, False, registry.rollback(store, model, actor=actor))
+
+
+def delete_dataset(store: Store, ref: str, actor: str | None = None) -> list[datasets.DatasetVersion]:
+    """Delete a dataset's content (datasets.delete), refused while a queued or running job trains on it."""
+    name = datasets.get(store, ref).name
+    busy = jobs.using_datasets(store, {name})
+    if busy:
+        raise DatasetError(f"jobs {', '.join(busy)} train on {name}, so nothing was deleted",
+                           hint="wait for them to finish or cancel them ('appliance jobs cancel ID'), then delete it")
+    return datasets.delete(store, ref, actor=actor)
 
 
 def run(ctx: Context, spec: Spec, study_id: str | None = None, base: Path | None = None) -> dict[str, Any]:

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from appliance.core import clock
-from appliance.core.errors import JobError, JobNotFound
+from appliance.core.errors import ApplianceError, JobError, JobNotFound
+from appliance.data import datasets
 from appliance.operations import jobspec
 from appliance.store import Store, alerts, audit, events
 from appliance.store.db import transaction
+from appliance.train import runs, studies
 
 ACTIVE = ("queued", "running")
 _COLUMNS = (
@@ -220,6 +222,38 @@ def cancel(store: Store, job_id: str, actor: str | None = None) -> Job:
             store.db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
             events.emit(store, "job", job_id, "cancel-requested", {})
     return get(store, job_id)
+
+
+def delete(store: Store, job_id: str, actor: str | None = None) -> Job:
+    """Forget an ended job: its record and its log. What it made (runs, models) and the audit records stay."""
+    with audit.operation(store, "job.delete", job_id, actor=actor) as details:
+        job = get(store, job_id)
+        if job.status in ACTIVE:
+            raise JobError(f"job {job.id} is {job.status}, so it cannot be deleted",
+                           hint=f"cancel it first ('appliance jobs cancel {job.id}'), then delete it")
+        store.db.execute("DELETE FROM events WHERE topic = 'job' AND subject = ?", (job.id,))
+        store.db.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
+        details.update(kind=job.kind, status=job.status)
+    return job
+
+
+def using_datasets(store: Store, names: set[str]) -> list[str]:
+    """The queued or running jobs that train on a dataset of one of these names: changing it under them would
+    train on what is being removed, or fail them."""
+    return [job.id for status in ACTIVE for job in list_jobs(store, status) if _dataset_name(store, job) in names]
+
+
+def _dataset_name(store: Store, job: Job) -> str:
+    """The name of the dataset a job trains on: as its parameters give it (raw: rows of any age), or the one
+    the run or search it resumes started on."""
+    resumed = job.params.get("resume")
+    if resumed is None:
+        return str(job.params.get("dataset") or "").partition(":")[0]
+    try:
+        started = runs.get(store, resumed) if job.kind == "train" else studies.get(store, resumed)
+        return datasets.get(store, started.dataset_id).name
+    except ApplianceError:  # nothing to resume, or its dataset is gone: the job will fail, not train on the rows
+        return ""
 
 
 def cancelled_while_running(store: Store, job_id: str, owner: str) -> None:

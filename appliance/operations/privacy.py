@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from appliance import registry
-from appliance.core.errors import ApplianceError, ErasureError
+from appliance.core.errors import ErasureError
 from appliance.data import datasets
 from appliance.operations import jobs
 from appliance.registry import feedback
 from appliance.store import Store, audit, keys
-from appliance.train import runs, studies
+from appliance.train import runs
 
 ACTION = "privacy.erased"
 MIN_IDENTIFIER = 3  # shorter needles would match half of any dataset
@@ -180,22 +180,8 @@ def _source(name: str) -> Source:
 
 def _refuse_busy(store: Store, request: Request) -> None:
     """A queued or running job on a dataset being erased would train on the rows (or fail): refuse until it ends."""
-    names = {finding.object.partition(":")[0] for finding in request.findings if finding.source == "datasets"}
-    busy = [job.id for status in jobs.ACTIVE for job in jobs.list_jobs(store, status)
-            if _dataset_name(store, job) in names]
+    busy = jobs.using_datasets(store, {finding.object.partition(":")[0] for finding in request.findings
+                                       if finding.source == "datasets"})
     if busy:
         raise ErasureError(f"jobs {', '.join(busy)} use a dataset this request changes, so nothing was erased",
                            hint="wait for them to finish or cancel them ('appliance jobs cancel ID'), then ask again")
-
-
-def _dataset_name(store: Store, job: jobs.Job) -> str:
-    """The name of the dataset a job trains on: as its parameters give it (raw: rows of any age), or the one
-    the run or search it resumes started on."""
-    resumed = job.params.get("resume")
-    if resumed is None:
-        return str(job.params.get("dataset") or "").partition(":")[0]
-    try:
-        started = runs.get(store, resumed) if job.kind == "train" else studies.get(store, resumed)
-        return datasets.get(store, started.dataset_id).name
-    except ApplianceError:  # nothing to resume, or its dataset is gone: the job will fail, not train on the rows
-        return ""

@@ -19,7 +19,7 @@ from typing import Any
 
 from appliance.core import clock, schema
 from appliance.core.errors import RegistryError, VersionNotFound
-from appliance.store import Store, audit, events
+from appliance.store import Store, audit, blobs, events
 from appliance.train import runs
 
 ALIASES = ("production", "candidate")
@@ -89,8 +89,9 @@ def register(
     if chosen not in {variant.name for variant in variants}:
         raise RegistryError(f"the chosen variant {chosen!r} is not among the artifacts")
     with audit.operation(store, "model.register", model, actor=actor, run=run_id, chosen=chosen) as details:
-        version = store.db.execute(
-            "SELECT COALESCE(MAX(version), 0) + 1 FROM model_versions WHERE model = ?", (model,)
+        version = store.db.execute(  # a deleted version's number is not given again
+            "SELECT COALESCE(MAX(version), 0) + 1 FROM (SELECT version FROM model_versions WHERE model = ?"
+            " UNION ALL SELECT version FROM model_versions_deleted WHERE model = ?)", (model, model)
         ).fetchone()[0]
         store.db.execute(
             "INSERT INTO model_versions (model, version, run_id, task, chosen, reason, created_at)"
@@ -184,6 +185,39 @@ def deploy(store: Store, ref: str, canary_percent: float | None = None, actor: s
         _set_canary(store, version.model, canary_percent)
         events.emit(store, "deploy", version.model, "canary", {"version": version.version, "percent": canary_percent})
     return get(store, version.ref)
+
+
+def delete(store: Store, ref: str, actor: str | None = None) -> ModelVersion:
+    """Delete a version and its weights, unless it serves, is the candidate, or a rollback could return to it.
+
+    Its artifacts' blobs go once nothing else holds them, and the weights of the run it came from go with the
+    last version made from that run; the run itself, its curve and the audit records stay.
+    """
+    with audit.operation(store, "model.delete", ref, actor=actor) as details:
+        version = get(store, ref)
+        _refuse_in_use(store, version)
+        store.db.execute("DELETE FROM model_artifacts WHERE model = ? AND version = ?", (version.model, version.version))
+        store.db.execute("DELETE FROM model_versions WHERE model = ? AND version = ?", (version.model, version.version))
+        store.db.execute("INSERT INTO model_versions_deleted (model, version, deleted_at, deleted_by) VALUES"
+                         " (?, ?, ?, ?)", (version.model, version.version, clock.stamp(),
+                                           actor or audit.default_actor()))
+        for variant in version.variants.values():
+            blobs.release(store, variant.blob_id)
+        if not store.db.execute("SELECT 1 FROM model_versions WHERE run_id = ?", (version.run_id,)).fetchone():
+            runs.drop_model(store, version.run_id)
+        details.update(version=version.ref, variants=sorted(version.variants))
+    return version
+
+
+def _refuse_in_use(store: Store, version: ModelVersion) -> None:
+    if version.aliases:
+        raise RegistryError(f"{version.ref} is the {' and '.join(version.aliases)} version of {version.model}, so it"
+                            " cannot be deleted",
+                            hint=f"deploy another version or roll back first ('appliance models show {version.model}')")
+    for alias in ALIASES:
+        if version.version in _history(store, version.model, alias):
+            raise RegistryError(f"{version.ref} cannot be deleted: a rollback of {version.model}@{alias} could return"
+                                " to it", hint="delete versions that never served, or keep this one")
 
 
 @dataclass(frozen=True)
@@ -299,6 +333,11 @@ def _load(store: Store, model: str, version: int) -> ModelVersion:
         (model, version),
     ).fetchone()
     if row is None:
+        deleted = store.db.execute("SELECT deleted_at, deleted_by FROM model_versions_deleted WHERE model = ?"
+                                   " AND version = ?", (model, version)).fetchone()
+        if deleted:
+            raise VersionNotFound(f"{model}:{version} was deleted on {deleted[0][:19]} by {deleted[1]}",
+                                  hint=f"'appliance models list' shows the versions of {model} kept")
         _newest(store, model)  # names the model if it does not exist at all
         raise VersionNotFound(f"model {model} has no version {version}", hint=f"'appliance models show {model}'")
     variants = {

@@ -126,6 +126,27 @@ def delete(store: Store, blob_id: str) -> None:
         store.db.execute("DELETE FROM blobs WHERE id = ?", (blob_id,))
 
 
+def release(store: Store, blob_id: str) -> bool:
+    """Remove a blob once no row refers to it; True if it went.
+
+    Identical content is stored once, so one blob may back several rows (a dataset under two names, a run's
+    model and the variants registered from it): whoever lets go of one asks here, and the last one removes it.
+    The referring columns are read from the schema's foreign keys, so a new table that refers to blobs counts.
+    """
+    for table, column in _references(store):
+        if store.db.execute(f"SELECT 1 FROM {table} WHERE {column} = ? LIMIT 1", (blob_id,)).fetchone():
+            return False
+    delete(store, blob_id)
+    return True
+
+
+def _references(store: Store) -> list[tuple[str, str]]:
+    return store.db.execute(
+        "SELECT m.name, f.\"from\" FROM sqlite_master AS m, pragma_foreign_key_list(m.name) AS f"
+        " WHERE m.type = 'table' AND f.\"table\" = 'blobs' AND f.\"to\" = 'id'"
+    ).fetchall()
+
+
 def size(store: Store, blob_id: str) -> int:
     """The plaintext size of a blob, without decrypting it."""
     row = store.db.execute("SELECT size FROM blobs WHERE id = ?", (blob_id,)).fetchone()

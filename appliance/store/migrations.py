@@ -390,6 +390,22 @@ def _v11_alerts(db: sqlite_utils.Database) -> None:
     db.execute("CREATE UNIQUE INDEX alerts_open ON alerts(source, subject) WHERE acknowledged_at IS NULL")
 
 
+def _v12_deletion(db: sqlite_utils.Database) -> None:
+    """What people delete. A dataset version keeps its row without content (blob_id NULL, erased_at set), told
+    apart from an erased one by who deleted it. A model version's rows go, and its number is kept here so it is
+    never given again and asking for it says what happened."""
+    db.execute("ALTER TABLE datasets ADD COLUMN deleted_by TEXT")  # who deleted it; NULL when erased or kept
+    db.execute(
+        """CREATE TABLE model_versions_deleted (
+            model TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            deleted_at TEXT NOT NULL,
+            deleted_by TEXT NOT NULL,
+            PRIMARY KEY (model, version)
+        )"""
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -402,6 +418,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v9_feedback,
     _v10_usage_accounting,
     _v11_alerts,
+    _v12_deletion,
 ]
 LATEST = len(MIGRATIONS)
 

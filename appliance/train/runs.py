@@ -89,10 +89,7 @@ def drop_model(store: Store, run_id: str) -> None:
         return
     with audit.operation(store, "train.model_dropped", run_id, model=model):
         store.db.execute("UPDATE runs SET model_blob = NULL WHERE id = ?", (run_id,))
-        used = (f"SELECT 1 FROM {table} WHERE {column} = ?" for table, column in
-                (("runs", "model_blob"), ("model_artifacts", "blob_id"), ("datasets", "blob_id")))
-        if not any(store.db.execute(query, (model,)).fetchone() for query in used):
-            blobs.delete(store, model)
+        blobs.release(store, model)
 
 
 def get(store: Store, run_id: str) -> Run:

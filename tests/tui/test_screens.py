@@ -13,8 +13,11 @@ from typing import Any
 import pytest
 from textual.widgets import Log, RichLog
 
-from appliance import store
-from appliance.store import alerts
+from appliance import registry, store
+from appliance.access import users
+from appliance.data import datasets
+from appliance.store import alerts, blobs
+from appliance.train import runs
 from tests.daemon import TINY, Daemon, submit
 from tests.tui.conftest import SIZE, RecordedDaemon, settle, text
 from tui.app import ApplianceApp
@@ -395,6 +398,34 @@ async def test_an_alert_stays_on_the_overview_until_acknowledged(daemon: Daemon)
         await settle(pilot, lambda: not rows(app, "#alerts"), message="the acknowledged alert stayed")
         await settle(pilot, lambda: text(app, "#status") == "connected")
     assert api(daemon, "/v1/alerts") == [] and api(daemon, "/v1/alerts?all=true")[0]["acknowledged_by"]
+
+
+async def test_datasets_models_and_jobs_are_deleted_after_a_question_naming_the_command(
+        daemon: Daemon, tmp_path: Path) -> None:
+    assert daemon.upload(tmp_path / "tickets.csv", name="tickets").status_code == 201
+    job_id = submit(daemon, "train", {"dataset": "no-such-dataset"})
+    daemon.ended(job_id)
+    with store.open(daemon.settings) as opened:
+        run_id = runs.create(opened, dataset_id=datasets.get(opened, "tickets").id, base_model="tiny",
+                             task=datasets.TEXT, params={}, plan={})
+        registry.register(opened, "tickets", run_id=run_id, task=datasets.TEXT, chosen="fp32", reason="only one",
+                          variants=[registry.Variant("fp32", "torch-bundle", blobs.put(opened, b"w"), 1, {})])
+    app = ApplianceApp(settings=daemon.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        for key, table, row, command in (("2", "#datasets", "tickets:1", "appliance data delete tickets:1"),
+                                         ("3", "#jobs", job_id, f"appliance jobs delete {job_id}"),
+                                         ("4", "#models", "tickets:1", "appliance models delete tickets:1")):
+            await pilot.press(key)
+            await settle(pilot, lambda table=table, row=row: rows(app, table).get(row))
+            app.screen.query_one(table, Table).select(row)
+            await pilot.press("x")
+            assert f"From a shell: {command}" in text(app, ".command")
+            await pilot.press("y")
+            await settle(pilot, lambda table=table, row=row: row not in rows(app, table),
+                         message=f"{row} stayed on {table}")
+    assert notices(app).count("deleted") == 3
+    assert api(daemon, "/v1/datasets")[0]["deleted_by"] == f"user:{users.LOCAL_ADMIN}"
+    assert api(daemon, "/v1/models") == [] and api(daemon, f"/v1/jobs/{job_id}")["type"] == "JobNotFound"
 
 
 async def test_a_refused_token_is_said_plainly(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:

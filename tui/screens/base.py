@@ -7,10 +7,10 @@ from the daemon becomes a notice (the app decides how), never a traceback.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -19,10 +19,13 @@ from textual.widgets import Footer, Input
 from textual.worker import Worker
 
 from appliance.core.errors import ApplianceError
+from tui.screens.dialogs import Confirm
 from tui.widgets import Connection, FindBar, NavBar, StatusLine, Table
 
 if TYPE_CHECKING:
     from tui.app import ApplianceApp
+
+COMPACT_BELOW = 100  # columns
 
 
 class ApplianceScreen(Screen[None]):
@@ -83,6 +86,10 @@ class ApplianceScreen(Screen[None]):
         if (table := self._list()) is not None:
             self.notify(f"sorted {table.sort_next()} (> for the next column)", timeout=3)
 
+    def on_resize(self, event: events.Resize) -> None:
+        """Below 100 columns the key hints close up, so every one of them fits in 80."""
+        self.query_one(Footer).compact = event.size.width < COMPACT_BELOW
+
     def _grey_when_stale(self, connection: Connection) -> None:
         """What the daemon said last, greyed while it cannot be asked again (the status line says since when)."""
         self.query_one("#body").set_class(connection.trouble, "stale")
@@ -105,6 +112,28 @@ class ApplianceScreen(Screen[None]):
             await fetch
         except ApplianceError as exc:
             self.app.report(exc)
+
+    # -- changes: asked first, sent, told ---------------------------------------------------
+
+    def confirm_and_send(self, question: Confirm, method: str, path: str, done: Callable[[Any], str],
+                         body: dict[str, Any] | None = None) -> None:
+        """Ask first; on yes, send() the request."""
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.send(method, path, done, body)
+
+        self.app.push_screen(question, answered)
+
+    @work(exit_on_error=False)
+    async def send(self, method: str, path: str, done: Callable[[Any], str], body: dict[str, Any] | None = None) -> None:
+        """Ask the daemon to change something; say what it did (done(answer)) or why not, and show the result."""
+        try:
+            answer = await self.app.request(method, path, body)
+        except ApplianceError as exc:
+            self.app.report(exc)
+            return
+        self.notify(done(answer))
+        self.reload()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         self.app.on_worker_state_changed(event)

@@ -1,4 +1,4 @@
-"""Datasets: the imported versions, and importing a file picked from the disk."""
+"""Datasets: the imported versions, importing a file picked from the disk, and deleting a version."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from textual.widgets import Button, Collapsible, DataTable, DirectoryTree, Input
 from appliance.core.errors import ApplianceError
 from appliance.data import datasets
 from tui.screens.base import ApplianceScreen
-from tui.screens.dialogs import FormDialog, fields
+from tui.screens.dialogs import Confirm, FormDialog, fields
 from tui.widgets import Table, ago
 
 
@@ -24,8 +24,9 @@ class DatasetsScreen(ApplianceScreen):
     TITLE = "Datasets"
     HELP = ("Every imported dataset version. i imports a CSV or JSONL file (a header row; text and label columns) "
             "or a folder of class subfolders of images; problems are listed with their line numbers and nothing is "
-            "stored until the file is clean.")
-    BINDINGS: ClassVar = [Binding("i", "import", "Import")]
+            "stored until the file is clean. x deletes a version's content: the models trained on it keep saying on "
+            "what, nothing can train on it again.")
+    BINDINGS: ClassVar = [Binding("i", "import", "Import"), Binding("x", "delete", "Delete")]
 
     def compose_body(self) -> ComposeResult:
         yield Table("dataset", "task", "examples", "classes", "residency", "imported", id="datasets")
@@ -36,7 +37,7 @@ class DatasetsScreen(ApplianceScreen):
         self._versions: dict[str, dict[str, Any]] = {}
 
     async def load(self) -> None:
-        versions = await self.app.request("GET", "/v1/datasets")
+        versions = [v for v in await self.app.request("GET", "/v1/datasets") if v["erased_at"] is None]
         self._versions = {version["ref"]: version for version in versions}
         self.query_one(Table).fill((v["ref"], (v["ref"], v["task"].removesuffix("-classification"), v["examples"],
                                         len(v["labels"]), v["residency"], ago(v["created_at"])))
@@ -59,6 +60,16 @@ class DatasetsScreen(ApplianceScreen):
                 self.reload()
 
         self.app.push_screen(ImportDialog(), imported)
+
+    def action_delete(self) -> None:
+        ref = self.query_one(Table).selected
+        if ref is None:
+            return
+        self.confirm_and_send(
+            Confirm(f"Delete the content of {ref}?\nIt cannot be undone: nothing can train on it again. Models trained "
+                    "on it keep serving and keep naming it; a job training on it makes this refused.", yes="Delete",
+                    command=f"appliance data delete {ref}"),
+            "DELETE", f"/v1/datasets/{ref}/content", lambda done: f"{', '.join(v['ref'] for v in done)} deleted")
 
 
 def _detail(version: dict[str, Any]) -> str:

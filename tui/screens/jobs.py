@@ -44,10 +44,11 @@ class JobsScreen(ApplianceScreen):
             "model. The highlighted job shows its live progress, loss and validation accuracy by epoch, and its "
             "log; l opens the whole log full screen, with times, wrapped or not, followed live. s shows a search's "
             "trials ranked, their learning curves and what mattered most; c cancels a job (a running job "
-            "checkpoints first).")
+            "checkpoints first); x deletes an ended job's record and log.")
     REFRESH_S: ClassVar[float] = 1.0
     BINDINGS: ClassVar = [Binding("n", "new", "New fine-tune"), Binding("l", "log", "Log"),
-                          Binding("s", "search", "Search"), Binding("c", "cancel_job", "Cancel")]
+                          Binding("s", "search", "Search"), Binding("c", "cancel_job", "Cancel"),
+                          Binding("x", "delete_job", "Delete")]
 
     def compose_body(self) -> ComposeResult:
         yield Table("job", "kind", "status", "stage", "submitted", "by", id="jobs")
@@ -175,23 +176,21 @@ class JobsScreen(ApplianceScreen):
             return
         question = (f"Cancel job {job['id']} ({job['kind']}, {job['status']})?"
                     + ("\nIt checkpoints first and ends as cancelled." if job["status"] == "running" else ""))
+        self.confirm_and_send(
+            Confirm(question, yes="Cancel the job", command=f"appliance jobs cancel {job['id']}"),
+            "POST", f"/v1/jobs/{job['id']}/cancel",
+            lambda done: f"job {done['id']} " + ("cancelled" if done["status"] == "cancelled" else "is stopping"))
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._cancel(job["id"])
-
-        self.app.push_screen(Confirm(question, yes="Cancel the job", command=f"appliance jobs cancel {job['id']}"),
-                             answered)
-
-    @work(exit_on_error=False)
-    async def _cancel(self, job_id: str) -> None:
-        try:
-            job = await self.app.request("POST", f"/v1/jobs/{job_id}/cancel")
-        except ApplianceError as exc:
-            self.app.report(exc)
+    def action_delete_job(self) -> None:
+        job = self._jobs.get(self._selected_id() or "")
+        if job is None or job["status"] not in ENDED:
+            self.notify("select an ended job to delete (c cancels one that is queued or running)", severity="warning")
             return
-        self.notify(f"job {job_id} " + ("cancelled" if job["status"] == "cancelled" else "is stopping"))
-        self.reload()
+        self.confirm_and_send(
+            Confirm(f"Delete job {job['id']} ({job['kind']}, {job['status']})?\nIts record and its log go; what it "
+                    "made (runs, models) and the audit records stay.", yes="Delete",
+                    command=f"appliance jobs delete {job['id']}"),
+            "DELETE", f"/v1/jobs/{job['id']}", lambda done: f"job {done['id']} deleted")
 
 
 def _row(job: dict[str, Any]) -> tuple[str, ...]:
@@ -268,7 +267,8 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
             self.show_problem(exc.message)
             return
         select = self.query_one("#dataset", Select)
-        newest = sorted(found, key=lambda version: version["created_at"], reverse=True)
+        newest = sorted((version for version in found if version["erased_at"] is None),
+                        key=lambda version: version["created_at"], reverse=True)
         select.set_options((f"{v['ref']} ({v['examples']} examples)", v["ref"]) for v in newest)
         if newest:
             select.value = newest[0]["ref"]

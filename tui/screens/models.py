@@ -10,7 +10,6 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Label, Static
 
-from appliance.core.errors import ApplianceError
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog
 from tui.widgets import Table, ago, number, percent
@@ -27,9 +26,10 @@ class ModelsScreen(ApplianceScreen):
             "side by side (fp32, int8, student: accuracy, latency, size) and why one was chosen. o optimises a "
             "version that cannot serve (OpenVINO, INT8 kept only if accuracy holds: a new version), d deploys it to production, k sends "
             "a canary share of traffic to it, r rolls back (a running canary stops first, else production returns "
-            "to the version before); each asks before it acts.")
+            "to the version before), x deletes a version that never served; each asks before it acts.")
     BINDINGS: ClassVar = [Binding("o", "optimise", "Optimise"), Binding("d", "deploy", "Deploy"),
-                          Binding("k", "canary", "Canary"), Binding("r", "rollback", "Rollback")]
+                          Binding("k", "canary", "Canary"), Binding("r", "rollback", "Rollback"),
+                          Binding("x", "delete", "Delete")]
 
     def compose_body(self) -> ComposeResult:
         yield Table("version", "aliases", "traffic", "serves", "accuracy", "registered", id="models")
@@ -104,23 +104,12 @@ class ModelsScreen(ApplianceScreen):
             self.notify(f"{ref} is optimised already: it serves {version['chosen']}", severity="warning")
             return
 
-        def answered(confirmed: bool | None) -> None:
-            if confirmed:
-                self._optimise(ref)
-
-        self.app.push_screen(Confirm(f"Optimise {ref}?\nAn optimize job exports it to OpenVINO and quantises it to "
-                                     "INT8, keeping INT8 only if its accuracy holds, and registers the result as a "
-                                     "new version that can serve, with the variant chosen and why. Nothing is "
-                                     "deployed.", yes="Optimise", command=f"appliance optimize {ref}"), answered)
-
-    @work(exit_on_error=False)
-    async def _optimise(self, ref: str) -> None:
-        try:
-            job = await self.app.request("POST", "/v1/jobs", {"kind": "optimize", "params": {"version": ref}})
-        except ApplianceError as exc:
-            self.app.report(exc)
-            return
-        self.notify(f"{ref}: job {job['id']} optimises it (3 shows it)", title="optimise")
+        self.confirm_and_send(
+            Confirm(f"Optimise {ref}?\nAn optimize job exports it to OpenVINO and quantises it to INT8, keeping INT8 "
+                    "only if its accuracy holds, and registers the result as a new version that can serve, with the "
+                    "variant chosen and why. Nothing is deployed.", yes="Optimise", command=f"appliance optimize {ref}"),
+            "POST", "/v1/jobs", lambda job: f"{ref}: job {job['id']} optimises it (3 shows it)",
+            {"kind": "optimize", "params": {"version": ref}})
 
     def action_deploy(self) -> None:
         version = self._deployable()
@@ -131,9 +120,11 @@ class ModelsScreen(ApplianceScreen):
                         and "production" in other["aliases"]), None)
         replaces = (f"It replaces {version['model']}:{serving['version']}, in production now. " if serving
                     else f"Nothing of {version['model']} serves yet. ")
-        self._ask(f"Deploy {ref} to production?\n{replaces}Traffic moves to it once it is loaded, warm and has "
-                  "passed a smoke test; a running canary ends.", "Deploy", version["model"],
-                  {"version": version["version"]}, f"appliance deploy {ref}")
+        self.confirm_and_send(
+            Confirm(f"Deploy {ref} to production?\n{replaces}Traffic moves to it once it is loaded, warm and has "
+                    "passed a smoke test; a running canary ends.", yes="Deploy", command=f"appliance deploy {ref}"),
+            "POST", f"/v1/models/{version['model']}/deploy", lambda done: f"{done['model']}:{done['version']} deployed",
+            {"version": version["version"]})
 
     def action_canary(self) -> None:
         version = self._deployable()
@@ -142,7 +133,9 @@ class ModelsScreen(ApplianceScreen):
 
         def chosen(share: float | None) -> None:
             if share is not None:
-                self._send(version["model"], "deploy", {"version": version["version"], "canary_percent": share})
+                self.send("POST", f"/v1/models/{version['model']}/deploy",
+                          lambda done: f"{done['model']}:{done['version']} takes {share:g}% as a canary",
+                          {"version": version["version"], "canary_percent": share})
 
         self.app.push_screen(CanaryDialog(f"{version['model']}:{version['version']}"), chosen)
 
@@ -156,7 +149,26 @@ class ModelsScreen(ApplianceScreen):
                         "all of it goes back to production.")
         else:
             question = (f"Roll {model} back?\nProduction returns to the version that served before the last deploy.")
-        self._ask(question, "Roll back", model, None, f"appliance rollback {model}")
+        self.confirm_and_send(Confirm(question, yes="Roll back", command=f"appliance rollback {model}"),
+                              "POST", f"/v1/models/{model}/rollback",
+                              lambda done: f"{model}: " + ("canary stopped" if done.get("canary")
+                                                           else f"production is version {done['production']} again"))
+
+    def action_delete(self) -> None:
+        version = self._selected()
+        if version is None:
+            return
+        ref = f"{version['model']}:{version['version']}"
+        if version["aliases"]:
+            self.notify(f"{ref} is the {' and '.join(version['aliases'])} version: deploy another or roll back first",
+                        severity="warning")
+            return
+        self.confirm_and_send(
+            Confirm(f"Delete {ref} and its weights?\nIt cannot be undone. The run it came from and the audit records "
+                    "stay; a version a rollback could return to is refused.", yes="Delete",
+                    command=f"appliance models delete {ref}"),
+            "DELETE", f"/v1/models/{version['model']}/versions/{version['version']}",
+            lambda done: f"{done['model']}:{done['version']} deleted")
 
     def _deployable(self) -> dict[str, Any] | None:
         """The selected version, if the server can run it; else None, and the operator is told why and what to do."""
@@ -166,29 +178,6 @@ class ModelsScreen(ApplianceScreen):
                         severity="warning")
             return None
         return version
-
-    def _ask(self, question: str, yes: str, model: str, body: dict[str, Any] | None, command: str) -> None:
-        def answered(confirmed: bool | None) -> None:
-            if confirmed:
-                self._send(model, "rollback" if body is None else "deploy", body)
-
-        self.app.push_screen(Confirm(question, yes=yes, command=command), answered)
-
-    @work(exit_on_error=False)
-    async def _send(self, model: str, action: str, body: dict[str, Any] | None) -> None:
-        try:
-            answer = await self.app.request("POST", f"/v1/models/{model}/{action}", body)
-        except ApplianceError as exc:
-            self.app.report(exc)
-            return
-        if action == "rollback":
-            done = "canary stopped" if answer.get("canary") else f"production is version {answer['production']} again"
-        else:
-            done = (f"{answer['model']}:{answer['version']} takes {body['canary_percent']:g}% as a canary"
-                    if body and body.get("canary_percent") else f"{answer['model']}:{answer['version']} deployed")
-        self.notify(f"{model}: {done}", title=action)
-        self.reload()
-
 
 class CanaryDialog(FormDialog[float]):
     """How much of a model's traffic its candidate gets, in percent."""

@@ -1,4 +1,4 @@
-"""Datasets: imported from an upload or from daemon.import_dir, listed, and kept on this box or let out."""
+"""Datasets: imported from an upload or from daemon.import_dir, listed, kept on this box or let out, deleted."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
+from appliance import operations
 from appliance.access import users
 from appliance.core import schema
-from appliance.daemon.api.deps import Operator, Settings, Shared, SharedStore, Viewer, actor
+from appliance.daemon.api.deps import Admin, Operator, Settings, Shared, SharedStore, Viewer, actor
 from appliance.data import datasets, sources
 from appliance.serve.web import Body
 
@@ -80,6 +81,13 @@ def set_residency(ref: str, body: ResidencyRequest, user: Operator, shared: Shar
     """Whether a dataset (every version of a name, or name:version) may leave this box for a burst."""
     with shared.use() as store:
         return [asdict(version) for version in datasets.set_residency(store, ref, body.residency, actor=actor(user))]
+
+
+@router.delete("/v1/datasets/{ref}/content")
+def delete_dataset(ref: str, user: Admin, shared: Shared) -> list[dict[str, Any]]:
+    """Delete the content of a dataset (every version of a name, or name:version); the rows stay for lineage."""
+    with shared.use() as store:
+        return [version.summary() for version in operations.delete_dataset(store, ref, actor=actor(user))]
 
 
 def _import(shared: SharedStore, source: sources.Source, options: ImportOptions, user: users.User) -> dict[str, Any]:

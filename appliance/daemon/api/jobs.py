@@ -45,6 +45,13 @@ def cancel(job_id: str, user: Operator, shared: Shared) -> dict[str, Any]:
         return asdict(jobs.cancel(store, job_id, actor=actor(user)))
 
 
+@router.delete("/v1/jobs/{job_id}")
+def delete(job_id: str, user: Operator, shared: Shared) -> dict[str, Any]:
+    """Forget an ended job, its record and its log; what it made and its audit records stay."""
+    with shared.use() as store:
+        return asdict(jobs.delete(store, job_id, actor=actor(user)))
+
+
 @router.get("/v1/runs")
 def list_runs(_user: Viewer, shared: Shared) -> list[dict[str, Any]]:
     with shared.use() as store:

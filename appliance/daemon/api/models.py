@@ -1,15 +1,15 @@
-"""Model versions: listed, deployed (with a canary share), rolled back."""
+"""Model versions: listed, deployed (with a canary share), rolled back, deleted."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from pydantic import Field
 
 from appliance import operations, registry
-from appliance.daemon.api.deps import Operator, Shared, Viewer, actor
+from appliance.daemon.api.deps import Admin, Operator, Shared, Viewer, actor
 from appliance.serve.web import Body
 
 router = APIRouter()
@@ -38,3 +38,11 @@ def rollback(model: str, user: Operator, shared: Shared) -> dict[str, Any]:
     with shared.use() as store:
         done = operations.rollback(store, model, actor=actor(user))
     return {"model": model, **({"canary": "stopped"} if done.canary_stopped else {"production": done.production})}
+
+
+@router.delete("/v1/models/{model}/versions/{version}")
+def delete_version(model: str, version: Annotated[int, Path(ge=1)], user: Admin, shared: Shared) -> dict[str, Any]:
+    """Delete a version and its weights; refused while it serves, is the candidate, or a rollback could return to it."""
+    with shared.use() as store:
+        deleted = registry.delete(store, f"{model}:{version}", actor=actor(user))
+    return {"model": deleted.model, "version": deleted.version, "deleted": True}
