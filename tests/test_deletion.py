@@ -46,7 +46,11 @@ def test_datasets_models_and_jobs_are_deleted_through_the_daemon_by_those_allowe
         registry.register(opened, "tickets", run_id=run_id, task=datasets.TEXT, chosen="fp32", reason="only one",
                           variants=[registry.Variant("fp32", "torch-bundle", weights, 7, {})])
 
+    shown = daemon.cli("data", "show", "tickets")
+    assert "trained     tickets:1" in shown.stdout and "billing" in shown.stdout, shown.stderr
     with daemon.api(operator) as api:
+        detail = api.get("/v1/datasets/tickets/detail").json()  # what a viewer may see of it
+        assert detail["models"] == ["tickets:1"] and sum(detail["counts"].values()) == detail["examples"]
         for path in ("/v1/datasets/tickets/content", "/v1/models/tickets/versions/1"):
             refused = api.delete(path)
             assert refused.status_code == 403 and "needs admin" in refused.json()["error"], path

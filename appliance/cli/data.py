@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from appliance import registry
 from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
 from appliance.cli.connect import connected
 from appliance.data import datasets
@@ -100,13 +101,16 @@ def data_show(ref: str, as_json: bool) -> None:
     """Show one version: REF is a name (its latest version), name:version or an id prefix."""
     with opened_store() as opened:
         version = datasets.get(opened, ref)
-        counts = {} if version.erased_at else datasets.load(opened, version).counts
+        counts = {} if version.removal else datasets.load(opened, version).counts
         replacement = datasets.get(opened, version.replaced_by).ref if version.replaced_by else None
         from_predictions = feedback.used_by(opened, version.id)
+        models = registry.trained_on(opened, {version.id})
     if as_json:
-        print_json({**version.summary(), "counts": counts, "from_predictions": from_predictions})
+        print_json({**version.summary(), "counts": counts, "from_predictions": from_predictions, "models": models})
     else:
         _describe(version, counts, from_predictions)
+        if models:
+            click.echo(f"trained     {', '.join(models)}")
         if version.removal:
             click.echo(f"content     {version.removal}; it is gone"
                        + (f", the rest is in {replacement}" if replacement else ""))

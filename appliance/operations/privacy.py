@@ -30,7 +30,6 @@ from appliance.data import datasets
 from appliance.operations import jobs
 from appliance.registry import feedback
 from appliance.store import Store, audit, keys
-from appliance.train import runs
 
 ACTION = "privacy.erased"
 MIN_IDENTIFIER = 3  # shorter needles would match half of any dataset
@@ -81,12 +80,7 @@ class DatasetExamples:
                 "replaced_by": replacement.ref if replacement else None}
 
     def affected_models(self, store: Store, findings: list[Finding]) -> list[str]:
-        refs = [finding.object for finding in findings]
-        ids = [datasets.get(store, ref).id for ref in refs]
-        if not ids:
-            return []
-        trained = {run.id for run in runs.list_runs(store) if run.dataset_id in ids}
-        return [version.ref for version in registry.list_versions(store) if version.run_id in trained]
+        return registry.trained_on(store, {datasets.get(store, finding.object).id for finding in findings})
 
 
 class ServedTexts:

@@ -14,6 +14,7 @@ and their true labels) and usage.py (what each model and job cost).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,12 @@ def register(
             )
         details["version"] = version
     return get(store, f"{model}:{version}")
+
+
+def trained_on(store: Store, dataset_ids: Collection[str]) -> list[str]:
+    """The versions (name:version) trained on any of these dataset versions: what changing them affects."""
+    trained = {run.id for run in runs.list_runs(store) if run.dataset_id in dataset_ids}
+    return [version.ref for version in list_versions(store) if version.run_id in trained]
 
 
 def check_name(model: str) -> str:

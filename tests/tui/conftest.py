@@ -64,6 +64,9 @@ def text(app: ApplianceApp, selector: str) -> str:
     return str(app.screen.query_one(selector).render())
 
 
+RECORDED_STUDY = "9b41964badf0"  # the hyperparameter search in the recording
+
+
 class RecordedDaemon:
     """Answers as a real daemon once did (recorded.json, times pinned to a past day): a screen looks the same
     on every run, which a live daemon, with its fresh ids and clocks, cannot give. The recording's shape is

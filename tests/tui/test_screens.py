@@ -19,7 +19,7 @@ from appliance.data import datasets
 from appliance.store import alerts, blobs
 from appliance.train import runs
 from tests.daemon import TINY, Daemon, submit
-from tests.tui.conftest import SIZE, RecordedDaemon, settle, text
+from tests.tui.conftest import RECORDED_STUDY, SIZE, RecordedDaemon, settle, text
 from tui.app import ApplianceApp
 from tui.widgets import Connection, Table
 
@@ -443,7 +443,8 @@ def _keys(answer: Any) -> Any:
 
 
 NESTED = {"GET /v1/serving": lambda answer: answer["models"][0]["versions"][0],
-          "GET /v1/status": lambda answer: answer["load"], "GET /v1/hardware": lambda answer: answer["plan"]}
+          "GET /v1/status": lambda answer: answer["load"], "GET /v1/hardware": lambda answer: answer["plan"],
+          f"GET /v1/studies/{RECORDED_STUDY}": lambda answer: answer["trials"][0]["epochs"][0]}
 
 
 def test_the_recording_for_snapshots_has_the_keys_of_the_live_api(served: Daemon) -> None:
@@ -452,6 +453,9 @@ def test_the_recording_for_snapshots_has_the_keys_of_the_live_api(served: Daemon
     if not api(served, "/v1/alerts"):  # a list's keys are those of its first item: the live one needs one
         with store.open(served.settings) as opened:
             alerts.raise_alert(opened, "drift", "tickets", "warning", "tickets:1: drifted")
+    searches = [study["id"] for study in api(served, "/v1/studies") if study["trials"]]
+    live_study = searches[0] if searches else served.ended(submit(
+        served, "tune", {"dataset": "tickets", "budget_s": 30, "deploy": "never", "params": TINY}))["id"]
     with served.api() as http:
         for key, answer in recorded.items():
             if key == "events":
@@ -459,6 +463,8 @@ def test_the_recording_for_snapshots_has_the_keys_of_the_live_api(served: Daemon
             method, path = key.split(" ", 1)
             if path.startswith("/v1/runs/"):
                 path = f"/v1/runs/{live_job['result']['run_id']}"
+            if path.startswith("/v1/studies/"):
+                path = f"/v1/studies/{live_study}"
             response = http.request(method, path)
             assert response.status_code < 300, (key, response.text)
             assert _keys(response.json()) == _keys(answer), key

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from appliance.core.errors import DaemonUnreachable
-from tests.tui.conftest import SIZE
+from tests.tui.conftest import RECORDED_STUDY, SIZE
 from tui.app import ApplianceApp
+from tui.screens.search import SearchDialog
 
 
 async def _loaded(pilot: Any) -> None:
@@ -114,6 +115,17 @@ def test_dialog(snap_compare: Any, recorded_app: ApplianceApp, keys: tuple[str, 
         await pilot.press(keys[1])
         for path in pilot.app.screen.query("#path"):
             path.value = "audit-20260302-140509.jsonl"  # the export's default name has the time in it: pinned
+        await _loaded(pilot)
+
+    assert snap_compare(recorded_app, terminal_size=size, run_before=open_it)
+
+
+@SIZES
+def test_search(snap_compare: Any, recorded_app: ApplianceApp, size: tuple[int, int]) -> None:
+    async def open_it(pilot: Any) -> None:
+        await pilot.press("3")
+        await _loaded(pilot)
+        pilot.app.push_screen(SearchDialog(RECORDED_STUDY))
         await _loaded(pilot)
 
     assert snap_compare(recorded_app, terminal_size=size, run_before=open_it)

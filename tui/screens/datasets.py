@@ -13,6 +13,7 @@ from textual.containers import Horizontal
 from textual.widgets import Button, Collapsible, DataTable, DirectoryTree, Input, Label, Select, Static
 
 from appliance.core.errors import ApplianceError
+from appliance.core.text import counted
 from appliance.data import datasets
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog, fields
@@ -35,6 +36,7 @@ class DatasetsScreen(ApplianceScreen):
     def on_mount(self) -> None:
         super().on_mount()
         self._versions: dict[str, dict[str, Any]] = {}
+        self._shown: str | None = None  # the version whose detail is shown
 
     async def load(self) -> None:
         versions = [v for v in await self.app.request("GET", "/v1/datasets") if v["erased_at"] is None]
@@ -44,13 +46,20 @@ class DatasetsScreen(ApplianceScreen):
                            for v in sorted(versions, key=lambda v: v["created_at"], reverse=True))
         if not versions:
             self.query_one("#dataset-detail", Static).update("no datasets yet: press i to import a file")
-        self._show_detail()
+        elif self.query_one(Table).selected != self._shown:  # a version's detail is asked for once, not each reload
+            await self._show_detail()
 
     @on(DataTable.RowHighlighted)
-    def _show_detail(self) -> None:
-        version = self._versions.get(self.query_one(Table).selected or "")
-        if version is not None:
-            self.query_one("#dataset-detail", Static).update(_detail(version))
+    @work(exclusive=True, group="detail", exit_on_error=False)
+    async def _highlighted(self) -> None:
+        await self.reported(self._show_detail())
+
+    async def _show_detail(self) -> None:
+        ref = self.query_one(Table).selected
+        if ref in self._versions:
+            detail = await self.app.request("GET", f"/v1/datasets/{ref}/detail")
+            self.query_one("#dataset-detail", Static).update(_detail(detail))
+            self._shown = ref
 
     def action_import(self) -> None:
         def imported(answer: dict[str, Any] | None) -> None:
@@ -76,8 +85,12 @@ def _detail(version: dict[str, Any]) -> str:
     split = version["split"]
     lines = [
         f"{version['ref']}  id {version['id'][:16]}…  from {version['source']}",
-        f"labels ({len(version['labels'])}): {', '.join(version['labels'])}",
+        f"examples per label ({len(version['labels'])}): "
+        + ", ".join(f"{label} {count}" for label, count in version["counts"].items()),
         f"split: {split['train']} train / {split['validation']} validation (seed {split['seed']})",
+        f"trained: {', '.join(version['models']) or 'no model yet'}"
+        + (f"; holds true labels of {counted(version['from_predictions'], 'served prediction')}"
+           if version["from_predictions"] else ""),
     ]
     lines += [f"warning: {warning}" for warning in version["warnings"][:3]]
     return "\n".join(lines)

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from textual import on, work
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.widgets import DataTable, Static
 
-from appliance.core.errors import ApplianceError
 from appliance.core.hardware import format_bytes
 from appliance.core.text import counted
 from tui.screens.base import ApplianceScreen
 from tui.widgets import Table, ago, duration, meter, percent
+
+ROOMY_ROWS = 36  # terminal rows from which the latest changes are shown as well
+RECENT_FETCHED = 100  # audit records asked for; the routine ones are left out of what is shown
+ROUTINE = ("checkpoint.",)  # saved every epoch: they would push every change a person made out of view
 
 
 class OverviewScreen(ApplianceScreen):
@@ -23,7 +26,8 @@ class OverviewScreen(ApplianceScreen):
     HELP = ("The box at a glance: its hardware and the training plan it implies, the daemon, its jobs and how busy "
             "the machine is, the open alerts (drift, failed jobs, rolled-back canaries, an audit log that does not "
             "verify; a acknowledges the highlighted one), the served models, and when the audit log was last "
-            "verified.")
+            "verified. In a terminal of 36 rows or more, the latest changes from the audit log too: who did what, "
+            "and whether it worked.")
     REFRESH_S: ClassVar[float] = 2.0
     BINDINGS: ClassVar = [Binding("a", "acknowledge", "Acknowledge alert")]
 
@@ -35,12 +39,15 @@ class OverviewScreen(ApplianceScreen):
                 yield Table("when", "alert", id="alerts")
                 yield Static("", id="alert-detail", markup=False)
             yield Static("", id="served", classes="panel", markup=False)
+            with Vertical(id="recent-panel", classes="panel"):
+                yield Table("when", "who", "what", "on", "outcome", id="recent", cursor=False)
 
     def on_mount(self) -> None:
         super().on_mount()
         self._alerts: dict[str, dict[str, Any]] = {}
         for panel, title in (("hardware", "Hardware and plan"), ("service", "Service and jobs"),
-                             ("alerts-panel", "Alerts"), ("served", "Served models and audit")):
+                             ("alerts-panel", "Alerts"), ("served", "Served models and audit"),
+                             ("recent-panel", "Recent changes")):
             self.query_one(f"#{panel}").border_title = title
 
     async def load(self) -> None:
@@ -56,6 +63,17 @@ class OverviewScreen(ApplianceScreen):
         self.query_one("#served", Static).update(_served(serving) + "\n" + _audit(status.get("audit_check")))
         hardware = await self.app.request("GET", "/v1/hardware")  # the daemon asks once, then remembers
         self.query_one("#hardware", Static).update(_hardware(hardware))
+        if self.has_class("roomy"):
+            records = await self.app.request("GET", "/v1/audit", reads=False, limit=RECENT_FETCHED)
+            changes = [record for record in reversed(records) if not record["action"].startswith(ROUTINE)]
+            self.query_one("#recent", Table).fill(
+                (str(record["seq"]), (ago(record["ts"]), record["actor"].removeprefix("user:"), record["action"],
+                                      record["object"], record["outcome"])) for record in changes)
+
+    def on_resize(self, event: events.Resize) -> None:
+        """A tall terminal has room for the latest changes; 80x24 keeps to what needs an eye."""
+        super().on_resize(event)
+        self.set_class(event.size.height >= ROOMY_ROWS, "roomy")
 
     @on(DataTable.RowHighlighted, "#alerts")
     def _show_alert(self) -> None:
@@ -68,16 +86,7 @@ class OverviewScreen(ApplianceScreen):
     def action_acknowledge(self) -> None:
         key = self.query_one("#alerts", Table).selected
         if key is not None:
-            self._acknowledge(int(key))
-
-    @work(exit_on_error=False)
-    async def _acknowledge(self, alert_id: int) -> None:
-        try:
-            await self.app.request("POST", f"/v1/alerts/{alert_id}/acknowledge")
-        except ApplianceError as exc:
-            self.app.report(exc)
-            return
-        self.reload()
+            self.send("POST", f"/v1/alerts/{key}/acknowledge", lambda alert: f"alert {alert['id']} acknowledged")
 
 
 def _hardware(report: dict[str, Any]) -> str:
