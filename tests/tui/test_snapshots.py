@@ -105,8 +105,10 @@ def test_fine_tune_wizard_with_advanced_options(snap_compare: Any, recorded_app:
 
 
 @SIZES
-@pytest.mark.parametrize("keys", [("4", "d"), ("4", "k"), ("4", "r"), ("6", "e"), ("3", "l"), ("3", "c")],
-                         ids=["deploy", "canary", "rollback", "export", "log", "cancel"])
+@pytest.mark.parametrize("keys", [("4", "d"), ("4", "k"), ("4", "r"), ("4", "x"), ("6", "e"), ("3", "l"), ("3", "c"),
+                                  ("2", "x")],
+                         ids=["deploy", "canary", "rollback", "delete-the-candidate", "export", "log", "cancel",
+                              "delete-dataset"])
 def test_dialog(snap_compare: Any, recorded_app: ApplianceApp, keys: tuple[str, str], size: tuple[int, int]) -> None:
     async def open_it(pilot: Any) -> None:
         await pilot.press(keys[0])
@@ -129,6 +131,10 @@ def test_search(snap_compare: Any, recorded_app: ApplianceApp, size: tuple[int, 
         await _loaded(pilot)
 
     assert snap_compare(recorded_app, terminal_size=size, run_before=open_it)
+
+
+def test_a_terminal_below_80x24_is_told_so(snap_compare: Any, recorded_app: ApplianceApp) -> None:
+    assert snap_compare(recorded_app, terminal_size=(60, 20))
 
 
 def test_audit_verdict(snap_compare: Any, recorded_app: ApplianceApp) -> None:
