@@ -231,7 +231,7 @@ def delete(store: Store, job_id: str, actor: str | None = None) -> Job:
         if job.status in ACTIVE:
             raise JobError(f"job {job.id} is {job.status}, so it cannot be deleted",
                            hint=f"cancel it first ('appliance jobs cancel {job.id}'), then delete it")
-        store.db.execute("DELETE FROM events WHERE topic = 'job' AND subject = ?", (job.id,))
+        events.forget(store, "job", job.id)
         store.db.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
         details.update(kind=job.kind, status=job.status)
     return job

@@ -44,6 +44,12 @@ def prune_progress(store: Store, older_than: timedelta = PROGRESS_KEPT) -> int:
         return store.db.execute("DELETE FROM events WHERE kind = 'progress' AND ts < ?", (cutoff,)).rowcount
 
 
+def forget(store: Store, topic: str, subject: str) -> int:
+    """Drop every event of one subject (a deleted job's stages, progress and log); how many went."""
+    with transaction(store.db):
+        return store.db.execute("DELETE FROM events WHERE topic = ? AND subject = ?", (topic, subject)).rowcount
+
+
 def last_seq(store: Store) -> int:
     """The newest event's seq (0 if none): where a client that wants only what comes next starts."""
     return store.db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
