@@ -4,6 +4,8 @@ daemon as people do it, refused while something still needs it, and on the recor
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,8 +48,15 @@ def test_datasets_models_and_jobs_are_deleted_through_the_daemon_by_those_allowe
         registry.register(opened, "tickets", run_id=run_id, task=datasets.TEXT, chosen="fp32", reason="only one",
                           variants=[registry.Variant("fp32", "torch-bundle", weights, 7, {})])
 
-    shown = daemon.cli("data", "show", "tickets")
+    # An operator at the shell reads all of it through the daemon, with no key to open the store themselves.
+    as_operator = {**daemon.env, "APPLIANCE_TOKEN": operator, "APPLIANCE_KEYS_FILE": str(tmp_path / "no.key")}
+    shown = _cli(as_operator, "data", "show", "tickets")
     assert "trained     tickets:1" in shown.stdout and "billing" in shown.stdout, shown.stderr
+    assert "tickets-copy:1" in _cli(as_operator, "data", "list").stdout
+    assert "not optimised" in _cli(as_operator, "models", "list").stdout
+    assert "lineage: run " in _cli(as_operator, "models", "show", "tickets:1").stdout
+    refused = _cli(as_operator, "data", "delete", "tickets", "--yes")
+    assert refused.returncode == 1 and "needs admin" in refused.stderr
     with daemon.api(operator) as api:
         detail = api.get("/v1/datasets/tickets/detail").json()  # what a viewer may see of it
         assert detail["models"] == ["tickets:1"] and sum(detail["counts"].values()) == detail["examples"]
@@ -90,3 +99,8 @@ def test_datasets_models_and_jobs_are_deleted_through_the_daemon_by_those_allowe
     assert actions == [("dataset.delete", "tickets", "ok"), ("model.delete", "tickets:1", "ok"),
                        ("model.delete", "tickets:1", "failed"), ("job.delete", training["id"], "ok"),
                        ("job.delete", training["id"], "failed")]
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "appliance", *args], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)

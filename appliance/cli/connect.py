@@ -27,6 +27,10 @@ class Appliance(Protocol):
     """What a command may ask, of the daemon or of the store; jobs come back as the control API shows them."""
 
     def import_data(self, path: Path, options: dict[str, Any]) -> tuple[str, bool]: ...
+    def datasets(self) -> list[dict[str, Any]]: ...
+    def dataset(self, ref: str) -> dict[str, Any]: ...
+    def models(self) -> list[dict[str, Any]]: ...
+    def model(self, ref: str) -> dict[str, Any]: ...
     def set_residency(self, ref: str, residency: str) -> list[str]: ...
     def delete_dataset(self, ref: str) -> list[str]: ...
     def delete_model(self, ref: str) -> str: ...
@@ -63,6 +67,18 @@ class Remote:
 
             answer = self.api.upload(path, options, sent)
         return f"{answer['name']}:{answer['version']}", answer["unchanged"]
+
+    def datasets(self) -> list[dict[str, Any]]:
+        return self.api.get("/v1/datasets")
+
+    def dataset(self, ref: str) -> dict[str, Any]:
+        return self.api.get(f"/v1/datasets/{ref}/detail")
+
+    def models(self) -> list[dict[str, Any]]:
+        return self.api.get("/v1/models")
+
+    def model(self, ref: str) -> dict[str, Any]:
+        return self.api.get(f"/v1/models/{ref}")
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [f"{version['name']}:{version['version']}"
@@ -139,6 +155,18 @@ class Local:
         with progress_bar(f"reading {path.name}") as progress:
             version = datasets.import_file(self.store, path, progress=progress, **options)
         return version.ref, version.id in known
+
+    def datasets(self) -> list[dict[str, Any]]:
+        return [version.summary() for version in datasets.list_versions(self.store)]
+
+    def dataset(self, ref: str) -> dict[str, Any]:
+        return operations.describe_dataset(self.store, ref)
+
+    def models(self) -> list[dict[str, Any]]:
+        return [version.summary() for version in registry.list_versions(self.store)]
+
+    def model(self, ref: str) -> dict[str, Any]:
+        return registry.describe(self.store, ref)
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [version.ref for version in datasets.set_residency(self.store, ref, residency)]

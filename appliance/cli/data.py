@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from appliance import registry
-from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
+from appliance.cli.base import ask, cli, json_option, print_json, yes_option
 from appliance.cli.connect import connected
 from appliance.data import datasets
-from appliance.registry import feedback
 
 
 @cli.group("data")
@@ -43,11 +42,9 @@ def data_import(
                "validation_fraction": validation_fraction, "seed": seed, "residency": residency}
     with connected() as appliance:  # a daemon gets the file's bytes and audits the import under the caller's user
         ref, unchanged = appliance.import_data(path, options)
-    with opened_store() as opened:
-        version = datasets.get(opened, ref)
-        counts = datasets.load(opened, version).counts
-    click.echo(f"{'unchanged, already stored as' if unchanged else 'imported as'} {version.ref}")
-    _describe(version, counts, [])
+        version = appliance.dataset(ref)
+    click.echo(f"{'unchanged, already stored as' if unchanged else 'imported as'} {version['ref']}")
+    _describe(version)
 
 
 @data_group.command("residency")
@@ -79,18 +76,18 @@ def data_delete(ref: str, yes: bool) -> None:
 @json_option
 def data_list(as_json: bool) -> None:
     """List every version of every dataset."""
-    with opened_store() as opened:
-        versions = datasets.list_versions(opened)
+    with connected() as appliance:
+        versions = appliance.datasets()
     if as_json:
-        print_json([version.summary() for version in versions])
+        print_json(versions)
         return
     if not versions:
         click.echo("no datasets yet: 'appliance data import PATH --name NAME' adds one")
     for v in versions:
         click.echo(
-            f"{v.ref:<24} {v.id[:12]}  {v.task:<20} {v.examples:>7} examples"
-            f"  {len(v.labels):>3} labels  {v.residency:<13} {v.created_at[:19]}"
-            + (f"  {v.removal}" if v.removal else "")
+            f"{v['ref']:<24} {v['id'][:12]}  {v['task']:<20} {v['examples']:>7} examples"
+            f"  {len(v['labels']):>3} labels  {v['residency']:<13} {v['created_at'][:19]}"
+            + (f"  {v['removal']}" if v["removal"] else "")
         )
 
 
@@ -99,44 +96,43 @@ def data_list(as_json: bool) -> None:
 @json_option
 def data_show(ref: str, as_json: bool) -> None:
     """Show one version: REF is a name (its latest version), name:version or an id prefix."""
-    with opened_store() as opened:
-        version = datasets.get(opened, ref)
-        counts = {} if version.removal else datasets.load(opened, version).counts
-        replacement = datasets.get(opened, version.replaced_by).ref if version.replaced_by else None
-        from_predictions = feedback.used_by(opened, version.id)
-        models = registry.trained_on(opened, {version.id})
+    with connected() as appliance:
+        version = appliance.dataset(ref)
     if as_json:
-        print_json({**version.summary(), "counts": counts, "from_predictions": from_predictions, "models": models})
-    else:
-        _describe(version, counts, from_predictions)
-        if models:
-            click.echo(f"trained     {', '.join(models)}")
-        if version.removal:
-            click.echo(f"content     {version.removal}; it is gone"
-                       + (f", the rest is in {replacement}" if replacement else ""))
+        print_json(version)
+        return
+    _describe(version)
+    if version["models"]:
+        click.echo(f"trained     {', '.join(version['models'])}")
+    if version["removal"]:
+        click.echo(f"content     {version['removal']}; it is gone"
+                   + (f", the rest is in {version['replacement']}" if version["replacement"] else ""))
 
 
-def _describe(version: datasets.DatasetVersion, counts: dict[str, int], from_predictions: list[str]) -> None:
-    split = version.split
-    click.echo(f"id          {version.id}")
-    click.echo(f"task        {version.task}")
+def _describe(version: dict[str, Any]) -> None:
+    """A version as `data show` and `data import` print it: what it is, where from, its labels and warnings."""
+    split = version["split"]
+    click.echo(f"id          {version['id']}")
+    click.echo(f"task        {version['task']}")
     click.echo(
-        f"examples    {version.examples}: {len(split['train'])} train, {len(split['validation'])} validation"
+        f"examples    {version['examples']}: {split['train']} train, {split['validation']} validation"
         f" (fraction {split['validation_fraction']}, seed {split['seed']})"
     )
-    click.echo(f"residency   {version.residency}")
-    click.echo(f"source      {version.source}")
-    if version.parent:
-        click.echo(f"extends     {version.parent}")
+    click.echo(f"residency   {version['residency']}")
+    click.echo(f"source      {version['source']}")
+    if version["parent"]:
+        click.echo(f"extends     {version['parent']}")
+    from_predictions = version["from_predictions"]
     if from_predictions:
         rest = len(from_predictions) - 5
         shown = ", ".join(from_predictions[:5]) + (f" and {rest} more" if rest > 0 else "")
         click.echo(f"feedback    true labels of {len(from_predictions)} predictions: {shown}")
-    click.echo(f"created     {version.created_at}")
+    click.echo(f"created     {version['created_at']}")
+    counts = version["counts"]
     if counts:
         click.echo("labels")
     width = max(map(len, counts), default=0)
     for label, count in counts.items():
         click.echo(f"  {label:<{width}}  {count:>6}")
-    for warning in version.warnings:
+    for warning in version["warnings"]:
         click.echo(f"warning: {warning}")

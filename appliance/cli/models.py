@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Any
 
 import click
 
-from appliance import registry
-from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
+from appliance.cli.base import ask, cli, json_option, print_json, yes_option
 from appliance.cli.connect import connected
 
 
@@ -20,18 +19,19 @@ def models_group() -> None:
 @json_option
 def models_list(as_json: bool) -> None:
     """Every version of every model, with its chosen variant and aliases."""
-    with opened_store() as opened:
-        versions = registry.list_versions(opened)
+    with connected() as appliance:
+        versions = appliance.models()
     if as_json:
-        print_json([{**dataclasses.asdict(version), "servable": version.servable} for version in versions])
+        print_json(versions)
         return
     if not versions:
         click.echo("no models registered yet")
     for v in versions:
-        accuracy = v.variants[v.chosen].metrics.get("accuracy")
+        accuracy = v["variants"][v["chosen"]]["metrics"].get("accuracy")
         score = f"accuracy {accuracy:.4f}" if accuracy is not None else ""
-        runs_as = f"serves {v.chosen}" if v.servable else "not optimised"
-        click.echo(f"{v.ref:<24} {v.created_at}  {runs_as:<19} {score:<16} {' '.join(v.aliases)}")
+        runs_as = f"serves {v['chosen']}" if v["servable"] else "not optimised"
+        click.echo(f"{v['model'] + ':' + str(v['version']):<24} {v['created_at']}  {runs_as:<19} {score:<16}"
+                   f" {' '.join(v['aliases'])}")
 
 
 @models_group.command("show")
@@ -39,13 +39,12 @@ def models_list(as_json: bool) -> None:
 @json_option
 def models_show(ref: str, as_json: bool) -> None:
     """One version (MODEL, MODEL:VERSION or MODEL@ALIAS): variants side by side, lineage, decision."""
-    with opened_store() as opened:
-        version = registry.get(opened, ref)
-        lineage = version.lineage(opened)
+    with connected() as appliance:
+        version = appliance.model(ref)
     if as_json:
-        print_json({**dataclasses.asdict(version), "lineage": lineage})
+        print_json(version)
         return
-    show_version(version, lineage)
+    show_version(version)
 
 
 @models_group.command("delete")
@@ -64,17 +63,20 @@ def models_delete(ref: str, yes: bool) -> None:
         click.echo(f"deleted {appliance.delete_model(ref)}")
 
 
-def show_version(version: registry.ModelVersion, lineage: dict) -> None:
+def show_version(version: dict[str, Any]) -> None:
     """A version for a person: aliases, the guard's decision, lineage, then its variants side by side."""
-    click.echo(f"{version.ref}  ({', '.join(version.aliases) or 'not deployed'})  {version.task}")
-    click.echo(f"chosen: {version.chosen} - {version.reason}")
+    lineage = version["lineage"]
+    click.echo(f"{version['model']}:{version['version']}  ({', '.join(version['aliases']) or 'not deployed'})"
+               f"  {version['task']}")
+    click.echo(f"chosen: {version['chosen']} - {version['reason']}")
     click.echo(f"lineage: run {lineage['run']}, dataset {lineage['dataset'][:12]}, base {lineage['base_model']},"
                f" trained on {lineage['trained_on']}")
     click.echo("hyperparameters: " + ", ".join(f"{key}={value}" for key, value in lineage["params"].items()))
     click.echo(f"{'variant':<16}{'format':<13}{'MiB':>6}{'acc':>7}{'F1':>7}{'p50 ms':>8}{'b1/s':>7}{'b16/s':>7}{'x fp32':>7}")
-    for variant in sorted(version.variants.values(), key=lambda v: (v.name != "torch", "student" in v.name, v.name)):
-        cells = "".join(_cell(variant.metrics.get(name), spec) for name, spec in COLUMNS)
-        click.echo(f"{variant.name:<16}{variant.format:<13}{variant.bytes / 2**20:>6.1f}{cells}")
+    for variant in sorted(version["variants"].values(),
+                          key=lambda v: (v["name"] != "torch", "student" in v["name"], v["name"])):
+        cells = "".join(_cell(variant["metrics"].get(name), spec) for name, spec in COLUMNS)
+        click.echo(f"{variant['name']:<16}{variant['format']:<13}{variant['bytes'] / 2**20:>6.1f}{cells}")
 
 
 COLUMNS = (("accuracy", ">7.3f"), ("macro_f1", ">7.3f"), ("latency_ms_p50", ">8.1f"), ("throughput_b1", ">7.0f"),

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from appliance import registry
-from appliance.cli.base import cli, opened_store, schema_option
+from appliance.cli.base import cli, schema_option
 from appliance.cli.connect import connected
 from appliance.cli.models import show_version
 from appliance.operations.jobspec import OptimizeJob
@@ -29,8 +28,6 @@ def optimize(
                               "metric": metric})
     with connected() as appliance:  # a daemon runs it as a job, audited under the caller's user
         ref = appliance.run(spec, "optimising")["version"]
-    with opened_store() as opened:
-        version = registry.get(opened, ref)
-        show_version(version, version.lineage(opened))
-    click.echo(f"serve it with 'appliance deploy {version.ref}', or beside production first: "
-               f"'appliance deploy {version.ref} --canary 20'")
+        show_version(appliance.model(ref))
+    click.echo(f"serve it with 'appliance deploy {ref}', or beside production first: "
+               f"'appliance deploy {ref} --canary 20'")

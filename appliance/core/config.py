@@ -28,6 +28,7 @@ NOT_SETTINGS = {
     "APPLIANCE_CONFIG",
     "APPLIANCE_PASSPHRASE",
     "APPLIANCE_NEW_PASSPHRASE",
+    "APPLIANCE_TOKEN",  # a control-API user's token, for the CLI and the console of someone other than root
     "APPLIANCE_DEBUG",
     "APPLIANCE_VENV",
     "APPLIANCE_TORCH",

@@ -109,7 +109,7 @@ class Supervisor:
             return {"running_job": None, "jobs_wait_for": self._waiting_reason()}
         job = self.running.job
         return {"running_job": {"id": job.id, "kind": job.kind, "pid": self.running.process.pid,
-                                "stopping": self.running.stopping}}
+                                "stopping": self.running.stopping}, "jobs_wait_for": None}
 
     # -- one job ------------------------------------------------------------------
 

@@ -92,7 +92,7 @@ class DatasetVersion:
     def summary(self) -> dict[str, Any]:
         """The version as JSON, with the split's sizes rather than its index lists (which grow with the data)."""
         split = {**self.split, "train": len(self.split["train"]), "validation": len(self.split["validation"])}
-        return {**dataclasses.asdict(self), "ref": self.ref, "split": split}
+        return {**dataclasses.asdict(self), "ref": self.ref, "split": split, "removal": self.removal}
 
 
 @dataclass(frozen=True)

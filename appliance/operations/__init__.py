@@ -281,6 +281,16 @@ def rollback(store: Store, model: str, actor: str | None = None) -> Rollback:
     return Rollback(model, False, registry.rollback(store, model, actor=actor))
 
 
+def describe_dataset(store: Store, ref: str) -> dict[str, Any]:
+    """One dataset version as people read it (`data show`, the console's detail): its summary, examples per
+    label, the model versions trained on it, the predictions whose true labels went into it, what replaced it."""
+    version = datasets.get(store, ref)
+    return {**version.summary(), "counts": {} if version.removal else datasets.load(store, version).counts,
+            "models": registry.trained_on(store, {version.id}),
+            "from_predictions": feedback.used_by(store, version.id),
+            "replacement": datasets.get(store, version.replaced_by).ref if version.replaced_by else None}
+
+
 def delete_dataset(store: Store, ref: str, actor: str | None = None) -> list[datasets.DatasetVersion]:
     """Delete a dataset's content (datasets.delete), refused while a queued or running job trains on it."""
     name = datasets.get(store, ref).name

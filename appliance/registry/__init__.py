@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from appliance.core import clock, schema
@@ -65,6 +65,10 @@ class ModelVersion:
             raise RegistryError(f"{self.ref} is not optimised, so the server cannot run it",
                                 hint=f"'appliance optimize {self.ref}' makes a version that can serve")
         return variant
+
+    def summary(self) -> dict[str, Any]:
+        """The version as JSON (`models list --json`, the control API), with whether it can serve."""
+        return {**asdict(self), "servable": self.servable}
 
     def lineage(self, store: Store) -> dict[str, Any]:
         """Where this version came from: run, dataset version, base model, hyperparameters, where it trained."""
@@ -134,6 +138,12 @@ def get(store: Store, ref: str) -> ModelVersion:
     else:
         version = _alias_version(store, model, "production") or _newest(store, model)
     return _load(store, model, version)
+
+
+def describe(store: Store, ref: str) -> dict[str, Any]:
+    """One version as people read it (`models show`, the control API): its summary and where it came from."""
+    version = get(store, ref)
+    return {**version.summary(), "lineage": version.lineage(store)}
 
 
 def list_versions(store: Store) -> list[ModelVersion]:

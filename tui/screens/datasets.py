@@ -89,7 +89,7 @@ def _detail(version: dict[str, Any]) -> str:
         + ", ".join(f"{label} {count}" for label, count in version["counts"].items()),
         f"split: {split['train']} train / {split['validation']} validation (seed {split['seed']})",
         f"trained: {', '.join(version['models']) or 'no model yet'}"
-        + (f"; holds true labels of {counted(version['from_predictions'], 'served prediction')}"
+        + (f"; holds true labels of {counted(len(version['from_predictions']), 'served prediction')}"
            if version["from_predictions"] else ""),
     ]
     lines += [f"warning: {warning}" for warning in version["warnings"][:3]]

@@ -9,12 +9,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
-from appliance import operations, registry
+from appliance import operations
 from appliance.access import users
 from appliance.core import schema
 from appliance.daemon.api.deps import Admin, Operator, Settings, Shared, SharedStore, Viewer, actor
 from appliance.data import datasets, sources
-from appliance.registry import feedback
 from appliance.serve.web import Body
 
 UPLOAD_PATH = "/v1/datasets"
@@ -61,12 +60,9 @@ def list_datasets(_user: Viewer, shared: Shared) -> list[dict[str, Any]]:
 @router.get("/v1/datasets/{ref}/detail")
 def dataset_detail(ref: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
     """One version (name, name:version or an id prefix) with its examples per class, the model versions trained
-    on it, and how many true labels of served predictions went into it."""
+    on it, the served predictions whose true labels went into it, and what replaced it."""
     with shared.use() as store:
-        version = datasets.get(store, ref)
-        counts = {} if version.removal else datasets.load(store, version).counts
-        return {**version.summary(), "counts": counts, "models": registry.trained_on(store, {version.id}),
-                "from_predictions": len(feedback.used_by(store, version.id))}
+        return operations.describe_dataset(store, ref)
 
 
 @router.post(UPLOAD_PATH, status_code=201, openapi_extra=_UPLOAD_BODY)

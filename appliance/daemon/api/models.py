@@ -23,7 +23,14 @@ class DeployRequest(Body):
 @router.get("/v1/models")
 def list_models(_user: Viewer, shared: Shared) -> list[dict[str, Any]]:
     with shared.use() as store:
-        return [{**asdict(version), "servable": version.servable} for version in registry.list_versions(store)]
+        return [version.summary() for version in registry.list_versions(store)]
+
+
+@router.get("/v1/models/{ref}")
+def describe_model(ref: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
+    """One version (MODEL, MODEL:VERSION or MODEL@ALIAS): its variants, aliases, the guard's decision, lineage."""
+    with shared.use() as store:
+        return registry.describe(store, ref)
 
 
 @router.post("/v1/models/{model}/deploy")
