@@ -1,5 +1,6 @@
 """Deleting what an operator no longer wants: a dataset's content, a model version, an ended job; through the
-daemon as people do it, refused while something still needs it, and on the record."""
+daemon as people do it, refused while something still needs it, and on the record. And reading all of it from
+the shell as a user who holds a token but not the store's key."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_a_dataset_a_queued_job_trains_on_is_not_deleted(opened: Store, tmp_path
     assert deleted.removal is not None and deleted.removal.endswith("by user:admin")
 
 
-def test_datasets_models_and_jobs_are_deleted_through_the_daemon_by_those_allowed(
+def test_an_operator_reads_everything_through_the_daemon_and_only_an_admin_deletes(
         daemon: Daemon, tmp_path: Path) -> None:
     # The same file under a second name is a dataset of its own (the README's example after the quickstart).
     for name in ("tickets", "tickets-copy"):
@@ -55,6 +56,9 @@ def test_datasets_models_and_jobs_are_deleted_through_the_daemon_by_those_allowe
     assert "tickets-copy:1" in _cli(as_operator, "data", "list").stdout
     assert "not optimised" in _cli(as_operator, "models", "list").stdout
     assert "lineage: run " in _cli(as_operator, "models", "show", "tickets:1").stdout
+    assert f"{run_id}  " in _cli(as_operator, "runs", "list").stdout
+    assert f"run {run_id}: " in _cli(as_operator, "runs", "show", run_id).stdout
+    assert "no searches yet" in _cli(as_operator, "tune", "list").stdout
     refused = _cli(as_operator, "data", "delete", "tickets", "--yes")
     assert refused.returncode == 1 and "needs admin" in refused.stderr
     with daemon.api(operator) as api:

@@ -21,6 +21,7 @@ from appliance.data import datasets, sources
 from appliance.operations import jobs, jobspec, privacy
 from appliance.registry import feedback
 from appliance.store import Store, alerts, audit
+from appliance.train import runs, studies
 
 
 class Appliance(Protocol):
@@ -31,6 +32,10 @@ class Appliance(Protocol):
     def dataset(self, ref: str) -> dict[str, Any]: ...
     def models(self) -> list[dict[str, Any]]: ...
     def model(self, ref: str) -> dict[str, Any]: ...
+    def runs(self) -> list[dict[str, Any]]: ...
+    def run_detail(self, run_id: str) -> dict[str, Any]: ...
+    def studies(self) -> list[dict[str, Any]]: ...
+    def study(self, study_id: str) -> dict[str, Any]: ...
     def set_residency(self, ref: str, residency: str) -> list[str]: ...
     def delete_dataset(self, ref: str) -> list[str]: ...
     def delete_model(self, ref: str) -> str: ...
@@ -79,6 +84,18 @@ class Remote:
 
     def model(self, ref: str) -> dict[str, Any]:
         return self.api.get(f"/v1/models/{ref}")
+
+    def runs(self) -> list[dict[str, Any]]:
+        return self.api.get("/v1/runs")
+
+    def run_detail(self, run_id: str) -> dict[str, Any]:
+        return self.api.get(f"/v1/runs/{run_id}")
+
+    def studies(self) -> list[dict[str, Any]]:
+        return self.api.get("/v1/studies")
+
+    def study(self, study_id: str) -> dict[str, Any]:
+        return self.api.get(f"/v1/studies/{study_id}")
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [f"{version['name']}:{version['version']}"
@@ -167,6 +184,18 @@ class Local:
 
     def model(self, ref: str) -> dict[str, Any]:
         return registry.describe(self.store, ref)
+
+    def runs(self) -> list[dict[str, Any]]:
+        return [asdict(run) for run in runs.list_runs(self.store)]
+
+    def run_detail(self, run_id: str) -> dict[str, Any]:
+        return runs.describe(self.store, run_id)
+
+    def studies(self) -> list[dict[str, Any]]:
+        return studies.summaries(self.store)
+
+    def study(self, study_id: str) -> dict[str, Any]:
+        return studies.describe(self.store, study_id)
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [version.ref for version in datasets.set_residency(self.store, ref, residency)]

@@ -7,14 +7,12 @@ from pathlib import Path
 
 import click
 
-from appliance import operations, registry
-from appliance.cli.base import cli, deployment, json_option, opened_store, print_json, schema_option
+from appliance import operations
+from appliance.cli.base import cli, deployment, json_option, print_json, schema_option
 from appliance.cli.connect import connected
 from appliance.core.errors import JobError
 from appliance.core.text import counted
-from appliance.data import datasets
 from appliance.operations import jobspec
-from appliance.train import runs
 from appliance.train.params import TrainParams
 
 
@@ -115,21 +113,22 @@ def runs_group() -> None:
 @json_option
 def runs_list(as_json: bool) -> None:
     """Every training run, oldest first."""
-    with opened_store() as opened:
-        found = runs.list_runs(opened)
-        data = {version.id: version.ref for version in datasets.list_versions(opened)}
+    with connected() as appliance:
+        found = appliance.runs()
+        if as_json:
+            print_json(found)
+            return
+        data = {version["id"]: version["ref"] for version in appliance.datasets()}
         made: dict[str, list[str]] = {}
-        for version in registry.list_versions(opened):
-            made.setdefault(version.run_id, []).append(version.ref)
-    if as_json:
-        print_json([run.__dict__ for run in found])
-        return
+        for version in appliance.models():
+            made.setdefault(version["run_id"], []).append(f"{version['model']}:{version['version']}")
     if not found:
         click.echo("no training runs yet; start one with 'appliance train --data NAME'")
     for run in found:
-        metric = f"macro_f1 {run.metrics['macro_f1']:.4f}" if run.metrics else ""
-        click.echo(f"{run.id}  {run.created_at[:19]}  {run.status:<11} on {data.get(run.dataset_id, run.dataset_id[:12]):<18}"
-                   f" made {' '.join(made.get(run.id, [])) or '-':<22} {metric}")
+        metric = f"macro_f1 {run['metrics']['macro_f1']:.4f}" if run["metrics"] else ""
+        trained = data.get(run["dataset_id"], run["dataset_id"][:12])
+        click.echo(f"{run['id']}  {run['created_at'][:19]}  {run['status']:<11} on {trained:<18}"
+                   f" made {' '.join(made.get(run['id'], [])) or '-':<22} {metric}")
 
 
 @runs_group.command("show")
@@ -137,25 +136,25 @@ def runs_list(as_json: bool) -> None:
 @json_option
 def runs_show(run_id: str, as_json: bool) -> None:
     """One run: hyperparameters, hardware plan and per-epoch metrics."""
-    with opened_store() as opened:
-        run = runs.get(opened, run_id)
-        history = runs.epochs(opened, run.id)
+    with connected() as appliance:
+        run = appliance.run_detail(run_id)
     if as_json:
-        print_json({**run.__dict__, "epochs": [row.__dict__ for row in history]})
+        print_json(run)
         return
-    click.echo(f"run {run.id}: {run.status}, dataset {run.dataset_id[:12]}, base {run.base_model}"
-               + (f", trained on {run.trained_on}" if run.trained_on else ""))
-    click.echo("params: " + ", ".join(f"{k}={v}" for k, v in run.params.items()))
-    plan = run.plan
+    click.echo(f"run {run['id']}: {run['status']}, dataset {run['dataset_id'][:12]}, base {run['base_model']}"
+               + (f", trained on {run['trained_on']}" if run["trained_on"] else ""))
+    click.echo("params: " + ", ".join(f"{k}={v}" for k, v in run["params"].items()))
+    plan = run["plan"]
     click.echo(
         f"plan:   {plan['device']} {plan['precision']}, {counted(plan['threads'], 'thread')}, "
         f"micro-batch {plan['micro_batch']} x {plan['accumulation']}"
     )
-    for row in history:
+    for row in run["epochs"]:
+        metrics = row["metrics"]
         click.echo(
-            f"  epoch {row.epoch:>3}  train loss {row.train_loss:.4f}  val loss {row.metrics['loss']:.4f}  "
-            f"accuracy {row.metrics['accuracy']:.4f}  macro-F1 {row.metrics['macro_f1']:.4f}  "
-            f"{row.samples_per_s:.1f} samples/s  at {row.elapsed_s:.0f}s"
+            f"  epoch {row['epoch']:>3}  train loss {row['train_loss']:.4f}  val loss {metrics['loss']:.4f}  "
+            f"accuracy {metrics['accuracy']:.4f}  macro-F1 {metrics['macro_f1']:.4f}  "
+            f"{row['samples_per_s']:.1f} samples/s  at {row['elapsed_s']:.0f}s"
         )
 
 
@@ -164,10 +163,11 @@ def runs_show(run_id: str, as_json: bool) -> None:
 @click.argument("second")
 def runs_compare(first: str, second: str) -> None:
     """Two runs side by side: what differed, and what it gave."""
-    with opened_store() as opened:
-        a, b = runs.get(opened, first), runs.get(opened, second)
-    click.echo(f"{'':22} {a.id:>16} {b.id:>16}")
-    for section, left, right in (("params", a.params, b.params), ("plan", a.plan, b.plan), ("metrics", a.metrics or {}, b.metrics or {})):
+    with connected() as appliance:
+        a, b = appliance.run_detail(first), appliance.run_detail(second)
+    click.echo(f"{'':22} {a['id']:>16} {b['id']:>16}")
+    for section in ("params", "plan", "metrics"):
+        left, right = a[section] or {}, b[section] or {}
         for key in sorted(set(left) | set(right)):
             x, y = left.get(key), right.get(key)
             marker = " " if x == y else "*"

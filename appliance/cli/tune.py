@@ -10,11 +10,11 @@ from typing import Any
 import click
 
 from appliance import operations
-from appliance.cli.base import cli, deployment, json_option, opened_store, print_json, schema_option
+from appliance.cli.base import cli, deployment, json_option, print_json, schema_option
 from appliance.cli.connect import connected
 from appliance.core.text import counted
 from appliance.operations import jobspec
-from appliance.train import space, studies
+from appliance.train import space
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 
@@ -81,44 +81,44 @@ def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base
 @json_option
 def tune_show(search: str, as_json: bool) -> None:
     """A search's trials, best first, and how much each parameter mattered (SEARCH: its id, or its job's)."""
-    with opened_store() as opened:
-        if as_json:
-            print_json(studies.describe(opened, search))
-            return
-        _print_study(opened, search)
+    with connected() as appliance:
+        study = appliance.study(search)
+    if as_json:
+        print_json(study)
+        return
+    _print_study(study)
 
 
 @tune_group.command("list")
 def tune_list() -> None:
     """Every search, oldest first."""
-    with opened_store() as opened:
-        found = studies.list_studies(opened)
-        if not found:
-            click.echo("no searches yet; start one with 'appliance tune --data NAME --budget 30m'")
-        for record in found:
-            trials = studies.trials(opened, record.id)
-            best = next((t.value for t in trials if t.run_id == record.best_run_id and t.value is not None), None)
-            click.echo(f"{record.id}  {record.created_at}  {record.status:<11} {counted(len(trials), 'trial'):>10}  "
-                       f"budget {record.budget_s / 60:.0f}m" + (f"  best {record.metric} {best:.4f}" if best else ""))
+    with connected() as appliance:
+        found = appliance.studies()
+    if not found:
+        click.echo("no searches yet; start one with 'appliance tune --data NAME --budget 30m'")
+    for study in found:
+        best = study["best_value"]
+        click.echo(f"{study['id']}  {study['created_at']}  {study['status']:<11} {counted(study['trials'], 'trial'):>10}  "
+                   f"budget {study['budget_s'] / 60:.0f}m" + (f"  best {study['metric']} {best:.4f}" if best else ""))
 
 
-def _print_study(opened: Any, search: str) -> None:
-    record, ranked = studies.ranked(opened, search)
-    states = [row.trial.state for row in ranked]
-    click.echo(f"search {record.id}: {record.status}, {record.metric} on dataset {record.dataset_id[:12]}, "
-               f"{record.spent_s:.0f}s of {record.budget_s:.0f}s, {counted(len(ranked), 'trial')} "
+def _print_study(study: dict[str, Any]) -> None:
+    """A search as studies.describe() gives it: its trials best first."""
+    ranked = study["trials"]
+    states = [trial["state"] for trial in ranked]
+    click.echo(f"search {study['id']}: {study['status']}, {study['metric']} on dataset {study['dataset_id'][:12]}, "
+               f"{study['spent_s']:.0f}s of {study['budget_s']:.0f}s, {counted(len(ranked), 'trial')} "
                f"({states.count('pruned')} pruned, {states.count('refused')} refused)")
-    names = [name for name in record.space if any(name in row.trial.params for row in ranked)]
-    click.echo(f"{'rank':>4} {'trial':>5} {'state':<9} {record.metric:>8} {'epochs':>6}  "
+    names = [name for name in study["space"] if any(name in trial["params"] for trial in ranked)]
+    click.echo(f"{'rank':>4} {'trial':>5} {'state':<9} {study['metric']:>8} {'epochs':>6}  "
                + " ".join(f"{_short(name):>10}" for name in names) + "  run")
-    for rank, row in enumerate(ranked, 1):
-        trial = row.trial
-        value = f"{trial.value:.4f}" if trial.value is not None else "-"
-        cells = " ".join(f"{_cell(trial.params.get(name)):>10}" for name in names)
-        click.echo(f"{rank:>4} {trial.number:>5} {trial.state:<9} {value:>8} {len(row.epochs):>6}  {cells}  "
-                   f"{trial.run_id or trial.note or ''}")
-    if record.importances:
-        click.echo("importance: " + ", ".join(f"{name} {share:.2f}" for name, share in record.importances.items()))
+    for rank, trial in enumerate(ranked, 1):
+        value = f"{trial['value']:.4f}" if trial["value"] is not None else "-"
+        cells = " ".join(f"{_cell(trial['params'].get(name)):>10}" for name in names)
+        click.echo(f"{rank:>4} {trial['number']:>5} {trial['state']:<9} {value:>8} {len(trial['epochs']):>6}  {cells}  "
+                   f"{trial['run_id'] or trial['note'] or ''}")
+    if study["importances"]:
+        click.echo("importance: " + ", ".join(f"{name} {share:.2f}" for name, share in study["importances"].items()))
     else:
         click.echo("importance: needs at least two finished trials with different values")
 

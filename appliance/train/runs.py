@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from appliance.core import clock
@@ -99,6 +99,12 @@ def get(store: Store, run_id: str) -> Run:
     if len(row) > 1:
         raise JobError(f"{run_id!r} matches {len(row)} runs", hint="give more of the id ('appliance runs list')")
     return _run(dict(zip(_columns(store), row[0])))
+
+
+def describe(store: Store, run_id: str) -> dict[str, Any]:
+    """A run and its epochs so far, as JSON (`runs show --json`, the control API, the console's charts)."""
+    run = get(store, run_id)
+    return {**asdict(run), "epochs": [asdict(epoch) for epoch in epochs(store, run.id)]}
 
 
 def trained_at(store: Store, where: str) -> str | None:

@@ -155,6 +155,18 @@ def ranked(store: Store, study_id: str) -> tuple[Study, list[Ranked]]:
     return record, [Ranked(trial, runs.epochs(store, trial.run_id) if trial.run_id else []) for trial in found]
 
 
+def summaries(store: Store) -> list[dict[str, Any]]:
+    """Every search, oldest first, with how many trials it ran and its best value (`tune list`, the control API)."""
+    found = []
+    for record in list_studies(store):
+        ran = trials(store, record.id)
+        best = next((trial.value for trial in ran if trial.run_id == record.best_run_id and trial.state == "complete"),
+                    None)
+        found.append({**asdict(record), "trials": len(ran), "pruned": sum(trial.state == "pruned" for trial in ran),
+                      "best_value": best})
+    return found
+
+
 def describe(store: Store, study_id: str) -> dict[str, Any]:
     """A search as JSON (`tune show --json`, the control API): the study, then its ranked trials with their curves."""
     record, rows = ranked(store, study_id)

@@ -62,15 +62,14 @@ def list_runs(_user: Viewer, shared: Shared) -> list[dict[str, Any]]:
 def get_run(run_id: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
     """A training run and its epochs so far: loss and validation metrics, for charts."""
     with shared.use() as store:
-        run = runs.get(store, run_id)
-        return {**asdict(run), "epochs": [asdict(epoch) for epoch in runs.epochs(store, run.id)]}
+        return runs.describe(store, run_id)
 
 
 @router.get("/v1/studies")
 def list_studies(_user: Viewer, shared: Shared) -> list[dict[str, Any]]:
     """Every hyperparameter search, oldest first, with how many trials it ran and its best value."""
     with shared.use() as store:
-        return [_study_summary(record, studies.trials(store, record.id)) for record in studies.list_studies(store)]
+        return studies.summaries(store)
 
 
 @router.get("/v1/studies/{study_id}")
@@ -78,10 +77,3 @@ def get_study(study_id: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
     """What `appliance tune show --json` gives: the search, its trials best first with their curves, importances."""
     with shared.use() as store:
         return studies.describe(store, study_id)
-
-
-def _study_summary(record: studies.Study, trials: list[studies.Trial]) -> dict[str, Any]:
-    best = next((trial.value for trial in trials if trial.run_id == record.best_run_id and trial.state == "complete"),
-                None)
-    return {**asdict(record), "trials": len(trials), "pruned": sum(trial.state == "pruned" for trial in trials),
-            "best_value": best}
