@@ -59,6 +59,9 @@ def test_an_operator_reads_everything_through_the_daemon_and_only_an_admin_delet
     assert f"{run_id}  " in _cli(as_operator, "runs", "list").stdout
     assert f"run {run_id}: " in _cli(as_operator, "runs", "show", run_id).stdout
     assert "no searches yet" in _cli(as_operator, "tune", "list").stdout
+    assert "no feedback yet" in _cli(as_operator, "feedback", "show").stdout
+    assert _cli(as_operator, "usage", "--since", "7d").returncode == 0
+    assert _cli(as_operator, "usage", "--since", "yesterday").returncode == 2  # told here, before anything is asked
     refused = _cli(as_operator, "data", "delete", "tickets", "--yes")
     assert refused.returncode == 1 and "needs admin" in refused.stderr
     with daemon.api(operator) as api:

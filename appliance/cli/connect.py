@@ -19,7 +19,7 @@ from appliance.cli.base import daemon_client, load_settings, opened_store, progr
 from appliance.daemon import client
 from appliance.data import datasets, sources
 from appliance.operations import jobs, jobspec, privacy
-from appliance.registry import feedback
+from appliance.registry import feedback, usage
 from appliance.store import Store, alerts, audit
 from appliance.train import runs, studies
 
@@ -36,6 +36,8 @@ class Appliance(Protocol):
     def run_detail(self, run_id: str) -> dict[str, Any]: ...
     def studies(self) -> list[dict[str, Any]]: ...
     def study(self, study_id: str) -> dict[str, Any]: ...
+    def usage(self, since: str | None, by: str | None) -> list[dict[str, Any]]: ...
+    def quality(self, model: str | None) -> list[dict[str, Any]]: ...
     def set_residency(self, ref: str, residency: str) -> list[str]: ...
     def delete_dataset(self, ref: str) -> list[str]: ...
     def delete_model(self, ref: str) -> str: ...
@@ -96,6 +98,12 @@ class Remote:
 
     def study(self, study_id: str) -> dict[str, Any]:
         return self.api.get(f"/v1/studies/{study_id}")
+
+    def usage(self, since: str | None, by: str | None) -> list[dict[str, Any]]:
+        return self.api.get("/v1/usage", since=since, by=by)
+
+    def quality(self, model: str | None) -> list[dict[str, Any]]:
+        return self.api.get("/v1/quality", model=model)
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [f"{version['name']}:{version['version']}"
@@ -196,6 +204,12 @@ class Local:
 
     def study(self, study_id: str) -> dict[str, Any]:
         return studies.describe(self.store, study_id)
+
+    def usage(self, since: str | None, by: str | None) -> list[dict[str, Any]]:
+        return usage.report(self.store, audit.parse_since(since).date() if since else None, by)
+
+    def quality(self, model: str | None) -> list[dict[str, Any]]:
+        return feedback.report(self.store, model)
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [version.ref for version in datasets.set_residency(self.store, ref, residency)]

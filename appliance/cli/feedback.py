@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from appliance.cli.base import cli, json_option, opened_store, print_json
+from appliance.cli.base import cli, json_option, print_json
 from appliance.cli.connect import connected
 from appliance.registry import feedback
 
@@ -32,11 +32,10 @@ def feedback_import(path: Path) -> None:
 @json_option
 def feedback_show(model: str | None, as_json: bool) -> None:
     """Live accuracy on feedback by model version over the last hour, day and week, and labels not trained on."""
-    with opened_store() as opened:
-        found = feedback.quality(opened, model)
-        unused = {name: feedback.unused(opened, name) for name in {entry["model"] for entry in found}}
+    with connected() as appliance:
+        found = appliance.quality(model)
     if as_json:
-        print_json([{**entry, "unused_labels": unused[entry["model"]]} for entry in found])
+        print_json(found)
         return
     if not found:
         click.echo("no feedback yet: POST /v1/feedback or 'appliance feedback import FILE.csv' adds some")
@@ -45,7 +44,7 @@ def feedback_show(model: str | None, as_json: bool) -> None:
     for entry in found:
         cells = [_cell(entry["windows"][window]) for window in feedback.WINDOWS]
         click.echo(f"{entry['model'] + ':' + str(entry['version']):<24} " + " ".join(f"{cell:>16}" for cell in cells))
-    for name, count in sorted(unused.items()):
+    for name, count in sorted({entry["model"]: entry["unused_labels"] for entry in found}.items()):
         click.echo(f"{name}: {count} labels not trained on yet")
 
 

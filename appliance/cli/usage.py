@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import csv
 import sys
-from datetime import date
 
 import click
 
-from appliance.cli.base import cli, json_option, opened_store, print_json
+from appliance.cli.base import cli, json_option, print_json
+from appliance.cli.connect import connected
 from appliance.registry import usage
 from appliance.store import audit
 
@@ -23,8 +23,9 @@ HEADINGS = {"day": "day", "user": "user", "model": "model", "cpu_hours": "CPU h"
 @json_option
 def usage_command(since: str | None, by: str | None, as_csv: bool, as_json: bool) -> None:
     """CPU and GPU hours of jobs and inference requests and hours, per day, user and model."""
-    with opened_store() as opened:
-        rows = usage.report(opened, _day(since), by)
+    _check_since(since)  # a mistake is told here, before anything is asked
+    with connected() as appliance:
+        rows = appliance.usage(since, by)
     if as_json:
         print_json(rows)
     elif as_csv:
@@ -46,10 +47,9 @@ def _cell(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _day(text: str | None) -> date | None:
-    if text is None:
-        return None
+def _check_since(text: str | None) -> None:
     try:
-        return audit.parse_since(text).date()
+        if text is not None:
+            audit.parse_since(text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from exc

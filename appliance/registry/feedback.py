@@ -228,6 +228,11 @@ def quality(store: Store, model: str | None = None) -> list[dict[str, Any]]:
     return answer
 
 
+def report(store: Store, model: str | None = None) -> list[dict[str, Any]]:
+    """quality(), each entry with the labels of its model not trained on yet (`feedback show`, the control API)."""
+    return [{**entry, "unused_labels": unused(store, entry["model"])} for entry in quality(store, model)]
+
+
 def unused(store: Store, model: str) -> int:
     """Labels on a model's predictions that no dataset version holds yet."""
     return store.db.execute(

@@ -71,10 +71,7 @@ def quality(_user: Viewer, shared: Shared, model: str | None = None) -> list[dic
     """Live accuracy on feedback by model version over the last hour, day and week, and the labels not yet
     trained on."""
     with shared.use() as store:
-        found = feedback.quality(store, model)
-        for entry in found:
-            entry["unused_labels"] = feedback.unused(store, entry["model"])
-    return found
+        return feedback.report(store, model)
 
 
 def _quality(shared: SharedStore) -> list[dict[str, Any]]:
