@@ -80,4 +80,9 @@ class AccessLog:
                     entry.status = message["status"]
                 await send(message)
 
-            await self.app(scope, receive, answering)
+            try:
+                await self.app(scope, receive, answering)
+            except Exception:
+                if entry.status == "-":
+                    entry.status = 500  # what Starlette's outermost middleware answers to what nothing caught
+                raise
