@@ -12,7 +12,7 @@ from typing import TextIO
 import click
 
 from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
-from appliance.store import audit
+from appliance.store import alerts, audit
 
 
 @cli.group("audit")
@@ -58,7 +58,7 @@ def _parse_since(text: str | None) -> datetime | None:
 def audit_verify(checkpoint: Path | None, as_json: bool) -> None:
     """Check every record, the chain and its anchored head; exit 1 on any tampering."""
     with opened_store() as opened:
-        result = audit.check(opened, checkpoint)
+        result = alerts.check_audit(opened, checkpoint)
     if as_json:
         print_json(result.__dict__)
     else:

@@ -12,6 +12,7 @@ that drifts all day is one alert. Every raise and acknowledgement is also an eve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from appliance.core import clock
@@ -56,6 +57,16 @@ def raise_alert(store: Store, source: Source, subject: str, severity: Severity, 
         events.emit(store, "alert", subject, "raised",
                     {"id": alert_id, "source": source, "severity": severity, "message": message})
     return get(store, alert_id)
+
+
+def check_audit(store: Store, checkpoint_file: Path | None = None, actor: str | None = None) -> audit.Verification:
+    """audit.check(), and an alert that stays until acknowledged when the log does not verify."""
+    result = audit.check(store, checkpoint_file, actor)
+    if not result.ok:
+        raise_alert(store, "audit", store.store_id, "error",
+                    f"the audit log does not verify: {result.problem}; leave the machine as it is and restore the "
+                    "last good backup ('appliance backup list')")
+    return result
 
 
 def listed(store: Store, *, acknowledged: bool = False, limit: int = 100) -> list[Alert]:

@@ -322,17 +322,11 @@ def verify(store: Store, checkpoint_file: Path | None = None, *, head_file: bool
 
 
 def check(store: Store, checkpoint_file: Path | None = None, actor: str | None = None) -> Verification:
-    """verify(), with its outcome put on the record, so the log shows when it was last checked and by whom, and
-    an alert when it fails."""
-    from appliance.store import alerts  # which records its acknowledgements here
-
+    """verify(), with its outcome put on the record, so the log shows when it was last checked and by whom
+    (alerts.check_audit() also raises an alert when it fails)."""
     result = verify(store, checkpoint_file)
     if divergence(store) is None:  # a log that diverged from its anchor takes no record, this one neither
         record(store, "audit.verify", store.store_id, actor=actor, ok=result.ok, first_bad=result.first_bad)
-    if not result.ok:
-        alerts.raise_alert(store, "audit", store.store_id, "error",
-                           f"the audit log does not verify: {result.problem}; leave the machine as it is and "
-                           "restore the last good backup ('appliance backup list')")
     return result
 
 

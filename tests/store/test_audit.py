@@ -11,7 +11,7 @@ import pytest
 from appliance import store
 from appliance.core.config import Settings
 from appliance.core.errors import AuditWriteFailed
-from appliance.store import Store, audit, blobs
+from appliance.store import Store, alerts, audit, blobs
 from tests.conftest import run_cli
 
 FIELDS = audit.FIELDS
@@ -55,6 +55,16 @@ def test_editing_any_field_of_any_record_is_detected(logged: Settings, field: st
         assert not result.ok and result.first_bad == seq, result
         _tamper(logged, (f"UPDATE audit SET {field} = ? WHERE seq = ?", (original, seq)))
     assert _verify(logged).ok
+
+
+def test_a_check_that_fails_raises_an_alert_until_someone_acknowledges_it(logged: Settings) -> None:
+    with store.open(logged) as reopened:
+        assert alerts.check_audit(reopened, actor="user:ops").ok and alerts.open_count(reopened) == 0
+    _tamper(logged, ("UPDATE audit SET object = 'forged' WHERE seq = 2", ()))
+    with store.open(logged) as reopened:
+        assert not alerts.check_audit(reopened, actor="user:ops").ok
+        (alert,) = alerts.listed(reopened)
+    assert (alert.source, alert.severity) == ("audit", "error") and "record 2 was changed" in alert.message
 
 
 def test_changing_a_byte_of_an_audit_row_is_detected(logged: Settings) -> None:

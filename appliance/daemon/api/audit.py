@@ -12,7 +12,7 @@ from fastapi.responses import PlainTextResponse
 from appliance.core import clock
 from appliance.daemon.api import deps  # deps.actor: the routes' own `actor` is a query parameter
 from appliance.daemon.api.deps import Admin, Shared, Since, Viewer
-from appliance.store import audit
+from appliance.store import alerts, audit
 
 router = APIRouter()
 
@@ -36,7 +36,7 @@ def audit_records(
 def verify_audit(user: Viewer, shared: Shared) -> dict[str, Any]:
     """Walk the whole chain and its anchored head now; the check itself goes on the record."""
     with shared.use() as store:
-        return asdict(audit.check(store, actor=deps.actor(user)))
+        return asdict(alerts.check_audit(store, actor=deps.actor(user)))
 
 
 @router.get("/v1/audit/export", response_class=JsonLines)
