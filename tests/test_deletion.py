@@ -66,6 +66,7 @@ def test_an_operator_reads_everything_through_the_daemon_and_only_an_admin_delet
     assert refused.returncode == 1 and "needs admin" in refused.stderr
     with daemon.api(operator) as api:
         detail = api.get("/v1/datasets/tickets/detail").json()  # what a viewer may see of it
+        assert api.get("/v1/models/tickets@candidate").status_code == 404  # no canary runs
         assert detail["models"] == ["tickets:1"] and sum(detail["counts"].values()) == detail["examples"]
         for path in ("/v1/datasets/tickets/content", "/v1/models/tickets/versions/1"):
             refused = api.delete(path)

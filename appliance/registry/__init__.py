@@ -134,7 +134,7 @@ def get(store: Store, ref: str) -> ModelVersion:
     elif alias:
         version = _alias_version(store, model, alias)
         if version is None:
-            raise RegistryError(f"model {model} has no {alias} alias", hint=f"'appliance models show {model}'")
+            raise VersionNotFound(f"model {model} has no {alias} alias", hint=f"'appliance models show {model}'")
     else:
         version = _alias_version(store, model, "production") or _newest(store, model)
     return _load(store, model, version)
