@@ -61,6 +61,7 @@ def test_an_operator_reads_everything_through_the_daemon_and_only_an_admin_delet
     assert "no searches yet" in _cli(as_operator, "tune", "list").stdout
     assert "no feedback yet" in _cli(as_operator, "feedback", "show").stdout
     assert _cli(as_operator, "usage", "--since", "7d").returncode == 0
+    assert " dataset.import " in _cli(as_operator, "audit", "list", "--action", "dataset.*").stdout
     assert _cli(as_operator, "usage", "--since", "yesterday").returncode == 2  # told here, before anything is asked
     refused = _cli(as_operator, "data", "delete", "tickets", "--yes")
     assert refused.returncode == 1 and "needs admin" in refused.stderr

@@ -12,6 +12,7 @@ from typing import TextIO
 import click
 
 from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
+from appliance.cli.connect import connected
 from appliance.store import alerts, audit
 
 
@@ -24,14 +25,16 @@ def audit_group() -> None:
 @click.option("--since", help="Only records since then: 2026-11-01, 2026-11-01T08:00, or 30m, 12h, 7d.")
 @click.option("--actor", help="Only records by this actor, e.g. user:alice.")
 @click.option("--action", help="Only this action; globs work: 'keys.*'.")
-@click.option("--limit", type=click.IntRange(min=1), help="At most this many (the newest).")
+@click.option("--limit", type=click.IntRange(min=1, max=audit.LIST_MAX),
+              help=f"At most this many (the newest); through a daemon, {audit.LIST_MAX} without it.")
 @json_option
 def audit_list(since: str | None, actor: str | None, action: str | None, limit: int | None, as_json: bool) -> None:
-    """List audit records, oldest first."""
-    with opened_store() as opened:
-        found = audit.rows(opened, since=_parse_since(since), actor=actor, action=action, limit=limit)
+    """List audit records, oldest first (through a daemon, with a viewer's token: no key needed)."""
+    _parse_since(since)  # a mistake is told here, before anything is asked
+    with connected() as appliance:
+        found = appliance.audit_records(since, actor, action, limit)
     if as_json:
-        print_json([{**row, "details": json.loads(row["details"])} for row in found])
+        print_json(found)
         return
     if not found:
         click.echo("no audit records match")

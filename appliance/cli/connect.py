@@ -38,6 +38,8 @@ class Appliance(Protocol):
     def study(self, study_id: str) -> dict[str, Any]: ...
     def usage(self, since: str | None, by: str | None) -> list[dict[str, Any]]: ...
     def quality(self, model: str | None) -> list[dict[str, Any]]: ...
+    def audit_records(self, since: str | None, actor: str | None, action: str | None,
+                      limit: int | None) -> list[dict[str, Any]]: ...
     def set_residency(self, ref: str, residency: str) -> list[str]: ...
     def delete_dataset(self, ref: str) -> list[str]: ...
     def delete_model(self, ref: str) -> str: ...
@@ -104,6 +106,10 @@ class Remote:
 
     def quality(self, model: str | None) -> list[dict[str, Any]]:
         return self.api.get("/v1/quality", model=model)
+
+    def audit_records(self, since: str | None, actor: str | None, action: str | None,
+                      limit: int | None) -> list[dict[str, Any]]:
+        return self.api.get("/v1/audit", since=since, actor=actor, action=action, limit=limit or audit.LIST_MAX)
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [f"{version['name']}:{version['version']}"
@@ -210,6 +216,11 @@ class Local:
 
     def quality(self, model: str | None) -> list[dict[str, Any]]:
         return feedback.report(self.store, model)
+
+    def audit_records(self, since: str | None, actor: str | None, action: str | None,
+                      limit: int | None) -> list[dict[str, Any]]:
+        return audit.records(self.store, since=audit.parse_since(since) if since else None, actor=actor,
+                             action=action, limit=limit)
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [version.ref for version in datasets.set_residency(self.store, ref, residency)]

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 GENESIS = "0" * 64
 FIELDS = ("seq", "ts", "actor", "action", "object", "outcome", "details", "prev_hash", "hash", "mac")
+LIST_MAX = 10_000  # the most records one listing through the control API gives: the newest
 
 
 def default_actor() -> str:
@@ -205,6 +206,11 @@ def rows(
     sql = f"SELECT {', '.join(FIELDS)} FROM audit{where} ORDER BY seq DESC" + (f" LIMIT {int(limit)}" if limit else "")
     newest_first = [dict(zip(FIELDS, row)) for row in store.db.execute(sql, params)]
     return newest_first[::-1]
+
+
+def records(store: Store, **filters: Any) -> list[dict[str, Any]]:
+    """rows() with their details as JSON objects: what `audit list` and the control API show."""
+    return [{**row, "details": json.loads(row["details"])} for row in rows(store, **filters)]
 
 
 def _where(since: datetime | None, actor: str | None, action: str | None, reads: bool) -> tuple[str, list[str]]:

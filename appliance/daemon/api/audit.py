@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -24,12 +23,11 @@ class JsonLines(PlainTextResponse):
 @router.get("/v1/audit")
 def audit_records(
     _user: Viewer, shared: Shared, since: Since, actor: str | None = None, action: str | None = None,
-    reads: bool = True, limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    reads: bool = True, limit: Annotated[int, Query(ge=1, le=audit.LIST_MAX)] = 500,
 ) -> list[dict[str, Any]]:
     """Records, oldest first (the newest `limit`); action a glob such as 'keys.*'; reads=false leaves out api.read."""
     with shared.use() as store:
-        found = audit.rows(store, since=since, actor=actor or None, action=action or None, reads=reads, limit=limit)
-    return [{**row, "details": json.loads(row["details"])} for row in found]
+        return audit.records(store, since=since, actor=actor or None, action=action or None, reads=reads, limit=limit)
 
 
 @router.post("/v1/audit/verify")
