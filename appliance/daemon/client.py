@@ -25,6 +25,7 @@ from appliance.data import sources
 TIMEOUT_S = 30.0
 UPLOAD_TIMEOUT_S = 3600.0  # the daemon checks a large upload (every image decoded) before it answers
 UPLOAD_CHUNK = 1 << 20
+KEEPALIVE_S = 1.0  # how long an idle connection to the daemon is kept for the next request
 EVENTS_SILENCE_S = 10.0  # the daemon sends a keep-alive every half second: this much silence means it is gone
 
 
@@ -144,7 +145,10 @@ def _http(settings: config.Settings, token: str | None) -> httpx.Client:
 
 def _options(token: str | None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return {"base_url": "http://appliance", "headers": headers, "timeout": TIMEOUT_S}
+    # An idle connection is dropped well before the daemon closes it (uvicorn: after 5 s), or a request sent on
+    # it just as the daemon closes it fails with a cut connection: a reconnect on the local socket costs little.
+    return {"base_url": "http://appliance", "headers": headers, "timeout": TIMEOUT_S,
+            "limits": httpx.Limits(keepalive_expiry=KEEPALIVE_S)}
 
 
 def _upload(path: Path, options: dict[str, Any], sent: Callable[[int], None]) -> tuple[dict[str, Any], Iterator[bytes]]:
