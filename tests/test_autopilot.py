@@ -148,6 +148,30 @@ def test_an_accuracy_drop_or_a_drift_alert_triggers_only_with_something_to_learn
     assert details["trigger"] == "accuracy" and details["live_accuracy"] == 0.7  # 25 points under 95%
 
 
+def test_the_labels_that_called_for_a_retrain_do_not_call_for_the_next(opened: Store, tmp_path: Path) -> None:
+    """A retrain whose canary lost must not be retried on the same evidence: only later predictions count."""
+    version = served_version(opened, tmp_path, accuracy=0.95)
+    policy = dataclasses.replace(POLICY, new_examples=0, cooldown_hours=0)
+    pilot, settings = autopilot.Autopilot(dict), pilot_settings(opened, policy)
+    ids = answer(opened, feedback.PredictionLog(), version, [f"text {n}" for n in range(10)])
+    feedback.record(opened, [(i, "shipping" if n < 3 else "billing") for n, i in enumerate(ids)], actor="user:ann")
+    pilot.tick(opened, settings)
+    [first] = jobs.list_jobs(opened)
+    opened.db.execute("UPDATE jobs SET status = 'finished'")  # it ran, and its canary was rolled back
+    ids = answer(opened, feedback.PredictionLog(), version, [f"later text {n}" for n in range(10)])
+    feedback.record(opened, [(i, "billing") for i in ids], actor="user:ann")  # production is right again
+    pilot._last = 0
+    pilot.tick(opened, settings)
+    assert [job.id for job in jobs.list_jobs(opened)] == [first.id]
+    ids = answer(opened, feedback.PredictionLog(), version, [f"new text {n}" for n in range(10)])
+    feedback.record(opened, [(i, "shipping") for i in ids], actor="user:ann")  # and now wrong on new texts
+    pilot._last = 0
+    pilot.tick(opened, settings)
+    assert len(jobs.list_jobs(opened)) == 2
+    details = json.loads(audit.rows(opened, action="autopilot.retrain")[-1]["details"])
+    assert details["trigger"] == "accuracy" and details["labels"] == 20 and details["live_accuracy"] == 0.5
+
+
 def test_a_judged_canary_is_promoted_or_rolled_back_and_audited(opened: Store, tmp_path: Path) -> None:
     first = served_version(opened, tmp_path)
     log = feedback.PredictionLog()

@@ -13,10 +13,11 @@ model in production, by its policy (config.Policy, per model):
   stays. Fewer than `canary_min_feedback` labels on either side: no decision at all.
 - Otherwise, if the policy is enabled and no retrain of the model is queued or running
   or began within `cooldown_hours`, the triggers are read in order: a drift alert on
-  the production version, live accuracy on feedback `accuracy_drop` points under its
-  validation accuracy, `new_examples` labels not trained on yet, the schedule. The
-  first that fires submits an ordinary pipeline job (params.retrain) at the policy's
-  priority: the feedback becomes a new dataset version, and the new model challenges
+  the production version, live accuracy on feedback (for predictions made since production
+  moved or the last retrain began) `accuracy_drop` points under its validation accuracy,
+  `new_examples` labels not trained on yet, the schedule. The first that fires submits an
+  ordinary pipeline job (params.retrain) at the policy's priority: the feedback becomes a
+  new dataset version, and the new model challenges
   production (operations.challenge) before it goes out as a canary taking
   `canary_percent` of traffic.
 
@@ -217,8 +218,10 @@ def _trigger(store: Store, model: str, production: registry.ModelVersion, policy
             return {"trigger": "drift", "reason": f"drift alert at {alert.ts}: {found.get('feature')} PSI"
                                                   f" {found.get('psi')}", "alert": found}
     if policy.accuracy_drop:
+        # Only predictions made since the last retrain: the labels that called for it (and that it learnt from, right
+        # or wrong) must not call for the next one, or a rolled-back retrain would be retried on them without end.
         live = feedback.evidence(store, model, production.version,
-                                 clock.stamp(clock.now() - feedback.WINDOWS[LIVE_WINDOW]))
+                                 max(since, clock.stamp(clock.now() - feedback.WINDOWS[LIVE_WINDOW])))
         validation = production.variants[production.chosen].metrics.get("accuracy")
         if live.feedback >= policy.min_feedback and validation is not None:
             drop = (validation - live.accuracy) * 100
