@@ -185,12 +185,13 @@ def _logged(name: str, call: Call) -> Call:
     return answer
 
 
+# The context gives the status a call ended with as a StatusCode, as its number, or as None for OK.
+_CODE_NAMES: dict[object, str] = {key: code.name for code in grpc.StatusCode for key in (code, code.value[0])}
+
+
 def _code_name(code: object) -> str:
-    """The name of the status a call ended with: the context gives a StatusCode, its number, or none for OK."""
-    for known in grpc.StatusCode:
-        if code in (known, known.value[0]):
-            return known.name
-    return "OK"
+    """The name of the status a call ended with."""
+    return _CODE_NAMES.get(code, "OK")
 
 
 def handlers(service: Service, runtime: Runtime) -> grpc.GenericRpcHandler:
