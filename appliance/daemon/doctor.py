@@ -25,12 +25,13 @@ from appliance.core import hardware
 from appliance.core.config import Settings
 from appliance.core.errors import ApplianceError, StoreError
 from appliance.daemon import client
-from appliance.store import audit, blobs, keys, migrations
+from appliance.store import audit, blobs, keys, migrations, space
 from appliance.store import db as store_db
 
 GiB = 2**30
 DISK_FAIL_BYTES = 2 * GiB  # below this a checkpoint or an optimised model may not fit
 DISK_WARN_BYTES = 10 * GiB
+FULL_WARN_DAYS = 7  # warn when the store's growth fills the disk sooner
 
 
 class Status(enum.Enum):
@@ -237,9 +238,29 @@ def _disk(settings: Settings) -> Check:
         where = where.parent
     free = shutil.disk_usage(where).free
     detail = f"{hardware.format_bytes(free)} free for {settings.state_dir}"
-    hint = "free space on that file system, or move state_dir to a larger one"
+    hint = ("free space on that file system, or move state_dir to a larger one; 'appliance store info' shows what"
+            " the store holds, and deleting datasets and model versions no longer needed gives their space back")
+    grown = _growth(settings)
+    days_left = free / grown.bytes_per_day if grown is not None and grown.bytes_per_day > 0 else None
+    if grown is not None and days_left is not None:
+        detail += (f"; the store grows by {hardware.format_bytes(int(grown.bytes_per_day))} a day (over the last"
+                   f" {grown.days} day{'s' * (grown.days != 1)}): full in about {days_left:.0f} days at that rate")
     if free < DISK_FAIL_BYTES:
         return Check("disk space", Status.FAIL, detail, hint)
-    if free < DISK_WARN_BYTES:
+    if free < DISK_WARN_BYTES or (days_left is not None and days_left < FULL_WARN_DAYS):
         return Check("disk space", Status.WARN, detail, hint)
     return Check("disk space", Status.OK, detail)
+
+
+def _growth(settings: Settings) -> space.Growth | None:
+    """The store's growth from its daily size samples (no key needed); None before two days of them."""
+    if not settings.db_path.exists():
+        return None
+    try:
+        database = store_db.connect_read_only(settings.db_path)
+    except StoreError:  # the store check says why
+        return None
+    try:
+        return space.growth(database)
+    finally:
+        database.conn.close()

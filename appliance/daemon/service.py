@@ -3,8 +3,9 @@
 start: refuse a diverged audit log, write the local admin's token, put jobs an earlier
 daemon left running (it crashed, or was killed with -9) back in the queue, bind the
 control socket. run: both servers on one event loop, the supervisor (supervisor.py:
-jobs in child processes, serving first) and the backup schedule (store/backups.py:
-every `backup.every_hours`, audited as `backup.created`) on their own threads, the
+jobs in child processes, serving first), the backup schedule (store/backups.py:
+every `backup.every_hours`, audited as `backup.created`) and the store's upkeep
+(store/space.py: free pages back to the disk, the day's size) on their own threads, the
 audit log checked every second. stop: drain the running job, then the servers.
 
 systemd: READY=1 once both servers listen, STATUS= with what runs, WATCHDOG=1 while
@@ -40,7 +41,7 @@ from appliance.daemon import api
 from appliance.daemon.supervisor import Supervisor
 from appliance.operations import jobs
 from appliance.serve.metrics import Metrics
-from appliance.store import audit, backups, events
+from appliance.store import audit, backups, events, space
 
 log = logging.getLogger("appliance.daemon")
 
@@ -127,6 +128,8 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
         worker = threading.Thread(target=supervisor.run, args=(stop_supervisor,), name="supervisor")
         backup_taker = threading.Thread(target=backups.keep_taking, args=(settings, passphrase, stop_supervisor),
                                         name="backups")
+        upkeep = threading.Thread(target=space.keep_tidy, args=(settings, passphrase, stop_supervisor),
+                                  name="store-upkeep")
         try:
             while not all(server.started for server in listening):
                 if any(task.done() for task in servers):
@@ -138,6 +141,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
                 await asyncio.sleep(0.05)
             worker.start()
             backup_taker.start()
+            upkeep.start()
             settings.pid_path.write_text(f"{os.getpid()}\n")
             log.info("ready: control API on %s, inference on %s", settings.socket_path, settings.inference_url)
             sdnotify.notify(READY=1, STATUS="idle")
@@ -156,7 +160,7 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
             log.info("stopping: draining the running job")
         finally:
             stop_supervisor.set()
-            for thread in (worker, backup_taker):
+            for thread in (worker, backup_taker, upkeep):
                 if thread.is_alive():
                     await asyncio.to_thread(thread.join)
             supervisor.close()

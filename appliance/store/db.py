@@ -87,8 +87,10 @@ def connect(path: Path) -> sqlite_utils.Database:
             path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
         )
         if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
-            # Large pages: the store is mostly 1 MiB encrypted chunks.
+            # Large pages: the store is mostly 1 MiB encrypted chunks. Incremental auto-vacuum, which only a new
+            # database can take without a rewrite: pages freed by deletions can go back to the disk (store/space).
             conn.execute("PRAGMA page_size = 65536")
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         for pragma in PRAGMAS:
             conn.execute(pragma)
     except sqlite3.DatabaseError as exc:

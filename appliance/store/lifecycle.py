@@ -15,7 +15,7 @@ from typing import Any
 from appliance import store as store_pkg
 from appliance.core.config import Settings
 from appliance.core.errors import StoreError
-from appliance.store import Store, audit, keys, migrations
+from appliance.store import Store, audit, keys, migrations, space
 from appliance.store import db as store_db
 
 
@@ -88,13 +88,14 @@ def rotate(store: Store, *, new_passphrase: str | None = None, new_key_file: Pat
 
 
 def info(store: Store) -> dict[str, Any]:
-    """Sizes, counts and the result of SQLite's integrity check."""
+    """Sizes, what takes the space, how fast it grows, counts and the result of SQLite's integrity check."""
     db = store.db
 
     def scalar(sql: str) -> Any:
         return db.execute(sql).fetchone()[0]
 
     path, wal = store.settings.db_path, store.settings.wal_path
+    used, grown = space.usage(store), space.growth(db)
     return {
         "path": str(path),
         "store_id": store.store_id,
@@ -108,6 +109,9 @@ def info(store: Store) -> dict[str, Any]:
         "key_source": store.master.source,
         "key_fingerprint": store.master.fingerprint,
         "integrity_check": scalar("PRAGMA integrity_check"),
+        "space": {"by_kind": used.by_kind, "free_bytes": used.free_bytes, "free_pages_go_back": used.reclaims},
+        "growth_bytes_per_day": None if grown is None else round(grown.bytes_per_day),
+        "growth_days": None if grown is None else grown.days,
     }
 
 

@@ -406,6 +406,11 @@ def _v12_deletion(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v13_store_sizes(db: sqlite_utils.Database) -> None:
+    """The bytes the store had in use, one sample a day, so its growth can be read (store/space.py)."""
+    db.execute("CREATE TABLE store_sizes (day TEXT PRIMARY KEY, used_bytes INTEGER NOT NULL)")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -419,6 +424,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v10_usage_accounting,
     _v11_alerts,
     _v12_deletion,
+    _v13_store_sizes,
 ]
 LATEST = len(MIGRATIONS)
 

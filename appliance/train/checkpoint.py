@@ -48,6 +48,6 @@ def discard(store: Store, run_id: str) -> None:
     row = store.db.execute("SELECT blob_id FROM checkpoints WHERE run_id = ?", (run_id,)).fetchone()
     if row is None:
         return
-    with audit.operation(store, "checkpoint.discard", run_id):
+    with audit.operation(store, "checkpoint.discard", run_id, blob=row[0]):  # its hash stays on the record
         store.db.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
         blobs.delete(store, row[0])
