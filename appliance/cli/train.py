@@ -13,6 +13,7 @@ from appliance.cli.connect import connected
 from appliance.core.errors import JobError
 from appliance.core.text import counted
 from appliance.operations import jobspec
+from appliance.train import runs
 from appliance.train.params import TrainParams
 
 
@@ -98,9 +99,13 @@ def train(
     if result["trained_on"]:
         click.echo(f"trained on {result['trained_on']}")
     summary = ", ".join(f"{metric} {value:.4f}" for metric, value in result["metrics"].items())
+    ended = result.get("outcome")
+    on = ("" if not ended or ended["evaluated_on"] == ended["validation_examples"]
+          else f" (on a sample of {ended['evaluated_on']:,} of {ended['validation_examples']:,} examples)")
     click.echo(f"run {result['run_id']} finished after {result['steps']} steps"
+               + (f", keeping epoch {ended['best_epoch']} of {ended['epochs_run']}" if ended else "")
                + (" (stopped early)" if result["stopped_early"] else ""))
-    click.echo(f"  best validation: {summary}")
+    click.echo(f"  best validation: {summary}{on}")
     click.echo(f"  registered as {result['version']}; optimise it with 'appliance optimize {result['version']}'")
 
 
@@ -151,11 +156,14 @@ def runs_show(run_id: str, as_json: bool) -> None:
     )
     for row in run["epochs"]:
         metrics = row["metrics"]
+        sampled = f"  on {row['evaluated_on']:,}" if row.get("evaluated_on") else ""
         click.echo(
             f"  epoch {row['epoch']:>3}  train loss {row['train_loss']:.4f}  val loss {metrics['loss']:.4f}  "
             f"accuracy {metrics['accuracy']:.4f}  macro-F1 {metrics['macro_f1']:.4f}  "
-            f"{row['samples_per_s']:.1f} samples/s  at {row['elapsed_s']:.0f}s"
+            f"{row['samples_per_s']:.1f} samples/s  at {row['elapsed_s']:.0f}s{sampled}"
         )
+    if run.get("outcome"):
+        click.echo(runs.Outcome(**run["outcome"]).sentence(run["params"]))
 
 
 @runs_group.command("compare")

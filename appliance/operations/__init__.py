@@ -22,7 +22,7 @@ autopilot's retrain and canary judge, and erasure (privacy).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -123,7 +123,7 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
         ctx.log(f"a model is being served: training uses at most {counted(ctx.max_threads, 'thread')}, at lower "
                 "priority")
     result = engine.resume(ctx.store, ctx.state["run_id"], progress=progress, should_stop=ctx.should_stop,
-                           max_threads=ctx.max_threads)
+                           max_threads=ctx.max_threads, log=ctx.log)
     if result.status == "finished":
         ctx.report({"stage": "train", "metrics": result.metrics}, force=True)
     return result
@@ -318,7 +318,8 @@ def run(ctx: Context, spec: Spec, study_id: str | None = None, base: Path | None
         if trained.status != "finished":
             raise Stopped(ctx.state)
         run_id, summary = trained.run_id, {"metrics": trained.metrics, "steps": trained.steps,
-                                           "stopped_early": trained.stopped_early}
+                                           "stopped_early": trained.stopped_early,
+                                           "outcome": asdict(trained.outcome) if trained.outcome else None}
     run_id = _between(ctx, run_id)
     registered = _between(ctx, register(ctx, spec.name, dataset, run_id)).ref
     if isinstance(spec, TrainJob):

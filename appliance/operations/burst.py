@@ -384,7 +384,8 @@ def receive(store: Store, backend: Backend, submission: dict[str, str], request:
                              params=meta["params"], plan=meta["plan"], trained_on=submission["where"])
         for epoch in meta["epochs"]:
             runs.record_epoch(store, run_id, runs.Epoch(**epoch))
-        runs.finish(store, run_id, blob_id, meta["metrics"])
+        runs.finish(store, run_id, blob_id, meta["metrics"],
+                    runs.Outcome(**meta["outcome"]) if meta.get("outcome") else None)
         details["run"] = run_id
     try:
         backend.forget(submission_id)  # the job's record on the cluster holds the key: drop it

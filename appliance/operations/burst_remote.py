@@ -75,11 +75,12 @@ def _train(manifest: dict, content: bytes, base: dict[str, bytes]) -> bytes:
             version = datasets.adopt(opened, datasets.DatasetVersion(**manifest["dataset"]), content)
             done = engine.start(opened, dataset=version.ref, base_dir=base_dir,
                                 params=TrainParams.parse(manifest["params"]), device=manifest["device"],
-                                progress=progress)
+                                progress=progress, log=lambda line: print(line, flush=True))
             run = runs.get(opened, done.run_id)
             bundle = blobs.read(opened, done.model_blob)
             record = {"params": run.params, "plan": run.plan, "metrics": done.metrics, "steps": done.steps,
                       "epochs": [asdict(epoch) for epoch in runs.epochs(opened, run.id)],
+                      "outcome": asdict(done.outcome) if done.outcome else None,
                       "sha256": hashlib.sha256(bundle).hexdigest()}
     print(f"trained: {done.steps} steps, " + ", ".join(f"{k} {v:.4f}" for k, v in done.metrics.items()), flush=True)
     return archive.pack([("result.json", json.dumps(record).encode()), ("bundle.tar", bundle)])

@@ -411,6 +411,13 @@ def _v13_store_sizes(db: sqlite_utils.Database) -> None:
     db.execute("CREATE TABLE store_sizes (day TEXT PRIMARY KEY, used_bytes INTEGER NOT NULL)")
 
 
+def _v14_run_outcomes(db: sqlite_utils.Database) -> None:
+    """How a run ended (its best epoch, why it stopped, how much of the validation set its figures are on), and
+    per epoch the number of validation examples evaluated: a large set is sampled while training."""
+    db.execute("ALTER TABLE runs ADD COLUMN outcome TEXT")  # JSON: train.runs.Outcome
+    db.execute("ALTER TABLE run_epochs ADD COLUMN evaluated_on INTEGER")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -425,6 +432,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v11_alerts,
     _v12_deletion,
     _v13_store_sizes,
+    _v14_run_outcomes,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -6,6 +6,13 @@ evaluates every epoch, stops early when the validation metric stops improving, a
 checkpoints every N optimizer steps and at each epoch end. A run cut short (SIGKILL,
 SIGTERM, the machine going down) continues from its checkpoint with the same data
 order and random state, so it ends where an uninterrupted run would have.
+
+A large validation split is sampled after each epoch (EVAL_SAMPLE examples, stratified,
+fixed), and the kept model is evaluated on all of it once at the end when the budget
+allows. max_minutes bounds the whole run: training stops early enough for its last
+evaluation and the storing of its model, both measured as the run goes. Each epoch's
+figures and the run's end (which epoch it kept, why it stopped, what its figures are on)
+go to the run's log and its record (runs.Outcome).
 """
 
 from __future__ import annotations
@@ -50,12 +57,14 @@ class RunResult:
     model_blob: str | None
     steps: int
     stopped_early: bool
+    outcome: runs.Outcome | None = None
 
     @classmethod
     def of(cls, store: Store, run_id: str) -> RunResult:
         """A run as its records tell it: one trained earlier, or on the Ray cluster."""
         run, history = runs.get(store, run_id), runs.epochs(store, run_id)
-        return cls(run_id, run.status, run.metrics or {}, run.model_blob, history[-1].step if history else 0, False)
+        return cls(run_id, run.status, run.metrics or {}, run.model_blob, history[-1].step if history else 0,
+                   run.outcome is not None and run.outcome.stopped in ("converged", "asked"), run.outcome)
 
 
 @dataclass
@@ -72,9 +81,14 @@ class _Position:
     best_blob: str | None = None
     bad_epochs: int = 0
     elapsed_s: float = 0.0
+    best_epoch: int = 0
+    eval_s_per_example: float | None = None  # measured at the last evaluation
+    store_s: float | None = None  # the last time storing the best model took
 
 
 ProgressFn = Callable[[Progress], None]
+LogFn = Callable[[str], None]  # a line for the run's log: each epoch's validation figures, how the run ended
+EVAL_SAMPLE = 2000  # validation examples evaluated after each epoch; a larger split is sampled (evaluation_sample)
 DEFAULTS = TrainParams()  # frozen: one instance is every call's default
 EpochFn = Callable[[runs.Epoch], bool]  # after each epoch's evaluation; True ends the run there (a pruned trial)
 
@@ -112,10 +126,11 @@ def start(
     progress: ProgressFn | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     on_epoch: EpochFn | None = None,
+    log: LogFn | None = None,
 ) -> RunResult:
     """Plan and run a new fine-tuning job on a dataset version."""
     run_id = create(store, dataset=dataset, base_dir=base_dir, params=params, device=device)
-    return _continue(store, runs.get(store, run_id), progress, should_stop, on_epoch=on_epoch)
+    return _continue(store, runs.get(store, run_id), progress, should_stop, on_epoch=on_epoch, log=log)
 
 
 def resume(
@@ -126,6 +141,7 @@ def resume(
     should_stop: Callable[[], bool] = lambda: False,
     max_threads: int | None = None,
     on_epoch: EpochFn | None = None,
+    log: LogFn | None = None,
 ) -> RunResult:
     """Continue a run from its last checkpoint (or its start, if it has none) with the plan it started with.
 
@@ -135,12 +151,12 @@ def resume(
     if run.status == "finished":
         raise JobError(f"run {run.id} has already finished", hint="start a new run with 'appliance train'")
     runs.set_status(store, run.id, "running", resumed=True)
-    return _continue(store, run, progress, should_stop, max_threads, on_epoch)
+    return _continue(store, run, progress, should_stop, max_threads, on_epoch, log)
 
 
 def _continue(
     store: Store, run: runs.Run, progress: ProgressFn | None, should_stop: Callable[[], bool],
-    max_threads: int | None = None, on_epoch: EpochFn | None = None,
+    max_threads: int | None = None, on_epoch: EpochFn | None = None, log: LogFn | None = None,
 ) -> RunResult:
     params = TrainParams.parse(run.params)
     data = datasets.load(store, datasets.get(store, run.dataset_id))
@@ -149,7 +165,7 @@ def _continue(
     if max_threads is not None:
         plan = replace(plan, threads=max(1, min(plan.threads, max_threads)))
     return _train(store, run.id, task, data, params, plan, checkpoint.latest(store, run.id), progress, should_stop,
-                  on_epoch)
+                  on_epoch, log)
 
 
 def _task(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams) -> tasks.Task:
@@ -192,6 +208,7 @@ def _train(
     progress: ProgressFn | None,
     should_stop: Callable[[], bool],
     on_epoch: EpochFn | None = None,
+    log: LogFn | None = None,
 ) -> RunResult:
     torch.set_num_threads(plan.threads)
     device = torch.device(plan.device)
@@ -205,6 +222,9 @@ def _train(
     scheduler = _scheduler(optimizer, params, total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaler)
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+    sample = evaluation_sample(data, params.seed)
+    budget = Budget(params.max_minutes * 60 if params.max_minutes else None, len(sample))
+    say = log or (lambda _line: None)
 
     position = _Position()
     if state is not None:
@@ -214,6 +234,7 @@ def _train(
         scaler.load_state_dict(state["scaler"])
         _set_rng(state["rng"])
         position = _Position(**state["position"])
+    best_state: dict[str, torch.Tensor] | None = None  # the best weights, while a sample stands in for validation
 
     def save_checkpoint() -> None:
         checkpoint.save(
@@ -230,14 +251,22 @@ def _train(
             },
         )
 
+    def score(indices: list[int]) -> dict[str, float]:
+        started = time.monotonic()
+        metrics = evaluate(model, task, indices, plan, device, autocast_dtype)
+        position.eval_s_per_example = (time.monotonic() - started) / len(indices)
+        return metrics
+
     session_start = time.monotonic() - position.elapsed_s
-    samples_this_session, clock = 0, time.monotonic()
-    stopped_early = interrupted = out_of_time = False
+    samples_this_session, train_s_this_session = 0, 0.0
+    stopped: runs.Stop = "epochs"
+    interrupted = False
 
     for epoch in range(position.epoch, params.epochs):
         generator = torch.Generator().manual_seed(params.seed * 1009 + epoch)
         batches = task.batches(data.train, plan.micro_batch, generator)
         model.train()
+        step_start = time.monotonic()
         for index in range(position.batch, len(batches)):
             inputs = {name: tensor.to(device) for name, tensor in task.collate(batches[index]).items()}
             with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
@@ -256,58 +285,147 @@ def _train(
             optimizer.zero_grad(set_to_none=True)
             position.step += 1
             position.batch = index + 1
-            position.elapsed_s = time.monotonic() - session_start
-            rate = samples_this_session / max(time.monotonic() - clock, 1e-9)
+            now = time.monotonic()
+            train_s_this_session += now - step_start
+            position.elapsed_s = now - session_start
+            rate = samples_this_session / max(train_s_this_session, 1e-9)
             if progress:
-                left = (total_steps - position.step) * plan.micro_batch * plan.accumulation / rate if rate else None
-                progress(
-                    Progress("train", epoch + 1, params.epochs, position.step, total_steps,
-                             position.loss_sum / position.seen, rate, left)
-                )
+                samples_left = (len(data.train) - min(position.batch * plan.micro_batch, len(data.train))
+                                + (params.epochs - epoch - 1) * len(data.train))
+                progress(Progress("train", epoch + 1, params.epochs, position.step, total_steps,
+                                  position.loss_sum / position.seen, rate,
+                                  budget.eta(position, samples_left / rate, params.epochs - epoch, rate)))
             interrupted = should_stop()
-            out_of_time = params.max_minutes is not None and position.elapsed_s > params.max_minutes * 60
             if interrupted or position.step % params.checkpoint_every == 0:
                 save_checkpoint()
             if interrupted:
                 runs.set_status(store, run_id, "interrupted", step=position.step)
                 return RunResult(run_id, "interrupted", position.best_metrics, None, position.step, False)
-            if out_of_time:
+            if budget.must_stop_training(position, rate):
+                stopped = "budget"
                 break
+            step_start = time.monotonic()
 
         if progress:
             progress(Progress("evaluate", epoch + 1, params.epochs, position.step, total_steps,
                               position.loss_sum / max(position.seen, 1), 0.0, None))
-        metrics = evaluate(model, task, data.validation, plan, device, autocast_dtype)
+        metrics = score(sample)
         position.elapsed_s = time.monotonic() - session_start
         row = runs.Epoch(
             epoch + 1,
             position.step,
             position.loss_sum / max(position.seen, 1),
             metrics,
-            samples_this_session / max(time.monotonic() - clock, 1e-9),
+            samples_this_session / max(train_s_this_session, 1e-9),
             position.elapsed_s,
+            len(sample),
         )
         runs.record_epoch(store, run_id, row)
         previous_best = position.best_blob
-        if position.best is None or metrics[params.metric] > position.best:
+        improved = position.best is None or metrics[params.metric] > position.best
+        if improved:
             position.best, position.best_metrics, position.bad_epochs = metrics[params.metric], metrics, 0
+            position.best_epoch = epoch + 1
+            stored = time.monotonic()
             position.best_blob = blobs.put(store, task.bundle(model))
+            position.store_s = time.monotonic() - stored
+            if len(sample) < len(data.validation):
+                best_state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
         else:
             position.bad_epochs += 1
+        say(_epoch_line(row, params, len(data.validation), improved))
         position.epoch, position.batch, position.loss_sum, position.seen = epoch + 1, 0, 0.0, 0
         save_checkpoint()
         if previous_best and previous_best != position.best_blob:
             blobs.delete(store, previous_best)  # only now: the old checkpoint no longer needs it
         told_to_end = on_epoch is not None and on_epoch(row)
-        if (position.bad_epochs >= params.patience or told_to_end) and epoch + 1 < params.epochs:
-            stopped_early = True
+        if stopped == "budget":
             break
-        if out_of_time:
+        if told_to_end and epoch + 1 < params.epochs:
+            stopped = "asked"
+            break
+        if position.bad_epochs >= params.patience and epoch + 1 < params.epochs:
+            stopped = "converged"
             break
 
-    runs.finish(store, run_id, position.best_blob, position.best_metrics)
+    evaluated_on = len(sample)
+    if evaluated_on < len(data.validation):
+        if best_state is None:
+            say(f"the final figures stay on the {evaluated_on:,}-example sample: the best epoch's weights were"
+                " stored in an earlier session of this run")
+        elif budget.allows(position, len(data.validation)):
+            model.load_state_dict(best_state)
+            position.best_metrics = score(data.validation)
+            evaluated_on = len(data.validation)
+            say("final, on all validation examples: " + _figures(position.best_metrics))
+        else:
+            say(f"the final figures stay on the {evaluated_on:,}-example sample: evaluating all"
+                f" {len(data.validation):,} would take about {budget.eval_s(position, len(data.validation)):.0f} s"
+                " more than the budget has left")
+    outcome = runs.Outcome(position.best_epoch, position.epoch, stopped, evaluated_on, len(data.validation))
+    say(outcome.sentence(params.model_dump()))
+    runs.finish(store, run_id, position.best_blob, position.best_metrics, outcome)
     checkpoint.discard(store, run_id)
-    return RunResult(run_id, "finished", position.best_metrics, position.best_blob, position.step, stopped_early)
+    return RunResult(run_id, "finished", position.best_metrics, position.best_blob, position.step,
+                     stopped in ("converged", "asked"), outcome)
+
+
+def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:
+    """The validation examples evaluated after each epoch: all up to EVAL_SAMPLE, else a stratified sample of that
+    many (each label in its share, at least one each), the same for every epoch and every resume."""
+    if len(data.validation) <= EVAL_SAMPLE:
+        return data.validation
+    by_label: dict[str, list[int]] = {}
+    for index in data.validation:
+        by_label.setdefault(data.labels[index], []).append(index)
+    labels = sorted(by_label)
+    quotas = {label: EVAL_SAMPLE * len(by_label[label]) / len(data.validation) for label in labels}
+    shares = {label: max(1, math.floor(quota)) for label, quota in quotas.items()}
+    by_remainder = sorted(labels, key=lambda label: quotas[label] - math.floor(quotas[label]), reverse=True)
+    for label in by_remainder[:max(0, EVAL_SAMPLE - sum(shares.values()))]:  # the largest remainders round up
+        shares[label] += 1
+    rng = random.Random(seed)
+    return sorted(index for label in labels
+                  for index in rng.sample(by_label[label], min(shares[label], len(by_label[label]))))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """max_minutes for the whole run: training stops early enough that its last evaluation and the storing of its
+    model fit too. Times not yet measured are estimated: evaluation as twice training's samples/s."""
+
+    seconds: float | None
+    sample: int  # examples in each epoch's evaluation
+
+    def eval_s(self, position: _Position, examples: int, train_rate: float | None = None) -> float:
+        if position.eval_s_per_example is not None:
+            return examples * position.eval_s_per_example
+        return examples / (2 * train_rate) if train_rate else 0.0
+
+    def must_stop_training(self, position: _Position, train_rate: float) -> bool:
+        if self.seconds is None:
+            return False
+        reserve = self.eval_s(position, self.sample, train_rate) + (position.store_s or 0.0)
+        return position.elapsed_s + reserve >= self.seconds
+
+    def allows(self, position: _Position, examples: int) -> bool:
+        return self.seconds is None or position.elapsed_s + self.eval_s(position, examples) <= self.seconds
+
+    def eta(self, position: _Position, train_left_s: float, evaluations_left: int, train_rate: float) -> float:
+        """Seconds to the run's end: the training left, each evaluation and storing left, at most the budget's rest."""
+        left = train_left_s + evaluations_left * (self.eval_s(position, self.sample, train_rate)
+                                                  + (position.store_s or 0.0))
+        return left if self.seconds is None else max(0.0, min(left, self.seconds - position.elapsed_s))
+
+
+def _epoch_line(row: runs.Epoch, params: TrainParams, validation: int, improved: bool) -> str:
+    on = "" if row.evaluated_on == validation else f" on a sample of {row.evaluated_on:,} of {validation:,}"
+    return (f"epoch {row.epoch}/{params.epochs}: validation {_figures(row.metrics)}{on}"
+            f"{'; best so far' if improved else ''}")
+
+
+def _figures(metrics: dict[str, float]) -> str:
+    return (f"macro-F1 {metrics['macro_f1']:.4f}, accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f}")
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from appliance.core import clock
 from appliance.core.errors import JobError, RunNotFound
@@ -30,6 +30,7 @@ class Run:
     created_at: str
     finished_at: str | None
     trained_on: str | None = None  # None: on this appliance; else the remote job, e.g. ray://host:8265/raysubmit_...
+    outcome: Outcome | None = None  # once finished here; None for runs finished elsewhere or before outcomes were kept
 
 
 def create(store: Store, *, dataset_id: str, base_model: str, task: str, params: dict, plan: dict,
@@ -55,14 +56,44 @@ class Epoch:
     metrics: dict[str, float]
     samples_per_s: float
     elapsed_s: float
+    evaluated_on: int | None = None  # validation examples the metrics are on (None: recorded before this was kept)
+
+
+Stop = Literal["converged", "budget", "epochs", "asked"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: which epoch's model it kept, why it stopped, what its final figures are on."""
+
+    best_epoch: int
+    epochs_run: int
+    stopped: Stop  # converged: no better for `patience` epochs; budget: max_minutes; epochs: all run; asked: a search
+    evaluated_on: int  # validation examples behind the final metrics
+    validation_examples: int  # in the whole validation split
+
+    def sentence(self, params: dict[str, Any]) -> str:
+        """The run's end as an operator reads it."""
+        if self.stopped == "converged":
+            patience = params.get("patience")
+            why = f"validation {params.get('metric')} was no better for {patience} epoch{'s' * (patience != 1)}"
+        elif self.stopped == "budget":
+            why = f"the {params['max_minutes']:g}-minute budget"
+        else:
+            why = "all epochs run" if self.stopped == "epochs" else "ended by the search (pruned)"
+        whole = ("all" if self.evaluated_on == self.validation_examples
+                 else f"a stratified sample of {self.evaluated_on:,} of") + f" {self.validation_examples:,}"
+        return (f"kept epoch {self.best_epoch} of {self.epochs_run}; stopped: {why}; final figures on {whole}"
+                " validation examples")
 
 
 def record_epoch(store: Store, run_id: str, row: Epoch) -> None:
-    with audit.operation(store, "train.epoch", run_id, epoch=row.epoch, **row.metrics):
+    with audit.operation(store, "train.epoch", run_id, epoch=row.epoch, evaluated_on=row.evaluated_on, **row.metrics):
         store.db.execute(
-            "INSERT OR REPLACE INTO run_epochs"
-            " (run_id, epoch, step, train_loss, metrics, samples_per_s, elapsed_s, ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, row.epoch, row.step, row.train_loss, json.dumps(row.metrics), row.samples_per_s, row.elapsed_s, clock.stamp()),
+            "INSERT OR REPLACE INTO run_epochs (run_id, epoch, step, train_loss, metrics, samples_per_s, elapsed_s,"
+            " evaluated_on, ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, row.epoch, row.step, row.train_loss, json.dumps(row.metrics), row.samples_per_s, row.elapsed_s,
+             row.evaluated_on, clock.stamp()),
         )
 
 
@@ -74,11 +105,13 @@ def set_status(store: Store, run_id: str, status: str, **details: Any) -> None:
         )
 
 
-def finish(store: Store, run_id: str, model_blob: str, metrics: dict) -> None:
-    with audit.operation(store, "train.finished", run_id, model=model_blob, **metrics):
+def finish(store: Store, run_id: str, model_blob: str, metrics: dict, outcome: Outcome | None = None) -> None:
+    ended = {"outcome": asdict(outcome)} if outcome else {}
+    with audit.operation(store, "train.finished", run_id, model=model_blob, **metrics, **ended):
         store.db.execute(
-            "UPDATE runs SET status = 'finished', model_blob = ?, metrics = ?, finished_at = ? WHERE id = ?",
-            (model_blob, json.dumps(metrics), clock.stamp(), run_id),
+            "UPDATE runs SET status = 'finished', model_blob = ?, metrics = ?, outcome = ?, finished_at = ?"
+            " WHERE id = ?",
+            (model_blob, json.dumps(metrics), json.dumps(asdict(outcome)) if outcome else None, clock.stamp(), run_id),
         )
 
 
@@ -119,11 +152,11 @@ def list_runs(store: Store) -> list[Run]:
 
 def epochs(store: Store, run_id: str) -> list[Epoch]:
     rows = store.db.execute(
-        "SELECT epoch, step, train_loss, metrics, samples_per_s, elapsed_s FROM run_epochs"
+        "SELECT epoch, step, train_loss, metrics, samples_per_s, elapsed_s, evaluated_on FROM run_epochs"
         " WHERE run_id = ? ORDER BY epoch",
         (run_id,),
     )
-    return [Epoch(e, s, loss, json.loads(m), sps, elapsed) for e, s, loss, m, sps, elapsed in rows]
+    return [Epoch(e, s, loss, json.loads(m), sps, elapsed, on) for e, s, loss, m, sps, elapsed, on in rows]
 
 
 def _columns(store: Store) -> list[str]:
@@ -144,4 +177,5 @@ def _run(row: dict[str, Any]) -> Run:
         created_at=row["created_at"],
         finished_at=row["finished_at"],
         trained_on=row["trained_on"],
+        outcome=Outcome(**json.loads(row["outcome"])) if row["outcome"] else None,
     )

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from appliance.data import datasets
 from appliance.store import Store, audit, blobs
 from appliance.train import engine, runs
 from appliance.train.params import TrainParams
+from tests.conftest import write_tickets
 
 FAST = dict(epochs=8, learning_rate=3e-3, batch_size=16, checkpoint_every=5, seed=3)
 
@@ -145,3 +147,59 @@ def test_an_image_classifier_trains_on_an_image_folder(opened: Store, tmp_path: 
     assert result.metrics["accuracy"] == 1.0
     manifest = json.loads(_bundle_files(opened, result.model_blob)["appliance.json"])
     assert manifest == {"task": "image-classification", "labels": ["blue", "red"], "image_size": 64}
+
+
+@pytest.fixture
+def many_tickets(opened: Store, tmp_path: Path) -> str:
+    """A dataset whose validation split (2,400 examples) is larger than the engine evaluates after each epoch."""
+    datasets.import_file(opened, write_tickets(tmp_path / "many.csv", per_class=4000), name="many")
+    return "many"
+
+
+def test_a_large_validation_split_is_sampled_each_epoch_and_evaluated_whole_at_the_end(
+        opened: Store, many_tickets: str, tiny_base: Path) -> None:
+    lines: list[str] = []
+    result = engine.start(opened, dataset=many_tickets, base_dir=tiny_base, log=lines.append,
+                          params=TrainParams(**{**FAST, "epochs": 1, "batch_size": 64}))
+    assert result.outcome == runs.Outcome(best_epoch=1, epochs_run=1, stopped="epochs", evaluated_on=2400,
+                                          validation_examples=2400)
+    [epoch] = runs.epochs(opened, result.run_id)
+    assert epoch.evaluated_on == engine.EVAL_SAMPLE == 2000
+    assert lines[0].startswith("epoch 1/1: validation macro-F1 ") and "on a sample of 2,000 of 2,400" in lines[0]
+    assert lines[1].startswith("final, on all validation examples: macro-F1 ")
+    assert lines[2] == "kept epoch 1 of 1; stopped: all epochs run; final figures on all 2,400 validation examples"
+    assert runs.get(opened, result.run_id).outcome == result.outcome
+    assert runs.get(opened, result.run_id).metrics == result.metrics  # the whole split's figures are the run's
+
+
+def test_the_budget_leaves_room_for_the_last_evaluation_and_says_what_the_figures_are_on(
+        opened: Store, many_tickets: str, tiny_base: Path) -> None:
+    lines: list[str] = []
+    # A budget smaller than one evaluation of the sample: training stops at its first step, and nothing is left
+    # for the whole split.
+    result = engine.start(opened, dataset=many_tickets, base_dir=tiny_base, log=lines.append,
+                          params=TrainParams(**{**FAST, "epochs": 50, "max_minutes": 0.001}))
+    assert result.status == "finished" and result.steps == 1 and not result.stopped_early
+    assert result.outcome == runs.Outcome(best_epoch=1, epochs_run=1, stopped="budget", evaluated_on=2000,
+                                          validation_examples=2400)
+    assert any(line.startswith("the final figures stay on the 2,000-example sample: evaluating all 2,400 would take")
+               for line in lines)
+    assert lines[-1] == ("kept epoch 1 of 1; stopped: the 0.001-minute budget; final figures on a stratified sample"
+                         " of 2,000 of 2,400 validation examples")
+
+
+def test_the_evaluation_sample_keeps_each_label_s_share_and_is_the_same_every_time(
+        opened: Store, tmp_path: Path) -> None:
+    path = tmp_path / "skewed.csv"
+    with path.open("w") as f:
+        f.write("text,label\n")
+        for n in range(15000):
+            f.write(f"ticket number {n} about {'billing' if n % 10 else 'shipping'},{'billing' if n % 10 else 'shipping'}\n")
+    data = datasets.load(opened, datasets.import_file(opened, path, name="skewed"))
+    sample = engine.evaluation_sample(data, seed=3)
+    assert sample == engine.evaluation_sample(data, seed=3) and set(sample) <= set(data.validation)
+    shares = {label: sum(data.labels[i] == label for i in sample) / len(sample) for label in ("billing", "shipping")}
+    whole = {label: sum(data.labels[i] == label for i in data.validation) / len(data.validation)
+             for label in ("billing", "shipping")}
+    assert abs(len(sample) - engine.EVAL_SAMPLE) <= 2
+    assert all(abs(shares[label] - whole[label]) < 0.002 for label in whole)
