@@ -180,11 +180,6 @@ GOOD = _csv(ROWS)[len("text,label\n") :]
             "text,label\n" + GOOD + '"please call me",callback\n',
             "customers.csv line 10: the only example of its label, fewer than the 2 each label needs",
         ),
-        (
-            "customers.csv",
-            "text,label\n" + GOOD + f'"{"x" * 20001}",billing\n',
-            "customers.csv line 10: text of 20,001 characters, over the limit of 20,000",
-        ),
         ("customers.csv", "text,label\n" + GOOD + "a,b,c\n", "customers.csv line 10: 3 fields, but the header has 2"),
         ("customers.jsonl", _jsonl(ROWS) + '{"text": "oops",\n', "customers.jsonl line 9: not valid JSON"),
         ("customers.jsonl", _jsonl(ROWS) + '["a", "b"]\n', "customers.jsonl line 9: expected a JSON object"),
@@ -204,6 +199,28 @@ def test_a_problem_is_named_by_file_and_line(
         datasets.import_file(opened, _write(tmp_path, name, content), name="tickets")
     assert message in error.value.message
     assert error.value.hint
+
+
+@pytest.mark.parametrize("handling", ["truncate", "skip"])
+def test_a_text_over_the_character_bound_is_cut_or_left_out_and_never_refuses_the_file(
+    opened: Store, tmp_path: Path, handling: str
+) -> None:
+    content = "text,label\n" + GOOD + f'"{"x" * 20001}",billing\n' + f'"{"y" * 40}",billing\n'
+    path = _write(tmp_path, "customers.csv", content)
+    version = datasets.import_file(opened, path, name="tickets", long_texts=handling)
+    kept = datasets.load(opened, version).texts
+    if handling == "truncate":
+        assert version.examples == len(ROWS) + 2 and "x" * 20000 in kept and "x" * 20001 not in kept
+        assert "1 text cut to their first 20,000 characters (max_text_chars): customers.csv line 10" in version.warnings
+    else:
+        assert version.examples == len(ROWS) + 1 and not any(text.startswith("x") for text in kept)
+        assert ("1 text left out, being longer than 20,000 characters (max_text_chars): customers.csv line 10"
+                in version.warnings)
+    shorter = datasets.import_file(opened, path, name="short", max_text_chars=35)
+    assert "2 texts cut to their first 35 characters (max_text_chars): customers.csv lines 10, 11" in shorter.warnings
+    with pytest.raises(DatasetError) as unknown:
+        datasets.import_file(opened, path, name="other", long_texts="refuse")
+    assert "truncate or skip" in (unknown.value.hint or "")
 
 
 def test_many_problems_are_reported_together(opened: Store, tmp_path: Path) -> None:

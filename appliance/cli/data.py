@@ -31,15 +31,20 @@ def data_group() -> None:
     help="Share of each class held out for validation.",
 )
 @click.option("--seed", type=int, default=13, show_default=True, help="Seed of the train/validation split.")
+@click.option("--max-text-chars", type=click.IntRange(16, 10**7), default=datasets.MAX_TEXT_CHARS, show_default=True,
+              help="Characters of one text; a longer one is cut (or with --long-texts skip, left out), never refused.")
+@click.option("--long-texts", type=click.Choice(datasets.LONG_TEXTS), default="truncate", show_default=True,
+              help="A text over --max-text-chars: cut to its first characters, or left out; counted either way.")
 @click.option("--residency", type=click.Choice(datasets.RESIDENCIES), default=datasets.LOCAL_ONLY, show_default=True,
               help="Whether it may be sent (encrypted) to the Ray cluster for a burst.")
 def data_import(
     path: Path, name: str, task: str, text_column: str, label_column: str, validation_fraction: float, seed: int,
-    residency: str,
+    max_text_chars: int, long_texts: str, residency: str,
 ) -> None:
     """Check PATH (a CSV or JSONL file, or a folder of class subfolders of images) and store it encrypted."""
     options = {"name": name, "task": task, "text_column": text_column, "label_column": label_column,
-               "validation_fraction": validation_fraction, "seed": seed, "residency": residency}
+               "validation_fraction": validation_fraction, "seed": seed, "max_text_chars": max_text_chars,
+               "long_texts": long_texts, "residency": residency}
     with connected() as appliance:  # a daemon gets the file's bytes and audits the import under the caller's user
         ref, unchanged = appliance.import_data(path, options)
         version = appliance.dataset(ref)

@@ -51,6 +51,8 @@ ID_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")
 ACTION = "dataset.import"
 LOCAL_ONLY, BURST_ALLOWED = "local-only", "burst-allowed"
 RESIDENCIES = (LOCAL_ONLY, BURST_ALLOWED)  # whether a version may leave this box for a burst to a Ray cluster
+MAX_TEXT_CHARS = 20_000  # the default bound on one text at import; a longer one is cut (or skipped) and counted
+LONG_TEXTS = ("truncate", "skip")  # what happens to a text over the bound: cut to its first characters, or left out
 
 Progress = Callable[[int, int], None]
 
@@ -137,7 +139,8 @@ def import_data(
     validation_fraction: float = 0.2,
     seed: int = 13,
     min_per_class: int = 2,
-    max_text_chars: int = 20000,
+    max_text_chars: int = MAX_TEXT_CHARS,
+    long_texts: str = "truncate",
     residency: str = LOCAL_ONLY,
     actor: str | None = None,
     progress: Progress | None = None,
@@ -146,13 +149,18 @@ def import_data(
 
     Identical content under the same name returns the version that already holds it, residency unchanged
     (set_residency() changes it). Messages and the audit record name places (file, line, column), never
-    what the file holds.
+    what the file holds. A text over max_text_chars never refuses the file: it is cut to its first max_text_chars
+    characters, or with long_texts="skip" left out, and the version's warnings say which lines.
     """
     details: dict[str, Any] = {"source": source.origin, "task": task, "residency": residency}
     try:
         _check_request(source, name, task, validation_fraction)
         _check_residency(residency)
-        examples, warnings = _read(source, task, (text_column, label_column), max_text_chars, min_per_class, progress)
+        if long_texts not in LONG_TEXTS:
+            raise DatasetError(f"unknown handling of long texts {long_texts[:40]!r}",
+                               hint=f"use {' or '.join(LONG_TEXTS)}")
+        examples, warnings = _read(source, task, (text_column, label_column), (max_text_chars, long_texts),
+                                   min_per_class, progress)
         content = _canonical(task, examples)
         existing = _kept(store, name, hashlib.sha256(content).hexdigest())
     except (DatasetError, ConfinementError):
@@ -266,7 +274,7 @@ def _read(
     source: sources.Source,
     task: str,
     columns: tuple[str, str],
-    max_text_chars: int,
+    long_texts: tuple[int, str],
     min_per_class: int,
     progress: Progress | None,
 ) -> tuple[list[_Example], list[str]]:
@@ -276,7 +284,7 @@ def _read(
         if task == IMAGE:
             _read_images(source, collector, progress)
         else:
-            _read_text(source, collector, progress, columns, max_text_chars)
+            _read_text(source, collector, progress, columns, long_texts)
     except OSError as exc:
         raise DatasetError(f"cannot read {source.name}: {exc.strerror}") from exc
     return collector.examples, collector.finish(min_per_class)
@@ -409,9 +417,12 @@ def csv_rows(path: Path, columns: tuple[str, ...]) -> tuple[list[tuple[str, dict
 
 def _read_text(
     source: sources.Source, collector: _Collector, progress: Progress | None, columns: tuple[str, str],
-    max_chars: int,
+    long_texts: tuple[int, str],
 ) -> None:
-    """Every row of a CSV or JSONL file, checked and collected; columns are (text, label)."""
+    """Every row of a CSV or JSONL file, checked and collected; columns are (text, label); long_texts is the bound
+    on a text's characters and what happens to a longer one."""
+    max_chars, handling = long_texts
+    over: list[str] = []
     with source.open() as file:
         lines = _decoded_lines(source.name, file, source.size() if progress else 0, collector, progress)
         if source.name.lower().endswith(".csv"):
@@ -419,11 +430,20 @@ def _read_text(
         else:
             rows = _jsonl_rows(source.name, lines, collector)
         for where, fields in rows:
-            example = _text_example(where, fields, columns, max_chars)
+            example = _text_example(where, fields, columns)
             if isinstance(example, str):
                 collector.problem(example)
-            else:
-                collector.add(example)
+                continue
+            if len(example.content) > max_chars:
+                over.append(where.rpartition(" line ")[2])
+                if handling == "skip":
+                    continue
+                example = dataclasses.replace(example, content=example.content[:max_chars])
+            collector.add(example)
+    if over:
+        done = "cut to their first" if handling == "truncate" else "left out, being longer than"
+        collector.warnings.append(f"{counted(len(over), 'text')} {done} {max_chars:,} characters"
+                                  f" (max_text_chars): {source.name} line{'s' * (len(over) > 1)} {_listing(over)}")
 
 
 def _decoded_lines(
@@ -508,7 +528,7 @@ def _jsonl_rows(name: str, lines: Iterable[str], collector: _Collector) -> Itera
         yield where, value
 
 
-def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str], max_chars: int) -> _Example | str:
+def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str]) -> _Example | str:
     """The row as an example, or the problem that stops it being one."""
     for column in columns:
         if column not in fields:
@@ -521,8 +541,6 @@ def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str], 
         return f"{where}: empty text"
     if not label:
         return f"{where}: missing label"
-    if len(text) > max_chars:
-        return f"{where}: text of {len(text):,} characters, over the limit of {max_chars:,}"
     return _Example(where, label, text)
 
 

@@ -225,6 +225,8 @@ def _train(
     sample = evaluation_sample(data, params.seed)
     budget = Budget(params.max_minutes * 60 if params.max_minutes else None, len(sample))
     say = log or (lambda _line: None)
+    if isinstance(task, tasks.TextClassification) and state is None:
+        say(_window_note(task))
 
     position = _Position()
     if state is not None:
@@ -416,6 +418,17 @@ class Budget:
         left = train_left_s + evaluations_left * (self.eval_s(position, self.sample, train_rate)
                                                   + (position.store_s or 0.0))
         return left if self.seconds is None else max(0.0, min(left, self.seconds - position.elapsed_s))
+
+
+def _window_note(task: tasks.TextClassification) -> str:
+    """How many texts the token window cuts, and how long a window the base model would take."""
+    cut = sum(len(ids) >= task.max_length for ids in task.input_ids)
+    note = (f"{cut:,} of {len(task.input_ids):,} texts ({cut / len(task.input_ids):.0%}) reach the {task.max_length}-token"
+            " window and are cut to their first tokens")
+    longest = hardware.max_positions(task.base_dir)
+    if cut and longest > task.max_length:
+        note += f"; the base model takes up to {longest} (--max-length), at a cost in time"
+    return note if cut else f"every text fits the {task.max_length}-token window"
 
 
 def _epoch_line(row: runs.Epoch, params: TrainParams, validation: int, improved: bool) -> str:

@@ -165,9 +165,10 @@ def test_a_large_validation_split_is_sampled_each_epoch_and_evaluated_whole_at_t
                                           validation_examples=2400)
     [epoch] = runs.epochs(opened, result.run_id)
     assert epoch.evaluated_on == engine.EVAL_SAMPLE == 2000
-    assert lines[0].startswith("epoch 1/1: validation macro-F1 ") and "on a sample of 2,000 of 2,400" in lines[0]
-    assert lines[1].startswith("final, on all validation examples: macro-F1 ")
-    assert lines[2] == "kept epoch 1 of 1; stopped: all epochs run; final figures on all 2,400 validation examples"
+    assert lines[0] == "every text fits the 128-token window"
+    assert lines[1].startswith("epoch 1/1: validation macro-F1 ") and "on a sample of 2,000 of 2,400" in lines[1]
+    assert lines[2].startswith("final, on all validation examples: macro-F1 ")
+    assert lines[3] == "kept epoch 1 of 1; stopped: all epochs run; final figures on all 2,400 validation examples"
     assert runs.get(opened, result.run_id).outcome == result.outcome
     assert runs.get(opened, result.run_id).metrics == result.metrics  # the whole split's figures are the run's
 
@@ -178,12 +179,14 @@ def test_the_budget_leaves_room_for_the_last_evaluation_and_says_what_the_figure
     # A budget smaller than one evaluation of the sample: training stops at its first step, and nothing is left
     # for the whole split.
     result = engine.start(opened, dataset=many_tickets, base_dir=tiny_base, log=lines.append,
-                          params=TrainParams(**{**FAST, "epochs": 50, "max_minutes": 0.001}))
+                          params=TrainParams(**{**FAST, "epochs": 50, "max_minutes": 0.001, "max_length": 8}))
     assert result.status == "finished" and result.steps == 1 and not result.stopped_early
     assert result.outcome == runs.Outcome(best_epoch=1, epochs_run=1, stopped="budget", evaluated_on=2000,
                                           validation_examples=2400)
     assert any(line.startswith("the final figures stay on the 2,000-example sample: evaluating all 2,400 would take")
                for line in lines)
+    assert lines[0] == ("12,000 of 12,000 texts (100%) reach the 8-token window and are cut to their first tokens; the"
+                        " base model takes up to 128 (--max-length), at a cost in time")
     assert lines[-1] == ("kept epoch 1 of 1; stopped: the 0.001-minute budget; final figures on a stratified sample"
                          " of 2,000 of 2,400 validation examples")
 

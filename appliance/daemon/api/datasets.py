@@ -32,6 +32,10 @@ class ImportOptions(Body):
     label_column: str = Field("label", min_length=1, max_length=200, description="... and of the label")
     validation_fraction: float = Field(0.2, gt=0, lt=1)
     seed: int = Field(13, ge=0, le=2**32 - 1)
+    max_text_chars: int = Field(datasets.MAX_TEXT_CHARS, ge=16, le=10**7,
+                                description="characters of one text; a longer one is cut, or left out")
+    long_texts: Literal["truncate", "skip"] = Field(
+        "truncate", description="a text over max_text_chars: cut to its first characters, or left out")
     residency: Literal["local-only", "burst-allowed"] = Field(
         datasets.LOCAL_ONLY, description="local-only, or burst-allowed: may go (encrypted) to the Ray cluster")
 
