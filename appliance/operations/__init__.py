@@ -183,7 +183,7 @@ def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str | 
     study_id = ctx.state["study"]
 
     result = search.resume(ctx.store, study_id, progress=lambda report: ctx.report(_tune_progress(report)),
-                           should_stop=ctx.should_stop, max_threads=ctx.max_threads)
+                           should_stop=ctx.should_stop, max_threads=ctx.max_threads, log=ctx.log)
     if result.status == "interrupted":
         raise Stopped(ctx.state)
     ctx.report({"stage": "tune", "trials": result.trials, "pruned": result.pruned, "best": result.best_value},

@@ -8,10 +8,14 @@ goes on only while it is in the top third of the trials that reached the same ru
 pruned trial ends there, its epochs kept. Trial 0 is the base configuration moved into the
 space, so the search's best is never below what plain `appliance train` would give.
 
-Every trial trains with max_minutes set to what is left of the budget, and the engine
-checks it after every optimizer step, so the search ends within one step and one
-evaluation of its budget. No trial starts when less time is left than the quickest first
-epoch seen so far. Only the best trial's model is kept; the others keep their curves.
+Every trial trains with max_minutes set to at most half the budget (MIN_TRIALS) and never
+more than is left of it, and the engine bounds a run with its last evaluation, so the search
+ends within its budget and at least two configurations are compared. When the first trial's
+first epoch says that one training of the base configuration takes more than half the
+budget, the search's log says so and what budget would let two finish; a search that ends
+with fewer than two complete trials says that too. No trial starts when less time is left
+than the quickest first epoch seen so far. Only the best trial's model is kept; the others
+keep their curves.
 
 The Optuna study lives in memory only: its trials are rows in the store (studies.py, and
 runs.py for their curves), and resume() rebuilds it from them, so no search state is ever
@@ -37,6 +41,7 @@ from appliance.train.params import TrainParams
 REDUCTION_FACTOR = 3  # a third of the trials reaching a rung go on to the next
 STARTUP_TRIALS = 5  # random trials before TPE models the results
 MAX_REFUSED_IN_A_ROW = 10  # the plan refused this many in a row: the space does not fit the box
+MIN_TRIALS = 2  # no trial may take more than this share of the budget, so a search compares at least two
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class Result:
 
 
 ProgressFn = Callable[[Progress], None]
+LogFn = Callable[[str], None]
 
 
 def create(store: Store, request: Request, study_id: str | None = None, actor: str | None = None) -> str:
@@ -100,16 +106,19 @@ def create(store: Store, request: Request, study_id: str | None = None, actor: s
 
 
 def start(store: Store, request: Request, *, progress: ProgressFn | None = None,
-          should_stop: Callable[[], bool] = lambda: False, max_threads: int | None = None) -> Result:
-    return resume(store, create(store, request), progress=progress, should_stop=should_stop, max_threads=max_threads)
+          should_stop: Callable[[], bool] = lambda: False, max_threads: int | None = None,
+          log: LogFn | None = None) -> Result:
+    return resume(store, create(store, request), progress=progress, should_stop=should_stop, max_threads=max_threads,
+                  log=log)
 
 
 def resume(store: Store, study_id: str, *, progress: ProgressFn | None = None,
-           should_stop: Callable[[], bool] = lambda: False, max_threads: int | None = None) -> Result:
+           should_stop: Callable[[], bool] = lambda: False, max_threads: int | None = None,
+           log: LogFn | None = None) -> Result:
     """Run a search, or continue one after a stop or a crash, until its budget is spent."""
     record = studies.get(store, study_id)
     if record.status != "finished":
-        return _Search(store, record, progress, should_stop, max_threads).run()
+        return _Search(store, record, progress, should_stop, max_threads, log).run()
     done = studies.trials(store, record.id)
     best = next(trial for trial in done if trial.run_id == record.best_run_id)
     return Result(record.id, "finished", record.best_run_id, best.value, len(done),
@@ -118,11 +127,12 @@ def resume(store: Store, study_id: str, *, progress: ProgressFn | None = None,
 
 class _Search:
     def __init__(self, store: Store, record: studies.Study, progress: ProgressFn | None,
-                 should_stop: Callable[[], bool], max_threads: int | None) -> None:
+                 should_stop: Callable[[], bool], max_threads: int | None, log: LogFn | None) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.store, self.record, self.progress = store, record, progress
+        self.log = log or (lambda _line: None)
         self.should_stop, self.max_threads = should_stop, max_threads
         self.base = TrainParams.parse(record.base_params)
         self.done = studies.trials(store, record.id)
@@ -148,7 +158,8 @@ class _Search:
             number = len(self.done)
             trial = self.study.ask()
             values = space.suggest(trial, self.record.space, self.base)
-            params = self.base.changed(**values, max_minutes=(self.record.budget_s - self.spent()) / 60)
+            share = min(self.record.budget_s - self.spent(), self.record.budget_s / MIN_TRIALS)
+            params = self.base.changed(**values, max_minutes=share / 60)
             try:
                 run_id = engine.create(self.store, dataset=self.record.dataset_id, base_dir=Path(self.record.base_model),
                                        params=params, device=self.record.device)
@@ -187,6 +198,8 @@ class _Search:
 
         def on_epoch(row: runs.Epoch) -> bool:
             nonlocal best, pruned
+            if number == 0 and row.epoch == 1:
+                self._say_if_too_small(row.elapsed_s * epochs, epochs)
             best = max(best or row.metrics[self.record.metric], row.metrics[self.record.metric])
             trial.report(best, row.epoch)
             studies.spend(self.store, self.record.id, self.spent())
@@ -221,11 +234,23 @@ class _Search:
         studies.spend(self.store, self.record.id, self.spent())
         return True
 
+    def _say_if_too_small(self, one_run_s: float, epochs: int) -> None:
+        """After the base configuration's first epoch: say when the budget cannot hold two whole trainings."""
+        if MIN_TRIALS * one_run_s > self.record.budget_s:
+            self.log(f"one training of the base configuration ({epochs} epochs) takes about {_minutes(one_run_s)} here,"
+                     f" so a {_minutes(self.record.budget_s)} budget cannot compare two whole trainings: each trial"
+                     f" gets at most {_minutes(self.record.budget_s / MIN_TRIALS)} and is cut there; a budget of"
+                     f" {_minutes(MIN_TRIALS * one_run_s * 1.1)} would let two finish")
+
     def _finish(self) -> Result:
         best = self._best_trial()
         if best is None:
             raise JobError(f"no trial finished within the budget of {self.record.budget_s:.0f} s",
                            hint="give a longer --budget, or narrow the space to fewer epochs")
+        complete = self._count("complete")
+        if complete < MIN_TRIALS:
+            self.log(f"the search compared {complete} complete trial{'s' * (complete != 1)} in its budget: its best is"
+                     " what one training gives; give a longer --budget to search")
         studies.set_status(self.store, self.record.id, "finished", best.run_id)
         return Result(self.record.id, "finished", best.run_id, best.value, len(self.done), self._count("pruned"))
 
@@ -255,6 +280,10 @@ class _Search:
         firsts = [history[0].elapsed_s for trial in self.done if trial.run_id
                   and (history := runs.epochs(self.store, trial.run_id))]
         return min(firsts, default=0.0)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _optuna() -> Any:

@@ -51,6 +51,23 @@ def test_a_search_stays_in_its_budget_prunes_and_beats_the_defaults(
     assert {"tune.start", "tune.trial.start", "tune.trial.pruned", "tune.finished"} <= actions
 
 
+def test_a_budget_too_small_for_two_trainings_is_said_with_the_budget_that_would_do(
+    opened: Store, tickets: str, tiny_base: Path
+) -> None:
+    lines: list[str] = []
+    request = tune.Request(dataset=tickets, base_dir=tiny_base, budget_s=2, base_params=TrainParams(**BASE),
+                           narrowing={**NARROW, "epochs": 50})
+    result = tune.start(opened, request, log=lines.append)
+    record = studies.get(opened, result.study_id)
+    assert result.status == "finished" and record.spent_s <= record.budget_s + 1
+    [note] = [line for line in lines if line.startswith("one training of the base configuration (50 epochs) takes")]
+    assert "so a 2 s budget cannot compare two whole trainings: each trial gets at most 1 s" in note
+    assert "would let two finish" in note
+    first = runs.get(opened, next(trial.run_id for trial in studies.trials(opened, result.study_id)
+                                  if trial.number == 0))
+    assert first.params["max_minutes"] <= 1 / 60  # half the budget: a second configuration gets its turn
+
+
 @pytest.mark.slow
 def test_a_stopped_search_resumes_its_study(opened: Store, tickets: str, tiny_base: Path) -> None:
     epochs_seen = []
