@@ -318,14 +318,19 @@ def test_the_cli_talks_to_the_running_daemon(base_models: Path, daemon: Daemon, 
     elsewhere = daemon.cli("train", "--data", "tickets", "--base", str(tmp_path / "downloads" / "bert"))
     assert elsewhere.returncode == 1 and "Traceback" not in elsewhere.stderr
     assert "the daemon loads base models only from train.base_models_dir" in elsewhere.stderr
-    trained = cli("train", "--data", "tickets", "--base", str(base_models / "tiny"), "--epochs", "3", "--lr", "3e-3",
-                  "--batch-size", "16", "--max-length", "32", "--seed", "3")
-    assert "registered as tickets:1" in trained
+    training = daemon.cli("train", "--data", "tickets", "--base", str(base_models / "tiny"), "--epochs", "3", "--lr",
+                          "3e-3", "--batch-size", "16", "--max-length", "32", "--seed", "3")
+    assert training.returncode == 0, training.stderr
+    assert "registered as tickets:1" in training.stdout
+    assert "epoch 1/3: validation macro-F1 " in training.stderr  # the job's log, above the progress bar
     job_id = cli("jobs", "list").split()[0]  # newest first
     assert daemon.job(job_id)["params"]["base"] == "tiny"  # its name, which the daemon finds in its folder
     assert daemon.job(job_id)["kind"] == "train" and daemon.job(job_id)["status"] == "finished"
     assert '"run_id"' in cli("jobs", "show", job_id)
-    assert cli("jobs", "logs", job_id).splitlines() == ["stage: train", "finished"]
+    logged = cli("jobs", "logs", job_id).splitlines()
+    assert logged[0] == "stage: train" and logged[-1] == "finished"
+    assert [line for line in logged if line.startswith("epoch ")][0].startswith("epoch 1/3: validation macro-F1 ")
+    assert logged[-2].startswith("kept epoch ") and "final figures on all " in logged[-2]
     assert "tickets:2" in cli("optimize", "tickets:1", "--no-int8")
     assert "tickets:2 is production" in cli("deploy", "tickets:2")
 

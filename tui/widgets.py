@@ -11,10 +11,11 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Input, Label, Sparkline, Static
+from textual.widgets import DataTable, Input, Label, Log, Sparkline, Static
 
 from appliance.core import clock
 from appliance.core.text import counted
@@ -159,6 +160,15 @@ def _ordinal(cell: str) -> tuple[int, float, str]:
         return (1, 0.0, cell.lower())
 
 
+class TailLog(Log):
+    """A log pane that keeps following its last line when the layout shrinks it: Log follows new lines only while
+    its view is at the end, and a pane made shorter (a job's details grow as it ends) leaves the view above it."""
+
+    def on_resize(self, _event: events.Resize) -> None:
+        if self.auto_scroll:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+
 class FindBar(Input):
     """The `/` line under a screen's list: what is typed narrows the list at once; Enter keeps it, Esc clears it."""
 
@@ -199,12 +209,3 @@ def ago(stamp: str | None, now: datetime | None = None) -> str:
     return moment.strftime("%H:%M:%S") if moment.date() == today else moment.strftime("%Y-%m-%d %H:%M")
 
 
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"

@@ -139,8 +139,9 @@ def result_of(api: client.Client, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def follow_job(api: client.Client, job_id: str) -> dict[str, Any]:
-    """A progress bar fed by the job's events until it ends, its log lines above it as a run in the foreground
-    shows them (each epoch's validation figures, how training ended); returns the job as it ended."""
+    """A progress bar fed by the job's events until its log is whole, its log lines above it as a run in the
+    foreground shows them (each epoch's validation figures, how training ended); returns the job as it ended."""
+    end = jobs.LogEnd()
     with progress_bar(f"job {job_id}") as bar:
         for event in api.events(subject=job_id):
             data = event["data"]
@@ -150,7 +151,7 @@ def follow_job(api: client.Client, job_id: str) -> dict[str, Any]:
                 bar(0, 1, data["stage"])
             elif event["kind"] == "log" and not data["line"].startswith("stage: "):  # the bar names the stage
                 click.echo(data["line"], err=True)
-            elif event["kind"] in ("finished", "failed", "cancelled"):
+            elif end.whole_after(event["kind"]):
                 break
     return api.get(f"/v1/jobs/{job_id}")
 

@@ -1,4 +1,4 @@
-"""Words for numbers, as people write them: "1 thread", "2 threads"."""
+"""Words for numbers, as people write them: "1 thread", "2 threads", "4m 05s"."""
 
 from __future__ import annotations
 
@@ -6,3 +6,15 @@ from __future__ import annotations
 def counted(number: int, noun: str, plural: str | None = None) -> str:
     """The number and the noun, singular for one; plural defaults to the noun with an s."""
     return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
+def duration(seconds: float | None) -> str:
+    """A span of time at the precision people read it: seconds, then minutes, then hours; "-" when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"

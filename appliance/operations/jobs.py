@@ -27,6 +27,7 @@ from appliance.store.db import transaction
 from appliance.train import runs, studies
 
 ACTIVE = ("queued", "running")
+ENDED = ("finished", "failed", "cancelled")
 _COLUMNS = (
     "id, kind, params, priority, status, stage, state, result, error, attempts, owner, pid, heartbeat_at, "
     "cancel_requested, submitted_by, submitted_at, started_at, finished_at"
@@ -174,6 +175,23 @@ def exited(store: Store, job_id: str, code: int) -> None:
     """The job's process is gone and every line it wrote is logged: after the event that ended the job (which the
     process records itself, before its last lines reach the log), this one ends its log."""
     events.emit(store, "job", job_id, "exited", {"code": code})
+
+
+class LogEnd:
+    """Fed a job's events in order from its first, tells when its log is whole: at `exited` after the event that
+    ended the job (its process's last lines come after that one), or at that event if no process ran."""
+
+    def __init__(self) -> None:
+        self.process_runs = self.ended = False
+
+    def whole_after(self, kind: str) -> bool:
+        if kind == "started":
+            self.process_runs, self.ended = True, False
+        elif kind in ENDED:
+            self.ended = True
+        elif kind == "exited":
+            self.process_runs = False
+        return self.ended and not self.process_runs
 
 
 def finish(store: Store, job_id: str, owner: str, result: dict[str, Any]) -> None:

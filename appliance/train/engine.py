@@ -29,6 +29,7 @@ import torch
 
 from appliance.core import hardware, scoring
 from appliance.core.errors import JobError
+from appliance.core.text import duration
 from appliance.data import datasets
 from appliance.store import Store, blobs
 from appliance.train import checkpoint, runs, tasks
@@ -84,11 +85,13 @@ class _Position:
     best_epoch: int = 0
     eval_s_per_example: float | None = None  # measured at the last evaluation
     store_s: float | None = None  # the last time storing the best model took
+    checkpoint_s: float | None = None  # and storing a checkpoint
 
 
 ProgressFn = Callable[[Progress], None]
 LogFn = Callable[[str], None]  # a line for the run's log: each epoch's validation figures, how the run ended
 EVAL_SAMPLE = 2000  # validation examples evaluated after each epoch; a larger split is sampled (evaluation_sample)
+PROBE_S = 10.0  # training measured before the run's length is estimated (or the first epoch, when shorter)
 DEFAULTS = TrainParams()  # frozen: one instance is every call's default
 EpochFn = Callable[[runs.Epoch], bool]  # after each epoch's evaluation; True ends the run there (a pruned trial)
 
@@ -101,12 +104,17 @@ def create(
     params: TrainParams = DEFAULTS,
     device: str | None = None,
 ) -> str:
-    """Plan a new run on a dataset version and record it, untrained: a job keeps the id before the first step."""
+    """Plan a new run on a dataset version and record it, untrained: a job keeps the id before the first step.
+
+    The data it loaded and tokenised to plan is kept for the run's first session in this process (_Prepared).
+    """
+    global _prepared
+    began = time.monotonic()
     version = datasets.get(store, dataset)
     data = datasets.load(store, version)
     task = _task(version.task, data, base_dir, params)
     plan = hardware.plan(hardware.detect(), _request(task, data, base_dir, params, device))
-    return runs.create(
+    run_id = runs.create(
         store,
         dataset_id=version.id,
         base_model=str(base_dir) if isinstance(task, tasks.TextClassification) else "small-cnn",
@@ -114,6 +122,22 @@ def create(
         params=params.model_dump(),
         plan=asdict(plan),
     )
+    _prepared = _Prepared(run_id, data, task, began)
+    return run_id
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A run's data and task as create() loaded and tokenised them, so its first session does not again (a large
+    set takes a while), and that session's budget counts from when preparing began."""
+
+    run_id: str
+    data: datasets.LoadedDataset
+    task: tasks.Task
+    began: float  # time.monotonic()
+
+
+_prepared: _Prepared | None = None  # the last run created in this process, until its first session takes it
 
 
 def start(
@@ -158,14 +182,20 @@ def _continue(
     store: Store, run: runs.Run, progress: ProgressFn | None, should_stop: Callable[[], bool],
     max_threads: int | None = None, on_epoch: EpochFn | None = None, log: LogFn | None = None,
 ) -> RunResult:
+    global _prepared
     params = TrainParams.parse(run.params)
-    data = datasets.load(store, datasets.get(store, run.dataset_id))
-    task = _task(run.task, data, Path(run.base_model), params)
+    if _prepared is not None and _prepared.run_id == run.id:
+        data, task, began = _prepared.data, _prepared.task, _prepared.began
+    else:
+        began = time.monotonic()  # the budget counts this session's loading and tokenising too
+        data = datasets.load(store, datasets.get(store, run.dataset_id))
+        task = _task(run.task, data, Path(run.base_model), params)
+    _prepared = None
     plan = hardware.TrainingPlan(**{**run.plan, "notes": tuple(run.plan["notes"])})
     if max_threads is not None:
         plan = replace(plan, threads=max(1, min(plan.threads, max_threads)))
     return _train(store, run.id, task, data, params, plan, checkpoint.latest(store, run.id), progress, should_stop,
-                  on_epoch, log)
+                  on_epoch, log, began)
 
 
 def _task(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams) -> tasks.Task:
@@ -209,7 +239,9 @@ def _train(
     should_stop: Callable[[], bool],
     on_epoch: EpochFn | None = None,
     log: LogFn | None = None,
+    began: float | None = None,
 ) -> RunResult:
+    """The loop; began is when this session started preparing (time.monotonic()), which the budget counts too."""
     torch.set_num_threads(plan.threads)
     device = torch.device(plan.device)
     torch.manual_seed(params.seed)
@@ -223,7 +255,8 @@ def _train(
     scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaler)
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
     sample = evaluation_sample(data, params.seed)
-    budget = Budget(params.max_minutes * 60 if params.max_minutes else None, len(sample))
+    budget = Budget(params.max_minutes * 60 if params.max_minutes else None, len(sample), steps_per_epoch,
+                    params.checkpoint_every, time.monotonic() - began if began is not None else 0.0)
     say = log or (lambda _line: None)
     if isinstance(task, tasks.TextClassification) and state is None:
         say(_window_note(task))
@@ -239,6 +272,7 @@ def _train(
     best_state: dict[str, torch.Tensor] | None = None  # the best weights, while a sample stands in for validation
 
     def save_checkpoint() -> None:
+        started = time.monotonic()
         checkpoint.save(
             store,
             run_id,
@@ -252,6 +286,7 @@ def _train(
                 "position": asdict(position),
             },
         )
+        position.checkpoint_s = time.monotonic() - started
 
     def score(indices: list[int]) -> dict[str, float]:
         started = time.monotonic()
@@ -261,6 +296,7 @@ def _train(
 
     session_start = time.monotonic() - position.elapsed_s
     samples_this_session, train_s_this_session = 0, 0.0
+    estimated = False  # the run's length is said once a session, after PROBE_S of training
     stopped: runs.Stop = "epochs"
     interrupted = False
 
@@ -291,12 +327,16 @@ def _train(
             train_s_this_session += now - step_start
             position.elapsed_s = now - session_start
             rate = samples_this_session / max(train_s_this_session, 1e-9)
+            if budget.seconds is not None and position.eval_s_per_example is None:
+                score(sample[:4 * plan.micro_batch])  # what an evaluation costs, before the budget counts on it
+            if not estimated and (train_s_this_session >= budget.probe_s() or position.batch == len(batches)):
+                estimated = True
+                say(budget.estimate(position, len(data.train), rate, params.epochs, epoch))
             if progress:
-                samples_left = (len(data.train) - min(position.batch * plan.micro_batch, len(data.train))
-                                + (params.epochs - epoch - 1) * len(data.train))
+                samples_left = (params.epochs - epoch) * len(data.train) - position.seen
                 progress(Progress("train", epoch + 1, params.epochs, position.step, total_steps,
                                   position.loss_sum / position.seen, rate,
-                                  budget.eta(position, samples_left / rate, params.epochs - epoch, rate)))
+                                  budget.eta(position, samples_left, samples_left / len(data.train), rate)))
             interrupted = should_stop()
             if interrupted or position.step % params.checkpoint_every == 0:
                 save_checkpoint()
@@ -393,11 +433,19 @@ def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Budget:
-    """max_minutes for the whole run: training stops early enough that its last evaluation and the storing of its
-    model fit too. Times not yet measured are estimated: evaluation as twice training's samples/s."""
+    """max_minutes for the whole run, from the loading of its data: training stops early enough that its last
+    evaluation and the storing of its model fit too. It also makes the ETA and the early estimate, which count
+    the evaluations, model stores and checkpoints left at the times last measured (evaluation, until measured,
+    at twice training's samples/s)."""
 
     seconds: float | None
     sample: int  # examples in each epoch's evaluation
+    steps_per_epoch: int
+    checkpoint_every: int
+    prepared_s: float = 0.0  # this session's loading, tokenising and model building, before its first step
+
+    def used(self, position: _Position) -> float:
+        return position.elapsed_s + self.prepared_s
 
     def eval_s(self, position: _Position, examples: int, train_rate: float | None = None) -> float:
         if position.eval_s_per_example is not None:
@@ -408,16 +456,41 @@ class Budget:
         if self.seconds is None:
             return False
         reserve = self.eval_s(position, self.sample, train_rate) + (position.store_s or 0.0)
-        return position.elapsed_s + reserve >= self.seconds
+        return self.used(position) + reserve >= self.seconds
 
     def allows(self, position: _Position, examples: int) -> bool:
-        return self.seconds is None or position.elapsed_s + self.eval_s(position, examples) <= self.seconds
+        return self.seconds is None or self.used(position) + self.eval_s(position, examples) <= self.seconds
 
-    def eta(self, position: _Position, train_left_s: float, evaluations_left: int, train_rate: float) -> float:
-        """Seconds to the run's end: the training left, each evaluation and storing left, at most the budget's rest."""
-        left = train_left_s + evaluations_left * (self.eval_s(position, self.sample, train_rate)
-                                                  + (position.store_s or 0.0))
-        return left if self.seconds is None else max(0.0, min(left, self.seconds - position.elapsed_s))
+    def probe_s(self) -> float:
+        """Training measured before the run's length is said: PROBE_S, or a tenth of a shorter budget."""
+        return PROBE_S if self.seconds is None else min(PROBE_S, self.seconds / 10)
+
+    def left_s(self, position: _Position, samples_left: int, epochs_left: float, train_rate: float) -> float:
+        """Seconds of work left without a budget: training, and each epoch's evaluation, store and checkpoints."""
+        evaluations = math.ceil(epochs_left - 1e-9)
+        checkpoints = int(epochs_left * self.steps_per_epoch) // self.checkpoint_every + evaluations
+        return (samples_left / train_rate
+                + evaluations * (self.eval_s(position, self.sample, train_rate) + (position.store_s or 0.0))
+                + checkpoints * (position.checkpoint_s or 0.0))
+
+    def eta(self, position: _Position, samples_left: int, epochs_left: float, train_rate: float) -> float:
+        """Seconds to the run's end: the work left, and never more than the budget's rest."""
+        left = self.left_s(position, samples_left, epochs_left, train_rate)
+        return left if self.seconds is None else max(0.0, min(left, self.seconds - self.used(position)))
+
+    def estimate(self, position: _Position, train_size: int, train_rate: float, epochs: int, epoch: int) -> str:
+        """The run's length at the rates measured so far, and where the budget ends it when it is shorter."""
+        done = epoch + position.seen / train_size
+        whole = self.used(position) + self.left_s(position, round((epochs - done) * train_size), epochs - done,
+                                                  train_rate)
+        said = (f"measured {train_rate:,.1f} examples/s: an epoch of {train_size:,} takes about"
+                f" {duration(train_size / train_rate)}, the run to its last epoch with evaluations about"
+                f" {duration(whole)}")
+        if self.seconds is None or whole <= self.seconds:
+            return said + (f", within its {duration(self.seconds)} budget" if self.seconds else "")
+        reached = done + (self.seconds - self.used(position)) / self.left_s(position, train_size, 1.0, train_rate)
+        return (said + f"; the {duration(self.seconds)} budget stops it after about {reached:.1f} epochs, keeping the"
+                " best model by then (fewer --epochs, a sample of the data or a longer --max-minutes change that)")
 
 
 def _window_note(task: tasks.TextClassification) -> str:

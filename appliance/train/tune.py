@@ -26,6 +26,7 @@ restart) resumes from its checkpoint and reports the rest of its epochs.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any
 
 from appliance.core import hardware
 from appliance.core.errors import JobError, PlanError
+from appliance.core.text import duration
 from appliance.data import datasets
 from appliance.store import Store
 from appliance.train import engine, runs, space, studies
@@ -237,10 +239,10 @@ class _Search:
     def _say_if_too_small(self, one_run_s: float, epochs: int) -> None:
         """After the base configuration's first epoch: say when the budget cannot hold two whole trainings."""
         if MIN_TRIALS * one_run_s > self.record.budget_s:
-            self.log(f"one training of the base configuration ({epochs} epochs) takes about {_minutes(one_run_s)} here,"
-                     f" so a {_minutes(self.record.budget_s)} budget cannot compare two whole trainings: each trial"
-                     f" gets at most {_minutes(self.record.budget_s / MIN_TRIALS)} and is cut there; a budget of"
-                     f" {_minutes(MIN_TRIALS * one_run_s * 1.1)} would let two finish")
+            self.log(f"one training of the base configuration ({epochs} epochs) takes about {duration(one_run_s)} here,"
+                     f" so a {duration(self.record.budget_s)} budget cannot compare two whole trainings: each trial"
+                     f" gets at most {duration(self.record.budget_s / MIN_TRIALS)} and is cut there; a budget of"
+                     f" {duration(MIN_TRIALS * one_run_s * 1.1)} would let two finish")
 
     def _finish(self) -> Result:
         best = self._best_trial()
@@ -280,10 +282,6 @@ class _Search:
         firsts = [history[0].elapsed_s for trial in self.done if trial.run_id
                   and (history := runs.epochs(self.store, trial.run_id))]
         return min(firsts, default=0.0)
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _optuna() -> Any:
@@ -328,6 +326,8 @@ def _importances(store: Store, record: studies.Study) -> dict[str, float]:
     if sum(trial.state == "complete" for trial in done) < 2:
         return {}
     try:
-        return dict(optuna.importance.get_param_importances(_study(store, record, done)))
+        with warnings.catch_warnings():  # few trials: "importances will be equal", which the figures show anyway
+            warnings.simplefilter("ignore", UserWarning)
+            return dict(optuna.importance.get_param_importances(_study(store, record, done)))
     except (ValueError, RuntimeError):  # too few distinct values to tell anything apart
         return {}

@@ -166,9 +166,11 @@ def test_a_large_validation_split_is_sampled_each_epoch_and_evaluated_whole_at_t
     [epoch] = runs.epochs(opened, result.run_id)
     assert epoch.evaluated_on == engine.EVAL_SAMPLE == 2000
     assert lines[0] == "every text fits the 128-token window"
-    assert lines[1].startswith("epoch 1/1: validation macro-F1 ") and "on a sample of 2,000 of 2,400" in lines[1]
-    assert lines[2].startswith("final, on all validation examples: macro-F1 ")
-    assert lines[3] == "kept epoch 1 of 1; stopped: all epochs run; final figures on all 2,400 validation examples"
+    assert lines[1].startswith("measured ") and " examples/s: an epoch of 9,600 takes about " in lines[1]
+    assert "the run to its last epoch with evaluations about " in lines[1] and "budget" not in lines[1]
+    assert lines[2].startswith("epoch 1/1: validation macro-F1 ") and "on a sample of 2,000 of 2,400" in lines[2]
+    assert lines[3].startswith("final, on all validation examples: macro-F1 ")
+    assert lines[4] == "kept epoch 1 of 1; stopped: all epochs run; final figures on all 2,400 validation examples"
     assert runs.get(opened, result.run_id).outcome == result.outcome
     assert runs.get(opened, result.run_id).metrics == result.metrics  # the whole split's figures are the run's
 
@@ -206,3 +208,16 @@ def test_the_evaluation_sample_keeps_each_label_s_share_and_is_the_same_every_ti
              for label in ("billing", "shipping")}
     assert abs(len(sample) - engine.EVAL_SAMPLE) <= 2
     assert all(abs(shares[label] - whole[label]) < 0.002 for label in whole)
+
+
+def test_a_run_says_early_how_long_it_takes_and_where_its_budget_ends_it(
+        opened: Store, many_tickets: str, tiny_base: Path) -> None:
+    lines: list[str] = []
+    result = engine.start(opened, dataset=many_tickets, base_dir=tiny_base, log=lines.append,
+                          params=TrainParams(**{**FAST, "epochs": 50, "max_minutes": 0.05}))
+    assert result.outcome is not None and result.outcome.stopped == "budget"
+    [said] = [line for line in lines if line.startswith("measured ")]
+    assert "the run to its last epoch with evaluations about " in said
+    assert "; the 3s budget stops it after about " in said and "epochs, keeping the best model by then" in said
+    reached = float(said.split("stops it after about ")[1].split()[0])
+    assert 0 < reached < 50

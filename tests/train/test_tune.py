@@ -61,7 +61,7 @@ def test_a_budget_too_small_for_two_trainings_is_said_with_the_budget_that_would
     record = studies.get(opened, result.study_id)
     assert result.status == "finished" and record.spent_s <= record.budget_s + 1
     [note] = [line for line in lines if line.startswith("one training of the base configuration (50 epochs) takes")]
-    assert "so a 2 s budget cannot compare two whole trainings: each trial gets at most 1 s" in note
+    assert "so a 2s budget cannot compare two whole trainings: each trial gets at most 1s" in note
     assert "would let two finish" in note
     first = runs.get(opened, next(trial.run_id for trial in studies.trials(opened, result.study_id)
                                   if trial.number == 0))

@@ -14,7 +14,6 @@ from textual.widgets import (
     DataTable,
     Input,
     Label,
-    Log,
     ProgressBar,
     Select,
     Static,
@@ -24,13 +23,15 @@ from textual.worker import Worker
 
 from appliance.core import schema
 from appliance.core.errors import ApplianceError
+from appliance.core.text import duration
 from appliance.operations import jobspec
+from appliance.operations.jobs import ENDED
 from appliance.train.params import TrainParams
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog, fields
-from tui.screens.logs import ENDED, LogViewer, log_events
+from tui.screens.logs import LogViewer, log_events
 from tui.screens.search import SearchDialog
-from tui.widgets import Chart, Table, ago, duration
+from tui.widgets import Chart, Table, TailLog, ago
 
 LOG_TAIL = 200
 
@@ -60,7 +61,7 @@ class JobsScreen(ApplianceScreen):
             with Horizontal(id="job-charts"):
                 yield Chart("loss", id="loss-chart")
                 yield Chart("val acc", id="accuracy-chart")
-            yield Log(id="job-log", max_lines=LOG_TAIL, auto_scroll=True)
+            yield TailLog(id="job-log", max_lines=LOG_TAIL, auto_scroll=True)
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -143,7 +144,7 @@ class JobsScreen(ApplianceScreen):
     async def _follow_log(self, job_id: str) -> None:
         """The job's log lines, each written once, in order, live while it runs (logs.log_events); a lost daemon
         ends the stream, and the next refresh starts over."""
-        log = self.query_one(Log)
+        log = self.query_one(TailLog)
         log.clear()
         async for event in log_events(self.app.daemon, job_id):
             log.write_line(event["data"]["line"])

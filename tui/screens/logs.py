@@ -12,30 +12,22 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Label, RichLog, Static
 
+from appliance.operations import jobs
 from tui.screens.dialogs import Dialog
 
 if TYPE_CHECKING:
     from tui.app import Daemon
-
-ENDED = ("finished", "failed", "cancelled")
 
 
 async def log_events(daemon: Daemon, job_id: str) -> AsyncIterator[dict[str, Any]]:
     """The job's log events from its first, in order, live while it runs, until its log is whole: at `exited` after
     the event that ended the job (its process's last lines come after that one), or at that event if no process
     ran. A lost daemon ends it early (DaemonUnreachable)."""
-    process_runs = ended = False
+    end = jobs.LogEnd()
     async for event in daemon.events(subject=job_id):
-        kind = event["kind"]
-        if kind == "log":
+        if event["kind"] == "log":
             yield event
-        elif kind == "started":
-            process_runs, ended = True, False
-        elif kind in ENDED:
-            ended = True
-        elif kind == "exited":
-            process_runs = False
-        if ended and not process_runs:
+        elif end.whole_after(event["kind"]):
             return
 
 

@@ -11,9 +11,9 @@ from textual.containers import Grid, Vertical
 from textual.widgets import DataTable, Static
 
 from appliance.core.hardware import format_bytes
-from appliance.core.text import counted
+from appliance.core.text import counted, duration
 from tui.screens.base import ApplianceScreen
-from tui.widgets import Table, ago, duration, meter, percent
+from tui.widgets import Table, ago, meter, percent
 
 ROOMY_ROWS = 36  # terminal rows from which the latest changes are shown as well
 RECENT_FETCHED = 100  # audit records asked for; the routine ones are left out of what is shown

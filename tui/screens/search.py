@@ -15,9 +15,9 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Label, Static
 
 from appliance.core.errors import ApplianceError
-from appliance.core.text import counted
+from appliance.core.text import counted, duration
 from tui.screens.dialogs import Dialog
-from tui.widgets import Chart, Table, duration, meter
+from tui.widgets import Chart, Table, meter
 
 REFRESH_S = 2.0
 # The parameters every text search varies, in the table's order (the rest are in the trial's summary line).
