@@ -169,3 +169,23 @@ def _active_jobs(daemon: Daemon) -> list[dict]:
     with daemon.api() as api:
         return [job for job in api.get("/v1/jobs").json() if job["status"] in ("queued", "running")]
 
+
+
+def test_import_options_are_bounded_and_a_long_text_is_counted_never_echoed(daemon: Daemon, tmp_path: Path) -> None:
+    secret = "ssn-123-45-6789 " * 20  # what a long customer text may hold
+    rows = "".join(f"short ticket {n},{'billing' if n % 2 else 'shipping'}\n" for n in range(6))
+    path = tmp_path / "tickets.csv"
+    path.write_text("text,label\n" + rows + f'"{secret}",billing\n')
+    refused = [daemon.upload(path, name="tickets", long_texts="refuse"),
+               daemon.upload(path, name="tickets", max_text_chars=1),
+               daemon.upload(path, name="tickets", max_text_chars=10**9)]
+    assert [answer.status_code for answer in refused] == [400, 400, 400], [answer.text for answer in refused]
+    assert "long_texts" in refused[0].text and "max_text_chars" in refused[1].text
+    imported = daemon.upload(path, name="tickets", long_texts="skip", max_text_chars=100)
+    assert imported.status_code == 201, imported.text
+    [warning] = imported.json()["warnings"]
+    assert warning == "1 text left out, being longer than 100 characters (max_text_chars): tickets.csv line 8"
+    with daemon.api() as api:
+        shown = api.get("/v1/datasets/tickets/detail").text
+    for text in (*(answer.text for answer in refused), imported.text, shown):
+        assert "ssn-123" not in text
