@@ -327,7 +327,7 @@ def _train(
             train_s_this_session += now - step_start
             position.elapsed_s = now - session_start
             rate = samples_this_session / max(train_s_this_session, 1e-9)
-            if budget.seconds is not None and position.eval_s_per_example is None:
+            if budget.seconds is not None and position.eval_s_per_example is None and sample:
                 score(sample[:4 * plan.micro_batch])  # what an evaluation costs, before the budget counts on it
             if not estimated and (train_s_this_session >= budget.probe_s() or position.batch == len(batches)):
                 estimated = True
