@@ -57,15 +57,19 @@ class RunResult:
     metrics: dict[str, float]
     model_blob: str | None
     steps: int
-    stopped_early: bool
-    outcome: runs.Outcome | None = None
+    outcome: runs.Outcome | None = None  # once finished
+
+    @property
+    def stopped_early(self) -> bool:
+        """Ended before its last epoch because it converged or a search pruned it (not by its budget)."""
+        return self.outcome is not None and self.outcome.stopped in ("converged", "asked")
 
     @classmethod
     def of(cls, store: Store, run_id: str) -> RunResult:
         """A run as its records tell it: one trained earlier, or on the Ray cluster."""
         run, history = runs.get(store, run_id), runs.epochs(store, run_id)
         return cls(run_id, run.status, run.metrics or {}, run.model_blob, history[-1].step if history else 0,
-                   run.outcome is not None and run.outcome.stopped in ("converged", "asked"), run.outcome)
+                   run.outcome)
 
 
 @dataclass
@@ -342,7 +346,7 @@ def _train(
                 save_checkpoint()
             if interrupted:
                 runs.set_status(store, run_id, "interrupted", step=position.step)
-                return RunResult(run_id, "interrupted", position.best_metrics, None, position.step, False)
+                return RunResult(run_id, "interrupted", position.best_metrics, None, position.step)
             if budget.must_stop_training(position, rate):
                 stopped = "budget"
                 break
@@ -408,8 +412,7 @@ def _train(
     say(outcome.sentence(params.model_dump()))
     runs.finish(store, run_id, position.best_blob, position.best_metrics, outcome)
     checkpoint.discard(store, run_id)
-    return RunResult(run_id, "finished", position.best_metrics, position.best_blob, position.step,
-                     stopped in ("converged", "asked"), outcome)
+    return RunResult(run_id, "finished", position.best_metrics, position.best_blob, position.step, outcome)
 
 
 def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:

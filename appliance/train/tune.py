@@ -83,7 +83,6 @@ class Result:
 
 
 ProgressFn = Callable[[Progress], None]
-LogFn = Callable[[str], None]
 
 
 def create(store: Store, request: Request, study_id: str | None = None, actor: str | None = None) -> str:
@@ -109,14 +108,14 @@ def create(store: Store, request: Request, study_id: str | None = None, actor: s
 
 def start(store: Store, request: Request, *, progress: ProgressFn | None = None,
           should_stop: Callable[[], bool] = lambda: False, max_threads: int | None = None,
-          log: LogFn | None = None) -> Result:
+          log: engine.LogFn | None = None) -> Result:
     return resume(store, create(store, request), progress=progress, should_stop=should_stop, max_threads=max_threads,
                   log=log)
 
 
 def resume(store: Store, study_id: str, *, progress: ProgressFn | None = None,
            should_stop: Callable[[], bool] = lambda: False, max_threads: int | None = None,
-           log: LogFn | None = None) -> Result:
+           log: engine.LogFn | None = None) -> Result:
     """Run a search, or continue one after a stop or a crash, until its budget is spent."""
     record = studies.get(store, study_id)
     if record.status != "finished":
@@ -129,7 +128,7 @@ def resume(store: Store, study_id: str, *, progress: ProgressFn | None = None,
 
 class _Search:
     def __init__(self, store: Store, record: studies.Study, progress: ProgressFn | None,
-                 should_stop: Callable[[], bool], max_threads: int | None, log: LogFn | None) -> None:
+                 should_stop: Callable[[], bool], max_threads: int | None, log: engine.LogFn | None) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
