@@ -37,6 +37,7 @@ from appliance.core import archive
 from appliance.core.errors import OptimizeError
 from appliance.core.hardware import Hardware
 from appliance.inference import Artifact
+from appliance.train import fast
 from appliance.train.bundle import input_names, load_text_classifier
 
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products that cannot saturate
@@ -66,12 +67,8 @@ class Outcome:
 
 
 class _Logits(torch.nn.Module):
-    """The classifier as tensors in, logits out, with the attention mask already 4-D.
-
-    transformers 5.5 builds its mask from a sequence length that tracing turns into a 0-d
-    tensor, which sdpa_mask mistakes for cache positions (IndexError; transformers#45735).
-    A 4-D additive mask is taken as given, and works for eager and SDPA attention alike.
-    """
+    """The classifier as tensors in, logits out, with the attention mask already 4-D (fast.additive_mask: tracing
+    cannot build it; fast mode's classifier builds its own, as it pools by the 2-D one)."""
 
     def __init__(self, model: torch.nn.Module, names: Sequence[str]) -> None:
         super().__init__()
@@ -79,8 +76,8 @@ class _Logits(torch.nn.Module):
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         inputs = dict(zip(self.names, tensors))
-        mask = inputs["attention_mask"][:, None, None, :].to(torch.float32)
-        inputs["attention_mask"] = (1.0 - mask) * torch.finfo(torch.float32).min
+        if not isinstance(self.model, fast.MeanPooledClassifier):  # which needs the padding mask to pool
+            inputs["attention_mask"] = fast.additive_mask(inputs["attention_mask"])
         return self.model(**inputs).logits
 
 
@@ -98,6 +95,11 @@ def _traceable(model: torch.nn.Module, max_length: int) -> tuple[_Logits, tuple[
 
 def export_openvino(model: torch.nn.Module, max_length: int) -> Artifact:
     """Convert to OpenVINO with dynamic batch and sequence dimensions, serialised in memory."""
+    return serialize(convert_openvino(model, max_length))
+
+
+def convert_openvino(model: torch.nn.Module, max_length: int) -> ov.Model:
+    """The classifier as an OpenVINO model taking the tokenizer's int64 inputs and giving "logits"."""
     wrapper, example = _traceable(model, max_length)
     try:
         with warnings.catch_warnings(), torch.no_grad():
@@ -108,7 +110,7 @@ def export_openvino(model: torch.nn.Module, max_length: int) -> Artifact:
     for port, name in zip(converted.inputs, wrapper.names):
         port.get_tensor().set_names({name})
     converted.outputs[0].get_tensor().set_names({"logits"})
-    return serialize(converted)
+    return converted
 
 
 def serialize(model: ov.Model) -> Artifact:

@@ -7,6 +7,13 @@ Classification, and a Trainer with default TrainingArguments (learning rate 5e-5
 a temporary output_dir, no checkpoints, no reporting integrations, the CPU, the seed, and
 no progress bars. The engine runs with its TrainParams defaults.
 
+Two more systems run beside them when asked: the engine in fast mode (--mode fast: the frozen
+encoder embeds each text once, a linear head trains on the embeddings), and SetFit, the
+usual few-shot recipe over the same base model, in its own environment (bench/peers/
+setfit-env.sh makes it; --setfit-python names its interpreter), given the same wall-clock
+budget (--setfit-budget, also fast mode's --max-minutes). Their clocks run from the call
+that starts them, loading and embedding included: fast mode's work is mostly embedding.
+
 Both start from the same base model (the bundled all-MiniLM-L6-v2), the same seed and the
 same train/validation split: the file is imported into a temporary store, and the
 Trainer is fed exactly the examples datasets.load puts on each side. The engine runs
@@ -30,6 +37,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -49,6 +57,9 @@ from appliance.train import engine, runs
 
 SAMPLE = Path(__file__).resolve().parent.parent / "appliance" / "samples" / "support_tickets.csv"
 SPEEDUP_TARGET = 2.0
+FAST_VS_SETFIT_DELTA_FLOOR_PT = -2.0  # fast mode's accuracy against SetFit's at the same budget
+FAST_VS_SETFIT_SPEEDUP_TARGET = 1.0
+SETFIT_PYTHON = Path(__file__).resolve().parent.parent / ".venv-setfit" / "bin" / "python"
 ACCURACY_DELTA_FLOOR_PT = -0.5
 # The tutorial's Trainer setup.
 TRAINER_EPOCHS = 3
@@ -88,6 +99,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=engine.TrainParams().seed, help="split and training seed")
     parser.add_argument("--engine-epochs", type=int, help="the engine's epochs (default: its TrainParams default)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both systems train")
+    parser.add_argument("--fast", action="store_true", help="also the engine in fast mode, and SetFit if it is there")
+    parser.add_argument("--setfit-python", type=Path, default=SETFIT_PYTHON,
+                        help="the interpreter of an environment with setfit (default: .venv-setfit, which "
+                             "bench/peers/setfit-env.sh makes)")
+    parser.add_argument("--setfit-budget", type=float, default=120.0,
+                        help="seconds SetFit may train, and fast mode's budget (default 120)")
     args = parser.parse_args()
 
     quiet_transformers()
@@ -103,10 +120,16 @@ def main() -> None:
             name = import_dataset(store, args.dataset, args.seed)
             data = datasets.load(store, datasets.get(store, name))
             engine_outcome, threads = run_engine(store, name, len(data.train), base_dir, params, args.device)
+            peers = [run_fast(store, name, len(data.train), base_dir, params.changed(
+                mode="fast", max_minutes=args.setfit_budget / 60), args.device)] if args.fast else []
         trainer_outcome = run_trainer(data, base_dir, args.seed, threads, args.device, state_dir / "trainer")
+        if args.fast and args.setfit_python.exists():
+            peers.append(run_setfit(args.setfit_python, data, base_dir, args.seed, threads, args.setfit_budget))
+        elif args.fast:
+            print(f"no SetFit peer: {args.setfit_python} does not exist (bench/peers/setfit-env.sh makes it)")
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
-    report(data, args.dataset, base_dir, threads, params, engine_outcome, trainer_outcome)
+    report(data, args.dataset, base_dir, threads, params, engine_outcome, trainer_outcome, peers)
 
 
 def quiet_transformers() -> None:
@@ -143,6 +166,44 @@ def run_engine(
         notes=engine_notes(plan, params, len(history), result),
     )
     return outcome, int(plan["threads"])
+
+
+def run_fast(store: Store, name: str, train_size: int, base_dir: Path, params: engine.TrainParams,
+             device: str) -> Outcome:
+    """The engine in fast mode; its clock runs from the call, so loading, tokenising and embedding count."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    curve: list[tuple[float, float]] = []
+
+    def epoch_done(row: runs.Epoch) -> bool:
+        curve.append((time.perf_counter() - started, row.metrics["accuracy"]))
+        return False
+
+    result = engine.start(store, dataset=name, base_dir=base_dir, params=params, device=device, on_epoch=epoch_done)
+    end_to_end = time.perf_counter() - started
+    history = runs.epochs(store, result.run_id)
+    return Outcome("engine fast", train_size, curve=curve, final_accuracy=result.metrics["accuracy"],
+                   total_s=end_to_end, end_to_end_s=end_to_end, cpu_s=time.process_time() - cpu_started,
+                   notes=engine_notes(runs.get(store, result.run_id).plan, params, len(history), result))
+
+
+def run_setfit(python: Path, data: datasets.LoadedDataset, base_dir: Path, seed: int, threads: int,
+               budget_s: float) -> Outcome:
+    """SetFit on the same split in its own environment (bench/peers/setfit_peer.py), its time from its start."""
+    job = {"base_dir": str(base_dir), "seed": seed, "threads": threads, "budget_s": budget_s,
+           "train": [[data.texts[i], data.labels[i]] for i in data.train],
+           "validation": [[data.texts[i], data.labels[i]] for i in data.validation]}
+    started = time.perf_counter()
+    done = subprocess.run([str(python), str(Path(__file__).parent / "peers" / "setfit_peer.py")],
+                          input=json.dumps(job), capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"the SetFit peer failed:\n{done.stderr[-3000:]}")
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    wall = time.perf_counter() - started
+    return Outcome("SetFit", len(data.train), curve=[(measured["end_to_end_s"], measured["accuracy"])],
+                   final_accuracy=measured["accuracy"], total_s=measured["end_to_end_s"],
+                   end_to_end_s=measured["end_to_end_s"], cpu_s=float("nan"),
+                   notes=[(f"setfit 1.2, batch 16, 1 epoch, {measured['steps']} steps in {measured['train_s']:.1f} s"
+                           f" (budget {budget_s:.0f} s), {threads} threads; process wall {wall:.1f} s")])
 
 
 def engine_notes(plan: dict[str, Any], params: engine.TrainParams, epochs: int, result: engine.RunResult) -> list[str]:
@@ -270,6 +331,7 @@ def report(
     params: engine.TrainParams,
     engine_outcome: Outcome,
     trainer_outcome: Outcome,
+    peers: list[Outcome],
 ) -> None:
     found = hardware.detect()
     cpu = found.cpu
@@ -285,7 +347,7 @@ def report(
     )
     print("(timings are wall-clock on a shared machine: other work running at the same time makes them noisy)")
     print()
-    for outcome in (trainer_outcome, engine_outcome):
+    for outcome in (trainer_outcome, engine_outcome, *peers):
         print(f"{outcome.system}:")
         for note in outcome.notes:
             print(f"  {note}")
@@ -299,7 +361,7 @@ def report(
     print(f"target accuracy: {target:.2%} (the Trainer's final validation accuracy)")
     print(header)
     print("-" * len(header))
-    for outcome in (trainer_outcome, engine_outcome):
+    for outcome in (trainer_outcome, engine_outcome, *peers):
         print(
             f"{outcome.system:<11} {outcome.epochs:>6} {outcome.samples_per_s:>16.1f} "
             f"{seconds(outcome.time_to(target)):>19} {seconds(outcome.total_s):>11} "
@@ -322,16 +384,22 @@ def report(
         f"accuracy delta: {delta_pt:+.1f} pt (floor {ACCURACY_DELTA_FLOOR_PT:+.1f} pt; "
         f"one validation example is {100 / len(data.validation):.1f} pt)"
     )
-    print(
-        json.dumps(
-            {
-                "speedup_to_trainer_accuracy": round(speedup, 2),
-                "speedup_target": SPEEDUP_TARGET,
-                "accuracy_delta_pt": round(delta_pt, 2),
-                "accuracy_delta_floor_pt": ACCURACY_DELTA_FLOOR_PT,
-            }
-        )
-    )
+    figures = {
+        "speedup_to_trainer_accuracy": round(speedup, 2),
+        "speedup_target": SPEEDUP_TARGET,
+        "accuracy_delta_pt": round(delta_pt, 2),
+        "accuracy_delta_floor_pt": ACCURACY_DELTA_FLOOR_PT,
+    }
+    by_name = {outcome.system: outcome for outcome in peers}
+    if fast := by_name.get("engine fast"):
+        figures["fast_accuracy_delta_pt_vs_full"] = round((fast.final_accuracy - engine_outcome.final_accuracy) * 100, 2)
+        figures["fast_speedup_vs_full"] = round(engine_outcome.end_to_end_s / fast.end_to_end_s, 2)
+    if fast and (setfit := by_name.get("SetFit")):
+        figures["fast_accuracy_delta_pt_vs_setfit"] = round((fast.final_accuracy - setfit.final_accuracy) * 100, 2)
+        figures["fast_accuracy_delta_floor_pt_vs_setfit"] = FAST_VS_SETFIT_DELTA_FLOOR_PT
+        figures["fast_speedup_vs_setfit"] = round(setfit.end_to_end_s / fast.end_to_end_s, 2)
+        figures["fast_speedup_target_vs_setfit"] = FAST_VS_SETFIT_SPEEDUP_TARGET
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

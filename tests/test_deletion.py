@@ -76,7 +76,7 @@ def test_an_operator_reads_everything_through_the_daemon_and_only_an_admin_delet
     # Without a terminal to ask at, the CLI wants --yes; with it, the content goes and the rows say who.
     unasked = daemon.cli("data", "delete", "tickets")
     assert unasked.returncode == 2 and "give --yes" in unasked.stderr
-    deleted = daemon.cli("data", "delete", "tickets", "--yes")
+    deleted = daemon.cli("data", "rm", "tickets", "--yes")  # rm: delete's other name
     assert deleted.returncode == 0 and deleted.stdout == "deleted tickets:1\n", deleted.stderr
     listed = {v["ref"]: v for v in json.loads(daemon.cli("data", "list", "--json").stdout)}
     assert listed["tickets:1"]["deleted_by"] == f"user:{users.LOCAL_ADMIN}" and listed["tickets:1"]["blob_id"] is None
@@ -87,7 +87,7 @@ def test_an_operator_reads_everything_through_the_daemon_and_only_an_admin_delet
     assert training["status"] == "failed" and "tickets:1 was deleted on" in training["error"]
 
     # A model version goes with its weights; its number then says what happened to it.
-    assert daemon.cli("models", "delete", "tickets:1", "--yes").stdout == "deleted tickets:1\n"
+    assert daemon.cli("models", "rm", "tickets:1", "--yes").stdout == "deleted tickets:1\n"
     with daemon.api() as api:
         gone = api.get("/v1/models")
         assert gone.json() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -58,6 +59,13 @@ def schema_option(model: type[BaseModel], field: str, *decls: str, **attrs: Any)
     if not info.is_required() and info.default is not None and "default" not in attrs:
         attrs.update(default=info.default, show_default=True)
     return click.option(*decls, **attrs)
+
+
+def alias(group: click.Group, command: click.Command, name: str) -> None:
+    """Another name for a command (data rm for data delete), left out of the help's list."""
+    twin = copy.copy(command)
+    twin.hidden = True
+    group.add_command(twin, name)
 
 
 def deployment(version: str, deployed: dict[str, str]) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from appliance.cli.base import ask, cli, json_option, print_json, yes_option
+from appliance.cli.base import alias, ask, cli, json_option, print_json, yes_option
 from appliance.cli.connect import connected
 from appliance.data import datasets
 
@@ -75,6 +75,9 @@ def data_delete(ref: str, yes: bool) -> None:
     with connected() as appliance:
         deleted = appliance.delete_dataset(ref)
     click.echo(f"deleted {', '.join(deleted)}")
+
+
+alias(data_group, data_delete, "rm")
 
 
 @data_group.command("list")

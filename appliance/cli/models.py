@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from appliance.cli.base import ask, cli, json_option, print_json, yes_option
+from appliance.cli.base import alias, ask, cli, json_option, print_json, yes_option
 from appliance.cli.connect import connected
 
 
@@ -61,6 +61,9 @@ def models_delete(ref: str, yes: bool) -> None:
     ask(f"Delete {ref} and its weights? It cannot be undone.", yes)
     with connected() as appliance:
         click.echo(f"deleted {appliance.delete_model(ref)}")
+
+
+alias(models_group, models_delete, "rm")
 
 
 def show_version(version: dict[str, Any]) -> None:

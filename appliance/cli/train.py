@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from appliance import operations
 from appliance.cli.base import cli, deployment, json_option, print_json, schema_option
@@ -21,15 +22,20 @@ from appliance.train.params import TrainParams
 @click.option("--data", "dataset", help="Dataset name, name:version or id (see 'appliance data list').")
 @click.option("--base", type=click.Path(file_okay=False, path_type=Path),
               help="Local Hugging Face model directory; through a running daemon, one in train.base_models_dir.")
-@schema_option(TrainParams, "epochs", "--epochs")
-@schema_option(TrainParams, "learning_rate", "--lr", "lr")
+@schema_option(TrainParams, "mode", "--mode",
+               help="full: fine-tune every weight. fast: embed each text once with the frozen encoder and train only "
+                    "a linear head (minutes where full takes hours; usually a few points less accurate).")
+@schema_option(TrainParams, "epochs", "--epochs", help=f"[fast mode: {TrainParams.FAST_DEFAULTS['epochs']}]")
+@schema_option(TrainParams, "learning_rate", "--lr", "lr",
+               help=f"[fast mode: {TrainParams.FAST_DEFAULTS['learning_rate']}]")
 @schema_option(TrainParams, "batch_size", "--batch-size",
                help="Effective batch; the plan splits it into micro-batches that fit memory.")
 @schema_option(TrainParams, "max_length", "--max-length")
 @click.option("--lora", is_flag=True, help="Train LoRA adapters instead of every weight.")
 @schema_option(TrainParams, "schedule", "--schedule")
 @schema_option(TrainParams, "patience", "--patience",
-               help="Stop after this many epochs without a better validation metric.")
+               help="Stop after this many epochs without a better validation metric "
+                    f"[fast mode: {TrainParams.FAST_DEFAULTS['patience']}].")
 @schema_option(TrainParams, "seed", "--seed")
 @schema_option(TrainParams, "max_minutes", "--max-minutes", help="Stop after this long with the best so far.")
 @schema_option(TrainParams, "checkpoint_every", "--checkpoint-every")
@@ -44,6 +50,7 @@ from appliance.train.params import TrainParams
 def train(
     dataset: str | None,
     base: Path | None,
+    mode: str,
     epochs: int,
     lr: float,
     batch_size: int,
@@ -75,10 +82,13 @@ def train(
     if resume_run:
         job = {"resume": resume_run, "name": model_name}
     else:
-        params = TrainParams(
-            epochs=epochs, learning_rate=lr, batch_size=batch_size, max_length=max_length, lora=lora,
-            schedule=schedule, patience=patience, seed=seed, max_minutes=max_minutes, checkpoint_every=checkpoint_every,
-        )
+        values = {"mode": mode, "epochs": epochs, "learning_rate": lr, "batch_size": batch_size,
+                  "max_length": max_length, "lora": lora, "schedule": schedule, "patience": patience, "seed": seed,
+                  "max_minutes": max_minutes, "checkpoint_every": checkpoint_every}
+        given = click.get_current_context().get_parameter_source
+        # Only what was given: the rest takes the mode's default (fast mode has its own learning rate and epochs).
+        params = TrainParams.parse({field: value for field, value in values.items()
+                                    if given("lr" if field == "learning_rate" else field) != ParameterSource.DEFAULT})
         job = {"dataset": dataset, "params": params, "device": device, "name": model_name, "burst": burst or None,
                "fallback": fallback or None, "deploy": deploy}
     kind = jobspec.PipelineJob if deploy else jobspec.TrainJob

@@ -118,7 +118,7 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
 
     if "run_id" not in ctx.state:
         ctx.save(run_id=engine.create(ctx.store, dataset=dataset, base_dir=base, params=spec.params,
-                                      device=spec.device))
+                                      device=spec.device, log=ctx.log))
     if ctx.max_threads:
         ctx.log(f"a model is being served: training uses at most {counted(ctx.max_threads, 'thread')}, at lower "
                 "priority")

@@ -1,6 +1,7 @@
 """A trained text-classification bundle back in torch: the classifier, its tokenizer and its manifest.
 
-The bundle is the one `tasks.TextClassification.bundle` writes. It is rebuilt from bytes,
+The bundle is the one `tasks.TextClassification.bundle` writes: a Hugging Face sequence
+classifier, or fast mode's MeanPooledClassifier where its manifest says so. It is rebuilt from bytes,
 never from files, because no plaintext weight may reach a disk. `TorchRunner` dresses
 the classifier as an onnxruntime session, so the inference kernel's predict and
 evaluate score it exactly as they score a compiled model.
@@ -20,7 +21,7 @@ import torch
 
 from appliance import inference
 from appliance.core.errors import OptimizeError
-from appliance.train import tasks
+from appliance.train import fast, tasks
 
 
 def load_text_classifier(files: Mapping[str, bytes]) -> tuple[torch.nn.Module, tokenizers.Tokenizer, dict[str, Any]]:
@@ -38,14 +39,20 @@ def load_text_classifier(files: Mapping[str, bytes]) -> tuple[torch.nn.Module, t
         raise OptimizeError(f"the model bundle lacks {', '.join(sorted(missing))}")
     config_dict = json.loads(files["config.json"])
     config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
-    model = AutoModelForSequenceClassification.from_config(config)
+    if manifest.get("architecture") == fast.ARCHITECTURE:
+        model = fast.classifier(config, len(manifest["labels"]))
+    elif "architecture" in manifest:
+        raise OptimizeError(f"the model bundle's architecture {manifest['architecture']!r} is not one this appliance "
+                            "builds", hint="train it again with this appliance's version")
+    else:
+        model = AutoModelForSequenceClassification.from_config(config)
     model.load_state_dict(load_safetensors(files["model.safetensors"]))
     return model.eval(), inference.load_tokenizer(files, manifest["max_length"]), manifest
 
 
 def input_names(model: torch.nn.Module) -> list[str]:
-    """The inputs a classifier takes, in INPUTS order: token_type_ids only where the architecture has them."""
-    return [name for name in inference.INPUTS if name in inspect.signature(model.forward).parameters]
+    """The inputs a classifier takes, in INPUTS order: token_type_ids only where its encoder has them."""
+    return [name for name in inference.INPUTS if name in inspect.signature(model.base_model.forward).parameters]
 
 
 class TorchRunner:

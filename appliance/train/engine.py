@@ -32,7 +32,7 @@ from appliance.core.errors import JobError
 from appliance.core.text import duration
 from appliance.data import datasets
 from appliance.store import Store, blobs
-from appliance.train import checkpoint, runs, tasks
+from appliance.train import checkpoint, fast, runs, tasks
 from appliance.train.params import TrainParams
 
 
@@ -40,7 +40,7 @@ from appliance.train.params import TrainParams
 class Progress:
     """What a progress bar or the TUI shows while a run trains."""
 
-    phase: str  # train | evaluate
+    phase: str  # embed (fast mode) | train | evaluate
     epoch: int
     epochs: int
     step: int
@@ -96,6 +96,8 @@ ProgressFn = Callable[[Progress], None]
 LogFn = Callable[[str], None]  # a line for the run's log: each epoch's validation figures, how the run ended
 EVAL_SAMPLE = 2000  # validation examples evaluated after each epoch; a larger split is sampled (evaluation_sample)
 PROBE_S = 10.0  # training measured before the run's length is estimated (or the first epoch, when shorter)
+PROBE_BATCHES = 3  # micro-batches of full fine-tuning timed (after one more to warm up) when mode auto decides
+EMBED_SHARE = 0.8  # of a fast run's budget that embedding may take; the rest trains and evaluates the head
 DEFAULTS = TrainParams()  # frozen: one instance is every call's default
 EpochFn = Callable[[runs.Epoch], bool]  # after each epoch's evaluation; True ends the run there (a pruned trial)
 
@@ -107,17 +109,24 @@ def create(
     base_dir: Path,
     params: TrainParams = DEFAULTS,
     device: str | None = None,
+    log: LogFn | None = None,
 ) -> str:
     """Plan a new run on a dataset version and record it, untrained: a job keeps the id before the first step.
 
-    The data it loaded and tokenised to plan is kept for the run's first session in this process (_Prepared).
+    Mode auto is settled here, by measuring (_settle_mode). The data it loaded and tokenised to plan is kept for
+    the run's first session in this process (_Prepared).
     """
     global _prepared
     began = time.monotonic()
     version = datasets.get(store, dataset)
     data = datasets.load(store, version)
+    if params.mode == "auto":
+        params = _settle_mode(version.task, data, base_dir, params, device, log or (lambda _line: None))
     task = _task(version.task, data, base_dir, params)
     plan = hardware.plan(hardware.detect(), _request(task, data, base_dir, params, device))
+    if isinstance(task, fast.FastTextClassification):
+        plan = replace(plan, precision="fp32", grad_scaler=False, notes=(  # in place of the precision's note
+            *plan.notes[1:], "fast mode: the encoder embeds each text once; only the linear head trains, in fp32"))
     run_id = runs.create(
         store,
         dataset_id=version.id,
@@ -157,7 +166,7 @@ def start(
     log: LogFn | None = None,
 ) -> RunResult:
     """Plan and run a new fine-tuning job on a dataset version."""
-    run_id = create(store, dataset=dataset, base_dir=base_dir, params=params, device=device)
+    run_id = create(store, dataset=dataset, base_dir=base_dir, params=params, device=device, log=log)
     return _continue(store, runs.get(store, run_id), progress, should_stop, on_epoch=on_epoch, log=log)
 
 
@@ -202,9 +211,68 @@ def _continue(
                   on_epoch, log, began)
 
 
+def _settle_mode(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None,
+                 say: LogFn) -> TrainParams:
+    """Mode auto made full or fast: fast where a budget is set and one epoch of full fine-tuning, at the speed
+    measured on a random sample of the training texts here, would not fit in it. The log says which and why."""
+    if kind != "text-classification" or params.max_minutes is None or params.lora or not data.train:
+        return params.changed(mode="full")
+    rate = _full_rate(data, base_dir, params, device)
+    epoch_s, budget_s = len(data.train) / rate, params.max_minutes * 60
+    measured = (f"full fine-tuning measured {rate:,.1f} examples/s here: an epoch of {len(data.train):,} texts takes"
+                f" about {duration(epoch_s)}")
+    if epoch_s <= budget_s:
+        say(f"{measured}, within the {duration(budget_s)} budget: fine-tuning every weight (--mode fast trains a"
+            " linear head on frozen embeddings in a fraction of the time)")
+        return params.changed(mode="full")
+    say(f"{measured}, more than the {duration(budget_s)} budget: fast mode instead, a linear head on the frozen"
+        " encoder's embeddings (--mode full fine-tunes regardless, over part of an epoch)")
+    return params.changed(mode="fast")
+
+
+def _full_rate(data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None) -> float:
+    """Examples/s of full fine-tuning: PROBE_BATCHES steps on random training texts, after one to warm up."""
+    picked = random.Random(params.seed).sample(data.train, min(len(data.train), (PROBE_BATCHES + 1) * params.batch_size))
+    sample = replace(data, labels=[data.labels[i] for i in picked], texts=[data.texts[i] for i in picked],
+                     train=list(range(len(picked))), validation=[])
+    task = tasks.TextClassification(sample, base_dir, params.max_length, lora=None)
+    plan = hardware.plan(hardware.detect(), _request(task, sample, base_dir, params, device))
+    torch.set_num_threads(plan.threads)
+    on, autocast_dtype = torch.device(plan.device), _autocast_dtype(plan)
+    model = task.build_model().to(on)
+    optimizer = _optimizer(model, params)
+    batches = task.batches(sample.train, plan.micro_batch, torch.Generator().manual_seed(params.seed))
+
+    def step(batch: list[int]) -> None:
+        inputs = {name: tensor.to(on) for name, tensor in task.collate(batch).items()}
+        with torch.autocast(on.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            model(**inputs).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    if len(batches) > 1:
+        step(batches[0])  # the first step allocates and picks kernels
+    timed = batches[1 : PROBE_BATCHES + 1] or batches
+    started = time.monotonic()
+    for batch in timed:
+        step(batch)
+    if on.type == "cuda":
+        torch.cuda.synchronize(on)
+    return sum(len(batch) for batch in timed) / (time.monotonic() - started)
+
+
+def _autocast_dtype(plan: hardware.TrainingPlan) -> torch.dtype | None:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+
+
 def _task(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams) -> tasks.Task:
     if kind == "image-classification":
+        if params.mode == "fast":
+            raise JobError("fast mode is for text: an image model trains whole",
+                           hint="leave out --mode fast for an image dataset")
         return tasks.ImageClassification(data)
+    if params.mode == "fast":
+        return fast.FastTextClassification(data, base_dir, params.max_length)
     lora = tasks.LoraSettings(rank=params.lora_rank, alpha=2 * params.lora_rank) if params.lora else None
     return tasks.TextClassification(data, base_dir, params.max_length, lora)
 
@@ -248,6 +316,16 @@ def _train(
     """The loop; began is when this session started preparing (time.monotonic()), which the budget counts too."""
     torch.set_num_threads(plan.threads)
     device = torch.device(plan.device)
+    say = log or (lambda _line: None)
+    if isinstance(task, fast.FastTextClassification):
+        earlier_s = state["position"]["elapsed_s"] if state else 0.0
+        embedded = _embed(task, data, device, params, began - earlier_s if began is not None else time.monotonic(),
+                          progress, should_stop, say)
+        if embedded is None:
+            step = state["position"]["step"] if state else 0
+            runs.set_status(store, run_id, "interrupted", step=step)
+            return RunResult(run_id, "interrupted", {}, None, step)
+        data = replace(data, train=embedded)
     torch.manual_seed(params.seed)
     random.seed(params.seed)
     model = task.build_model().to(device)
@@ -257,11 +335,10 @@ def _train(
     total_steps = steps_per_epoch * params.epochs
     scheduler = _scheduler(optimizer, params, total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaler)
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+    autocast_dtype = _autocast_dtype(plan)
     sample = evaluation_sample(data, params.seed)
     budget = Budget(params.max_minutes * 60 if params.max_minutes else None, len(sample), steps_per_epoch,
                     params.checkpoint_every, time.monotonic() - began if began is not None else 0.0)
-    say = log or (lambda _line: None)
     if isinstance(task, tasks.TextClassification) and state is None:
         say(_window_note(task))
 
@@ -413,6 +490,41 @@ def _train(
     runs.finish(store, run_id, position.best_blob, position.best_metrics, outcome)
     checkpoint.discard(store, run_id)
     return RunResult(run_id, "finished", position.best_metrics, position.best_blob, position.step, outcome)
+
+
+def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, device: torch.device,
+           params: TrainParams, began: float, progress: ProgressFn | None, should_stop: Callable[[], bool],
+           say: LogFn) -> list[int] | None:
+    """Fast mode's first phase: the validation texts, then the training texts in a seeded random order, through the
+    frozen encoder once. The training examples it embedded (all, unless EMBED_SHARE of the budget, counted from
+    began, ran out first: then a random share of them); None when told to stop (a resumed run embeds again)."""
+    order = [data.train[i] for i in torch.randperm(len(data.train), generator=torch.Generator().manual_seed(
+        params.seed)).tolist()]
+    limit_s = params.max_minutes * 60 * EMBED_SHARE if params.max_minutes else None
+    rate, stopped = 0.0, False
+
+    def report(done: int, total: int, measured: float) -> bool:
+        nonlocal rate, stopped
+        rate = measured
+        if progress:
+            progress(Progress("embed", 0, params.epochs, done, total, 0.0, rate, (total - done) / rate))
+        stopped = should_stop()
+        out_of_time = limit_s is not None and done > len(data.validation) and time.monotonic() - began >= limit_s
+        return not (stopped or out_of_time)
+
+    started = time.monotonic()
+    done = task.embed(device, data.validation + order, report)
+    if stopped:
+        return None
+    kept = sorted(order[: max(0, done - len(data.validation))])
+    said = (f"fast mode: embedded {done:,} texts in {duration(time.monotonic() - started)} ({rate:,.0f}/s once the"
+            " encoder was compiled); ")
+    if len(kept) < len(data.train):
+        say(said + f"the budget covered {len(kept):,} of the {len(data.train):,} training texts, a random share,"
+                   " and the classifier head trains on them (a longer --max-minutes covers more)")
+    else:
+        say(said + "training the classifier head on them")
+    return kept
 
 
 def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:

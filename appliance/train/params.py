@@ -6,11 +6,11 @@ here), a search space's values, and the JSON a run or a search stored.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from appliance.core.schema import Strict
+from appliance.core.schema import Strict, refusal
 
 Metric = Literal["macro_f1", "accuracy"]
 
@@ -19,6 +19,9 @@ class TrainParams(Strict):
     """Hyperparameters; the defaults suit fine-tuning a small encoder on a few thousand rows."""
 
     noun: ClassVar[str] = "the training"
+    # Where a fast run names none: a linear head on fixed vectors needs steps a hundred times larger than
+    # fine-tuning's, and more passes, each a fraction of a second (train/fast.py).
+    FAST_DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 3e-3, "epochs": 30, "patience": 5}
 
     epochs: int = Field(5, ge=1, le=1000)
     learning_rate: float = Field(1e-4, gt=0, le=1)
@@ -30,8 +33,27 @@ class TrainParams(Strict):
     max_length: int = Field(128, ge=8, le=8192, description="tokens a text is cut to")
     lora: bool = Field(False, description="train LoRA adapters instead of every weight")
     lora_rank: int = Field(8, ge=1, le=1024)
+    mode: Literal["auto", "full", "fast"] = Field(
+        "auto", description="full: fine-tune every weight; fast: embed each text once with the frozen encoder and "
+                            "train a linear head on the embeddings (minutes where full fine-tuning takes hours); "
+                            "auto: full, unless max_minutes is set and one epoch of it, at the speed measured on "
+                            "this machine, would not fit: then fast. A run records the mode it chose.")
     patience: int = Field(2, ge=1, le=1000, description="epochs without a better validation metric before stopping")
     metric: Metric = "macro_f1"
     checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="optimizer steps between checkpoints")
     seed: int = Field(13, ge=0, le=2**32 - 1)
     max_minutes: float | None = Field(None, gt=0, description="stop after this long with the best so far")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fast_defaults(cls, values: Any) -> Any:
+        if isinstance(values, dict) and values.get("mode") == "fast":
+            return {**cls.FAST_DEFAULTS, **values}
+        return values
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> Self:
+        if self.mode == "fast" and self.lora:
+            raise refusal("lora: fast mode trains only the classifier head, so there are no adapters to train; "
+                          "use one of the two")
+        return self

@@ -58,6 +58,7 @@ class TextClassification:
     """Sequence classification on a local Hugging Face model directory."""
 
     kind = "text-classification"
+    architecture: str | None = None  # the manifest names any but a Hugging Face sequence classifier (fast.py)
 
     def __init__(self, data: LoadedDataset, base_dir: Path, max_length: int, lora: LoraSettings | None) -> None:
         from transformers import AutoTokenizer
@@ -134,7 +135,8 @@ class TextClassification:
         files = {
             "config.json": model.config.to_json_string().encode(),
             "model.safetensors": save_safetensors({k: v.contiguous() for k, v in model.state_dict().items()}),
-            "appliance.json": _manifest(self.kind, self.label_names, max_length=self.max_length),
+            "appliance.json": _manifest(self.kind, self.label_names, max_length=self.max_length,
+                                        **({"architecture": self.architecture} if self.architecture else {})),
         }
         for name in _TOKENIZER_FILES:
             if (self.base_dir / name).is_file():

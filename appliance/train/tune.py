@@ -100,7 +100,10 @@ def create(store: Store, request: Request, study_id: str | None = None, actor: s
         searched = space.cap(searched, "max_length", hardware.max_positions(request.base_dir))
     else:
         base_model = "small-cnn"
-    base = request.base_params.changed(metric=request.metric)
+    if request.base_params.mode == "fast":
+        raise JobError("a search tunes full fine-tuning: fast mode trains only a linear head, with little to tune",
+                       hint="train in fast mode with 'appliance train --mode fast', or tune without it")
+    base = request.base_params.changed(metric=request.metric, mode="full")  # each trial is measured, not auto
     return studies.create(store, dataset_id=version.id, base_model=base_model, task=version.task,
                           metric=request.metric, sampler=request.sampler, space=searched, base_params=base.model_dump(),
                           device=request.device, budget_s=request.budget_s, study_id=study_id, actor=actor).id

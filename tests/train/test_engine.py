@@ -16,7 +16,7 @@ from appliance.train import engine, runs
 from appliance.train.params import TrainParams
 from tests.conftest import write_tickets
 
-FAST = dict(epochs=8, learning_rate=3e-3, batch_size=16, checkpoint_every=5, seed=3)
+FAST = dict(mode="full", epochs=8, learning_rate=3e-3, batch_size=16, checkpoint_every=5, seed=3)
 
 
 def _bundle_files(opened: Store, blob_id: str) -> dict[str, bytes]:

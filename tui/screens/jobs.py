@@ -212,6 +212,8 @@ def _summary(job: dict[str, Any]) -> str:
 def _describe(report: dict[str, Any]) -> str:
     if report.get("stage") == "train":
         eta = f", eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""
+        if report.get("phase") == "embed":
+            return f"embedding texts (fast mode), {report['step']:,} of {report['total_steps']:,}{eta}"
         return f"train epoch {report['epoch']}/{report['epochs']}, loss {report['loss']:.4f}{eta}"
     if report.get("stage") == "tune" and "trial" in report:
         best = f", best {report['best']:.4f}" if report.get("best") is not None else ""
@@ -219,6 +221,9 @@ def _describe(report: dict[str, Any]) -> str:
     return f"{report.get('stage', '')}: {report.get('what', '')}"
 
 
+TRAINING_MODES = [  # TrainParams.mode; fast mode's own epochs and learning rate apply where those are left as shown
+    ("auto: fast if full won't fit the budget", "auto"), ("full: fine-tune every weight", "full"),
+    ("fast: a head on frozen embeddings", "fast")]
 AFTER_TRAINING = [  # the wizard's choices: a pipeline job's deploy policy (jobspec.Deploy), or a train job
     ("optimise, deploy safely", "auto"), ("optimise, deploy to production", "now"),
     ("optimise, deploy as a canary", "canary"), ("optimise only", "never"), ("train only", "")]
@@ -252,6 +257,7 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
                          ("Max length", Input(str(defaults.max_length), type="integer", id="max_length")))
             yield fields(("Max minutes", Input(placeholder="no limit", type="number", id="max_minutes")),
                          ("LoRA", Switch(value=defaults.lora, id="lora")))
+            yield fields(("Mode", Select(TRAINING_MODES, value=defaults.mode, allow_blank=False, id="mode")))
             yield fields(("Device", Select([("as planned", ""), ("cpu", "cpu"), ("cuda", "cuda")], value="",
                                            allow_blank=False, id="device")),
                          ("Priority", Input("0", type="integer", id="priority")))
@@ -296,7 +302,8 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
         if dataset is Select.NULL:
             raise ValueError("choose a dataset (import one on the Datasets screen first)")
         defaults = TrainParams().model_dump()
-        training: dict[str, Any] = {"lora": self.query_one("#lora", Switch).value}
+        training: dict[str, Any] = {"lora": self.query_one("#lora", Switch).value,
+                                    "mode": self.query_one("#mode", Select).value}
         for name in ("epochs", "learning_rate", "batch_size", "max_length", "max_minutes"):
             text = self.query_one(f"#{name}", Input).value.strip()
             if text:
