@@ -24,7 +24,9 @@ from appliance.train.params import TrainParams
               help="Local Hugging Face model directory; through a running daemon, one in train.base_models_dir.")
 @schema_option(TrainParams, "mode", "--mode",
                help="full: fine-tune every weight. fast: embed each text once with the frozen encoder and train only "
-                    "a linear head (minutes where full takes hours; usually a few points less accurate).")
+                    "a linear head (minutes where full takes hours; usually a few points less accurate). auto: time "
+                    "full fine-tuning here first and say how long it takes; fast only if one epoch would not fit "
+                    "--max-minutes.")
 @schema_option(TrainParams, "epochs", "--epochs", help=f"[fast mode: {TrainParams.FAST_DEFAULTS['epochs']}]")
 @schema_option(TrainParams, "learning_rate", "--lr", "lr",
                help=f"[fast mode: {TrainParams.FAST_DEFAULTS['learning_rate']}]")

@@ -13,6 +13,10 @@ allows. max_minutes bounds the whole run: training stops early enough for its la
 evaluation and the storing of its model, both measured as the run goes. Each epoch's
 figures and the run's end (which epoch it kept, why it stopped, what its figures are on)
 go to the run's log and its record (runs.Outcome).
+
+Before a new run starts in mode auto (the default), a few steps of full fine-tuning are
+timed on random training texts: the log says how long the run will take, and where a
+budget cannot hold one epoch, fast mode trains instead (train/fast.py).
 """
 
 from __future__ import annotations
@@ -214,13 +218,20 @@ def _continue(
 def _settle_mode(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None,
                  say: LogFn) -> TrainParams:
     """Mode auto made full or fast: fast where a budget is set and one epoch of full fine-tuning, at the speed
-    measured on a random sample of the training texts here, would not fit in it. The log says which and why."""
-    if kind != "text-classification" or params.max_minutes is None or params.lora or not data.train:
+    measured on a random sample of the training texts here, would not fit in it. The log says how long the run
+    will take before it starts, which mode it chose and why."""
+    if kind != "text-classification" or params.lora or not data.train:
         return params.changed(mode="full")
     rate = _full_rate(data, base_dir, params, device)
-    epoch_s, budget_s = len(data.train) / rate, params.max_minutes * 60
+    epoch_s = len(data.train) / rate
     measured = (f"full fine-tuning measured {rate:,.1f} examples/s here: an epoch of {len(data.train):,} texts takes"
                 f" about {duration(epoch_s)}")
+    if params.max_minutes is None:
+        say(f"{measured}, {params.epochs} epochs about {duration(params.epochs * epoch_s)} with no budget"
+            " (--max-minutes bounds it; --mode fast trains a linear head on frozen embeddings in a fraction of the"
+            " time)")
+        return params.changed(mode="full")
+    budget_s = params.max_minutes * 60
     if epoch_s <= budget_s:
         say(f"{measured}, within the {duration(budget_s)} budget: fine-tuning every weight (--mode fast trains a"
             " linear head on frozen embeddings in a fraction of the time)")

@@ -5,8 +5,9 @@ on a CPU and a large set that takes hours. Here the encoder runs forward once pe
 compiled by OpenVINO (the fastest path a CPU has; torch on a GPU), and an epoch is a pass
 of one linear layer over the cached vectors: seconds. Texts are read as the mean of the
 encoder's token states, the way sentence encoders such as all-MiniLM-L6-v2 were trained
-to be read (on the bundled sample a linear head reached 0.97 accuracy on mean-pooled
-vectors, 0.78 on BERT's pooler output).
+to be read (on one split of the bundled sample a linear head reached 0.97 accuracy on
+mean-pooled vectors, 0.78 on BERT's pooler output). Its hyperparameters' defaults are
+TrainParams.FAST_DEFAULTS.
 
 The model it makes is the encoder, that mean and the head (MeanPooledClassifier), packed
 as a bundle whose manifest names the architecture, so it optimises, serves, distils and is
@@ -30,9 +31,6 @@ from appliance.train import tasks
 ARCHITECTURE = "mean-pooled"  # the manifest's name for MeanPooledClassifier
 EMBED_BATCH = 64  # texts per inference call: large enough to keep a CPU's cores busy, small enough to pad little
 EMBED_WINDOW = 4096  # texts embedded between two progress reports (and chances to stop), shortest first
-# The head's learning rate and epochs, where a fast run names none: a linear layer on fixed vectors needs steps
-# a hundred times larger than fine-tuning's, and more passes (each costs a fraction of a second).
-DEFAULTS = {"learning_rate": 3e-3, "epochs": 20, "patience": 3}
 
 EmbedProgress = Callable[[int, int, float], bool]  # texts embedded, of how many, texts/s; False: stop there
 

@@ -125,8 +125,9 @@ def test_auto_fine_tunes_fully_unless_one_epoch_would_not_fit_the_budget(
         run_id = engine.create(opened, dataset=tickets, base_dir=tiny_base, params=params, log=lines.append)
         return runs.get(opened, run_id).params, lines
 
-    unbounded, said = settled(TrainParams())
-    assert unbounded["mode"] == "full" and unbounded["learning_rate"] == TrainParams().learning_rate and said == []
+    unbounded, said = settled(TrainParams())  # before the run starts, its length is measured and said
+    assert unbounded["mode"] == "full" and unbounded["learning_rate"] == TrainParams().learning_rate
+    assert "examples/s here" in said[0] and "5 epochs about" in said[0] and "--max-minutes bounds it" in said[0]
     roomy, said = settled(TrainParams(max_minutes=30))
     assert roomy["mode"] == "full"
     assert "examples/s here" in said[0] and "within the 30m 00s budget" in said[0] and "--mode fast" in said[0]
