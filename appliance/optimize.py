@@ -7,8 +7,9 @@ private temporary directory: its serialiser wants paths ending in .xml and .bin,
 symlink holds only the /proc path of its memfd, never a weight. optimum-intel is not used
 here: its exporters start from a model directory on disk. ONNX goes through io.BytesIO.
 
-Rebuilding the torch model is train/bundle.py's job, compiling and scoring the inference
-kernel's (inference.py); this module keeps export, quantisation and the guard.
+Rebuilding the torch model and converting it to OpenVINO is train/bundle.py's job,
+compiling and scoring the inference kernel's (inference.py); this module keeps
+serialising, quantisation and the guard.
 
 The accuracy guard is a pure function over scores: INT8 is served when it loses no more
 than the allowed accuracy points on the validation split; otherwise a gentler INT8 (the
@@ -37,8 +38,7 @@ from appliance.core import archive
 from appliance.core.errors import OptimizeError
 from appliance.core.hardware import Hardware
 from appliance.inference import Artifact
-from appliance.train import fast
-from appliance.train.bundle import input_names, load_text_classifier
+from appliance.train.bundle import convert_openvino, load_text_classifier, traceable
 
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products that cannot saturate
 HEAD_PATTERNS = [r".*(pooler|classifier).*"]  # node names of the head in the traced graph (BERT, DistilBERT, RoBERTa)
@@ -66,51 +66,9 @@ class Outcome:
 # -- export ------------------------------------------------------------------------------
 
 
-class _Logits(torch.nn.Module):
-    """The classifier as tensors in, logits out, with the attention mask already 4-D (fast.additive_mask: tracing
-    cannot build it; fast mode's classifier builds its own, as it pools by the 2-D one)."""
-
-    def __init__(self, model: torch.nn.Module, names: Sequence[str]) -> None:
-        super().__init__()
-        self.model, self.names = model, tuple(names)
-
-    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        inputs = dict(zip(self.names, tensors))
-        if not isinstance(self.model, fast.MeanPooledClassifier):  # which needs the padding mask to pool
-            inputs["attention_mask"] = fast.additive_mask(inputs["attention_mask"])
-        return self.model(**inputs).logits
-
-
-def _traceable(model: torch.nn.Module, max_length: int) -> tuple[_Logits, tuple[torch.Tensor, ...]]:
-    """The wrapped model and a padded example batch, with token_type_ids only if the model takes them."""
-    names = input_names(model)
-    width = max(2, min(max_length, 16))
-    ids = torch.full((2, width), 100, dtype=torch.long)
-    mask = torch.ones_like(ids)
-    mask[1, width // 2 :] = 0  # a padded row, so nothing about padding is traced as a constant
-    example = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
-    # A new module starts in training mode, and exporters restore that mode on exit, recursively.
-    return _Logits(model, names).eval(), tuple(example[name] for name in names)
-
-
 def export_openvino(model: torch.nn.Module, max_length: int) -> Artifact:
     """Convert to OpenVINO with dynamic batch and sequence dimensions, serialised in memory."""
     return serialize(convert_openvino(model, max_length))
-
-
-def convert_openvino(model: torch.nn.Module, max_length: int) -> ov.Model:
-    """The classifier as an OpenVINO model taking the tokenizer's int64 inputs and giving "logits"."""
-    wrapper, example = _traceable(model, max_length)
-    try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # tracer and deprecation notes about code paths BERT does not take
-            converted = ov.convert_model(wrapper, example_input=example)
-    except Exception as exc:  # the frontend raises many types; all mean the same to an operator
-        raise OptimizeError(f"OpenVINO could not convert the model: {exc}") from exc
-    for port, name in zip(converted.inputs, wrapper.names):
-        port.get_tensor().set_names({name})
-    converted.outputs[0].get_tensor().set_names({"logits"})
-    return converted
 
 
 def serialize(model: ov.Model) -> Artifact:
@@ -138,7 +96,7 @@ def _read_fd(fd: int) -> bytes:
 
 def export_onnx(model: torch.nn.Module, max_length: int = 128) -> bytes:
     """ONNX bytes from the TorchScript exporter: the dynamo one needs onnxscript, which is not installed."""
-    wrapper, example = _traceable(model, max_length)
+    wrapper, example = traceable(model, max_length)
     dynamic = {name: {0: "batch", 1: "sequence"} for name in wrapper.names} | {"logits": {0: "batch"}}
     buffer = io.BytesIO()
     try:

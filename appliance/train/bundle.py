@@ -4,18 +4,21 @@ The bundle is the one `tasks.TextClassification.bundle` writes: a Hugging Face s
 classifier, or fast mode's MeanPooledClassifier where its manifest says so. It is rebuilt from bytes,
 never from files, because no plaintext weight may reach a disk. `TorchRunner` dresses
 the classifier as an onnxruntime session, so the inference kernel's predict and
-evaluate score it exactly as they score a compiled model.
+evaluate score it exactly as they score a compiled model; `convert_openvino` makes it an
+OpenVINO model in memory, for the optimiser's export and fast mode's embedding.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import openvino as ov
 import tokenizers
 import torch
 
@@ -68,3 +71,48 @@ class TorchRunner:
     @torch.no_grad()
     def run(self, _outputs: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return [self.model(**{name: torch.from_numpy(array) for name, array in feeds.items()}).logits.numpy()]
+
+
+# -- the classifier as OpenVINO converts it ------------------------------------------------
+
+
+class _Logits(torch.nn.Module):
+    """The classifier as tensors in, logits out, with the attention mask already 4-D (fast.additive_mask: tracing
+    cannot build it; fast mode's classifier builds its own, as it pools by the 2-D one)."""
+
+    def __init__(self, model: torch.nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.model, self.names = model, tuple(names)
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        inputs = dict(zip(self.names, tensors))
+        if not isinstance(self.model, fast.MeanPooledClassifier):  # which needs the padding mask to pool
+            inputs["attention_mask"] = fast.additive_mask(inputs["attention_mask"])
+        return self.model(**inputs).logits
+
+
+def traceable(model: torch.nn.Module, max_length: int) -> tuple[_Logits, tuple[torch.Tensor, ...]]:
+    """The wrapped model and a padded example batch, with token_type_ids only if the model takes them."""
+    names = input_names(model)
+    width = max(2, min(max_length, 16))
+    ids = torch.full((2, width), 100, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    mask[1, width // 2 :] = 0  # a padded row, so nothing about padding is traced as a constant
+    example = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    # A new module starts in training mode, and exporters restore that mode on exit, recursively.
+    return _Logits(model, names).eval(), tuple(example[name] for name in names)
+
+
+def convert_openvino(model: torch.nn.Module, max_length: int) -> ov.Model:
+    """The classifier as an OpenVINO model taking the tokenizer's int64 inputs and giving "logits"."""
+    wrapper, example = traceable(model, max_length)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # tracer and deprecation notes about code paths BERT does not take
+            converted = ov.convert_model(wrapper, example_input=example)
+    except Exception as exc:  # the frontend raises many types; all mean the same to an operator
+        raise OptimizeError(f"OpenVINO could not convert the model: {exc}") from exc
+    for port, name in zip(converted.inputs, wrapper.names):
+        port.get_tensor().set_names({name})
+    converted.outputs[0].get_tensor().set_names({"logits"})
+    return converted

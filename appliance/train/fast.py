@@ -113,9 +113,10 @@ class FastTextClassification(tasks.TextClassification):
         model = MeanPooledClassifier(self.encoder, len(self.label_names))
         model.classifier = nn.Identity()  # its "logits" are the embeddings
         if device.type == "cpu":
-            from appliance import inference, optimize
+            from appliance import inference
+            from appliance.train import bundle  # which imports this module
 
-            compiled = inference.compile_openvino(optimize.convert_openvino(model, self.max_length))
+            compiled = inference.compile_openvino(bundle.convert_openvino(model, self.max_length))
             names = [port.get_any_name() for port in compiled.inputs]
 
             def run(batch: dict[str, torch.Tensor]) -> torch.Tensor:

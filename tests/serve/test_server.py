@@ -214,6 +214,9 @@ def test_answers_carry_prediction_ids_that_take_true_labels(server: Server) -> N
 
 def test_traffic_unlike_the_training_data_raises_a_drift_alert(server: Server) -> None:
     strange = [" ".join(["zebra quantum violin"] * 12) + f" {n}" for n in range(45)]  # long, and unseen words
+    with server.state.open() as opened:  # the session's store: an earlier module's traffic may have raised one
+        for earlier in alerts.listed(opened):
+            alerts.acknowledge(opened, earlier.id, "tests")
     with server.client() as client:
         for start in range(0, len(strange), 15):
             assert predict(client, strange[start : start + 15]).status_code == 200
