@@ -66,9 +66,7 @@ class MeanPooledClassifier(nn.Module):
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         states = self.encoder(input_ids=input_ids, attention_mask=additive_mask(attention_mask), **extra)[0]
         keep = attention_mask[:, :, None].to(states.dtype)
-        logits = self.classifier((states * keep).sum(1) / keep.sum(1).clamp(min=1))
-        loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
-        return tasks.ModelOutput(loss=loss, logits=logits)
+        return tasks.ModelOutput.of(self.classifier((states * keep).sum(1) / keep.sum(1).clamp(min=1)), labels)
 
 
 def classifier(config: object, num_labels: int) -> MeanPooledClassifier:
@@ -86,9 +84,7 @@ class Head(nn.Module):
         self.linear = nn.Linear(hidden_size, num_labels)
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None) -> tasks.ModelOutput:
-        logits = self.linear(features)
-        loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
-        return tasks.ModelOutput(loss=loss, logits=logits)
+        return tasks.ModelOutput.of(self.linear(features), labels)
 
 
 class FastTextClassification(tasks.TextClassification):

@@ -151,6 +151,11 @@ class ModelOutput:
     loss: torch.Tensor | None
     logits: torch.Tensor
 
+    @classmethod
+    def of(cls, logits: torch.Tensor, labels: torch.Tensor | None) -> ModelOutput:
+        """Logits, with their cross-entropy loss where labels are given (training and evaluation)."""
+        return cls(nn.functional.cross_entropy(logits, labels) if labels is not None else None, logits)
+
 
 class SmallCNN(nn.Module):
     """Three conv blocks and a linear head: enough for small labelled image sets on a CPU."""
@@ -166,9 +171,7 @@ class SmallCNN(nn.Module):
         self.head = nn.Sequential(nn.Dropout(0.2), nn.Linear(channels, num_labels))
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
-        logits = self.head(self.features(pixel_values))
-        loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
-        return ModelOutput(loss=loss, logits=logits)
+        return ModelOutput.of(self.head(self.features(pixel_values)), labels)
 
 
 class ImageClassification:
