@@ -68,20 +68,32 @@ class Client:
 
     def events(self, after: int = 0, subject: str | None = None) -> Iterator[dict[str, Any]]:
         """Server-sent events as dicts (seq, topic, subject, kind, data), until the caller stops reading."""
-        try:
-            with self._http.stream("GET", "/v1/events", params=_event_params(after, subject), timeout=None) as response:
-                _raise_for(response, response.read() if response.status_code >= 400 else b"")
-                for line in response.iter_lines():
-                    if line.startswith("data: "):
-                        yield json.loads(line.removeprefix("data: "))
-        except httpx.TransportError as exc:
-            raise _unreachable(exc, self._socket) from exc
+        resumed = False
+        while True:
+            try:
+                with self._http.stream("GET", "/v1/events", params=_event_params(after, subject),
+                                       timeout=None) as response:
+                    _raise_for(response, response.read() if response.status_code >= 400 else b"")
+                    resumed = False
+                    for line in response.iter_lines():
+                        if line.startswith("data: "):
+                            event = json.loads(line.removeprefix("data: "))
+                            after = event["seq"]
+                            yield event
+                return
+            except httpx.TransportError as exc:
+                if resumed or not _cut(exc):
+                    raise _unreachable(exc, self._socket) from exc
+                resumed = True
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise _unreachable(exc, self._socket) from exc
+        for again in (False, True):  # a read cut off is asked once more; a change is not: it may have been made
+            try:
+                response = self._http.request(method, path, **kwargs)
+                break
+            except httpx.TransportError as exc:
+                if again or method != "GET" or not _cut(exc):
+                    raise _unreachable(exc, self._socket) from exc
         _raise_for(response, response.content)
         return response.json() if _is_json(response) else response.text
 
@@ -120,21 +132,32 @@ class AsyncClient:
 
     async def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]:
         """Server-sent events as dicts, until the caller stops reading or the daemon goes away (DaemonError)."""
-        try:
-            async with self._http.stream("GET", "/v1/events", params=_event_params(after, subject),
-                                         timeout=httpx.Timeout(TIMEOUT_S, read=EVENTS_SILENCE_S)) as response:
-                _raise_for(response, await response.aread() if response.status_code >= 400 else b"")
-                async for line in response.aiter_lines():
-                    if line.startswith("data: "):
-                        yield json.loads(line.removeprefix("data: "))
-        except httpx.TransportError as exc:
-            raise _unreachable(exc, self._socket) from exc
+        resumed = False
+        while True:
+            try:
+                async with self._http.stream("GET", "/v1/events", params=_event_params(after, subject),
+                                             timeout=httpx.Timeout(TIMEOUT_S, read=EVENTS_SILENCE_S)) as response:
+                    _raise_for(response, await response.aread() if response.status_code >= 400 else b"")
+                    resumed = False
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: "):
+                            event = json.loads(line.removeprefix("data: "))
+                            after = event["seq"]
+                            yield event
+                return
+            except httpx.TransportError as exc:
+                if resumed or not _cut(exc):
+                    raise _unreachable(exc, self._socket) from exc
+                resumed = True
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = await self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise _unreachable(exc, self._socket) from exc
+        for again in (False, True):  # a read cut off is asked once more; a change is not: it may have been made
+            try:
+                response = await self._http.request(method, path, **kwargs)
+                break
+            except httpx.TransportError as exc:
+                if again or method != "GET" or not _cut(exc):
+                    raise _unreachable(exc, self._socket) from exc
         _raise_for(response, response.content)
         return response.json() if _is_json(response) else response.text
 
@@ -202,6 +225,12 @@ def _subclasses(kind: type[ApplianceError]) -> list[type[ApplianceError]]:
 
 
 _ERRORS = {kind.__name__: kind for kind in _subclasses(ApplianceError)}  # what an error body's type may name
+
+
+def _cut(exc: httpx.TransportError) -> bool:
+    """Whether a connection that was open broke, rather than none opening or no answer coming in time: a kept-alive
+    connection the daemon closes just as a request goes out on it breaks so, though the daemon is well."""
+    return not isinstance(exc, (httpx.ConnectError, httpx.TimeoutException))
 
 
 def _unreachable(exc: httpx.TransportError, socket: Path) -> DaemonUnreachable:
