@@ -14,6 +14,10 @@ setfit-env.sh makes it; --setfit-python names its interpreter), given the same w
 budget (--setfit-budget, also fast mode's --max-minutes). Their clocks run from the call
 that starts them, loading and embedding included: fast mode's work is mostly embedding.
 
+With --workers N, the engine also trains data-parallel in N processes (gloo between them on a
+CPU, each with its share of the threads and of every batch), the same run otherwise: its
+throughput against the one-process engine's is the scaling figure.
+
 Both start from the same base model (the bundled all-MiniLM-L6-v2), the same seed and the
 same train/validation split: the file is imported into a temporary store, and the
 Trainer is fed exactly the examples datasets.load puts on each side. The engine runs
@@ -59,6 +63,7 @@ SAMPLE = Path(__file__).resolve().parent.parent / "appliance" / "samples" / "sup
 SPEEDUP_TARGET = 2.0
 FAST_VS_SETFIT_DELTA_FLOOR_PT = -2.0  # fast mode's accuracy against SetFit's at the same budget
 FAST_VS_SETFIT_SPEEDUP_TARGET = 1.0
+PARALLEL_SCALING_TARGET = 1.0  # N workers' throughput over one process's, on the same cores: no worse
 SETFIT_PYTHON = Path(__file__).resolve().parent.parent / ".venv-setfit" / "bin" / "python"
 ACCURACY_DELTA_FLOOR_PT = -0.5
 # The tutorial's Trainer setup.
@@ -105,6 +110,7 @@ def main() -> None:
                              "bench/peers/setfit-env.sh makes)")
     parser.add_argument("--setfit-budget", type=float, default=120.0,
                         help="seconds SetFit may train, and fast mode's budget (default 120)")
+    parser.add_argument("--workers", type=int, help="also the engine data-parallel in this many processes")
     args = parser.parse_args()
 
     quiet_transformers()
@@ -122,6 +128,9 @@ def main() -> None:
             engine_outcome, threads = run_engine(store, name, len(data.train), base_dir, params, args.device)
             peers = [run_fast(store, name, len(data.train), base_dir, params.changed(
                 mode="fast", max_minutes=args.setfit_budget / 60), args.device)] if args.fast else []
+            if args.workers:
+                peers.append(run_engine(store, name, len(data.train), base_dir, params.changed(workers=args.workers),
+                                        args.device, f"engine x{args.workers}")[0])
         trainer_outcome = run_trainer(data, base_dir, args.seed, threads, args.device, state_dir / "trainer")
         if args.fast and args.setfit_python.exists():
             peers.append(run_setfit(args.setfit_python, data, base_dir, args.seed, threads, args.setfit_budget))
@@ -147,7 +156,8 @@ def import_dataset(store: Store, path: Path, seed: int) -> str:
 
 
 def run_engine(
-    store: Store, name: str, train_size: int, base_dir: Path, params: engine.TrainParams, device: str
+    store: Store, name: str, train_size: int, base_dir: Path, params: engine.TrainParams, device: str,
+    system: str = "engine",
 ) -> tuple[Outcome, int]:
     """Train with the engine; also return the thread count its plan chose."""
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -156,7 +166,7 @@ def run_engine(
     history = runs.epochs(store, result.run_id)
     plan = runs.get(store, result.run_id).plan
     outcome = Outcome(
-        "engine",
+        system,
         train_size,
         curve=[(row.elapsed_s, row.metrics["accuracy"]) for row in history],
         final_accuracy=result.metrics["accuracy"],
@@ -209,7 +219,7 @@ def run_setfit(python: Path, data: datasets.LoadedDataset, base_dir: Path, seed:
 def engine_notes(plan: dict[str, Any], params: engine.TrainParams, epochs: int, result: engine.RunResult) -> list[str]:
     return [
         (
-            f"plan: {plan['device']}, {plan['precision']}, {plan['threads']} threads, micro-batch "
+            f"plan: {plan['device']}, {plan['precision']}, {plan.get('workers', 1)} x {plan['threads']} threads, micro-batch "
             f"{plan['micro_batch']} x {plan['accumulation']}, longest sequence {plan['seq_len']}"
         ),
         (
@@ -394,6 +404,11 @@ def report(
     if fast := by_name.get("engine fast"):
         figures["fast_accuracy_delta_pt_vs_full"] = round((fast.final_accuracy - engine_outcome.final_accuracy) * 100, 2)
         figures["fast_speedup_vs_full"] = round(engine_outcome.end_to_end_s / fast.end_to_end_s, 2)
+    if parallel := next((outcome for outcome in peers if outcome.system.startswith("engine x")), None):
+        figures["parallel_scaling"] = round(parallel.samples_per_s / engine_outcome.samples_per_s, 2)
+        figures["parallel_scaling_target"] = PARALLEL_SCALING_TARGET
+        figures["parallel_accuracy_delta_pt"] = round(
+            (parallel.final_accuracy - engine_outcome.final_accuracy) * 100, 2)
     if fast and (setfit := by_name.get("SetFit")):
         figures["fast_accuracy_delta_pt_vs_setfit"] = round((fast.final_accuracy - setfit.final_accuracy) * 100, 2)
         figures["fast_accuracy_delta_floor_pt_vs_setfit"] = FAST_VS_SETFIT_DELTA_FLOOR_PT

@@ -41,6 +41,9 @@ from appliance.train.params import TrainParams
 @schema_option(TrainParams, "seed", "--seed")
 @schema_option(TrainParams, "max_minutes", "--max-minutes", help="Stop after this long with the best so far.")
 @schema_option(TrainParams, "checkpoint_every", "--checkpoint-every")
+@schema_option(TrainParams, "workers", "--workers",
+               help="Train data-parallel in this many processes, each on its share of every batch. Default: one per "
+                    "GPU, one on a CPU.")
 @schema_option(jobspec.TrainJob, "device", "--device", help="Default: the best available.")
 @click.option("--resume", "resume_run", help="Continue an interrupted run from its last checkpoint.")
 @click.option("--name", "model_name", help="Register the model under this name (default: the dataset's name).")
@@ -63,6 +66,7 @@ def train(
     seed: int,
     max_minutes: float | None,
     checkpoint_every: int,
+    workers: int | None,
     device: str | None,
     resume_run: str | None,
     model_name: str | None,
@@ -86,7 +90,7 @@ def train(
     else:
         values = {"mode": mode, "epochs": epochs, "learning_rate": lr, "batch_size": batch_size,
                   "max_length": max_length, "lora": lora, "schedule": schedule, "patience": patience, "seed": seed,
-                  "max_minutes": max_minutes, "checkpoint_every": checkpoint_every}
+                  "max_minutes": max_minutes, "checkpoint_every": checkpoint_every, "workers": workers}
         given = click.get_current_context().get_parameter_source
         # Only what was given: the rest takes the mode's default (fast mode has its own learning rate and epochs).
         params = TrainParams.parse({field: value for field, value in values.items()

@@ -228,6 +228,7 @@ class JobRequest:
     effective_batch: int
     device: str | None = None  # "cpu", "cuda", or None = best available
     num_labels: int = 2
+    workers: int | None = None  # data-parallel processes; None: one per GPU (one on a CPU)
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ class TrainingPlan:
     estimated_peak_bytes: int
     budget_bytes: int  # memory the plan allows itself
     notes: tuple[str, ...]  # why this precision, why the batch was split, ...
+    workers: int = 1  # data-parallel processes, each with micro_batch x accumulation of the batch and its threads
 
 
 # The estimate is calibrated on the peak RSS of three AdamW steps of all-MiniLM-L6-v2 for sequence
@@ -298,7 +300,8 @@ def plan(hardware: Hardware, request: JobRequest) -> TrainingPlan:
         parameters=request.shape.parameters + head,
         trainable_parameters=request.shape.trainable_parameters + head,
     )
-    effective = request.effective_batch
+    workers = _workers(hardware, gpu, request.workers)
+    effective = math.ceil(request.effective_batch / workers)  # each worker's share of the batch
     micro = effective
     while (estimate := estimate_peak_bytes(shape, micro, request.seq_len, precision)) > budget:
         if micro == 1:
@@ -310,7 +313,12 @@ def plan(hardware: Hardware, request: JobRequest) -> TrainingPlan:
         micro //= 2
     accumulation = math.ceil(effective / micro)
     micro = math.ceil(effective / accumulation)  # spread evenly: 9 as 3 x 3, not 4 x 3
-    notes = [precision_note, f"{counted(hardware.cpu.physical_cores, 'thread')}: one per physical core", budget_note]
+    threads = max(1, hardware.cpu.physical_cores // workers)
+    notes = [precision_note, f"{counted(threads, 'thread')}: one per physical core"
+             + (f", {workers} workers sharing them" if workers > 1 else ""), budget_note]
+    if workers > 1:
+        notes.append(f"data-parallel over {workers} {'GPUs' if gpu else 'processes'}: each takes {effective} of"
+                     f" the batch of {request.effective_batch}")
     if micro < effective:
         full = estimate_peak_bytes(shape, effective, request.seq_len, precision)
         notes.append(
@@ -321,15 +329,28 @@ def plan(hardware: Hardware, request: JobRequest) -> TrainingPlan:
         device=device,
         precision=precision,
         grad_scaler=precision == "fp16",
-        threads=hardware.cpu.physical_cores,
+        threads=threads,
         micro_batch=micro,
         accumulation=accumulation,
-        effective_batch=effective,
+        effective_batch=request.effective_batch,
         seq_len=request.seq_len,
         estimated_peak_bytes=estimate_peak_bytes(shape, micro, request.seq_len, precision),
         budget_bytes=budget,
         notes=tuple(notes),
+        workers=workers,
     )
+
+
+def _workers(hardware: Hardware, gpu: Gpu | None, wanted: int | None) -> int:
+    """One process per GPU from the one chosen on (or as many as asked for); one on a CPU unless asked for more."""
+    available = len(hardware.gpus) - hardware.gpus.index(gpu) if gpu else max(1, hardware.cpu.physical_cores)
+    if wanted is None:
+        return available if gpu else 1
+    if wanted > available:
+        where = f"{available} GPUs" if gpu else f"{counted(available, 'physical core')}"
+        raise PlanError(f"{wanted} data-parallel workers were asked for, but this machine has {where}",
+                        hint=f"ask for {available} or fewer workers")
+    return wanted
 
 
 def _gpu_for(hardware: Hardware, wanted: str | None) -> Gpu | None:

@@ -35,12 +35,15 @@ def save(store: Store, run_id: str, step: int, state: dict[str, Any]) -> str:
     return blob_id
 
 
-def latest(store: Store, run_id: str) -> dict[str, Any] | None:
-    """The newest checkpoint's state, decrypted into memory; None before the first one."""
+def latest(store: Store, run_id: str) -> bytes | None:
+    """The newest checkpoint, decrypted into memory (state() reads it); None before the first one."""
     row = store.db.execute("SELECT blob_id FROM checkpoints WHERE run_id = ?", (run_id,)).fetchone()
-    if row is None:
-        return None
-    return torch.load(io.BytesIO(blobs.read(store, row[0])), weights_only=True)
+    return None if row is None else blobs.read(store, row[0])
+
+
+def state(saved: bytes) -> dict[str, Any]:
+    """A checkpoint's state: fresh tensors each call, so the copies of a data-parallel run's ranks are their own."""
+    return torch.load(io.BytesIO(saved), weights_only=True)
 
 
 def discard(store: Store, run_id: str) -> None:

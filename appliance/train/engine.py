@@ -21,6 +21,7 @@ budget cannot hold one epoch, fast mode trains instead (train/fast.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -36,7 +37,7 @@ from appliance.core.errors import JobError
 from appliance.core.text import duration
 from appliance.data import datasets
 from appliance.store import Store, blobs
-from appliance.train import checkpoint, fast, runs, tasks
+from appliance.train import checkpoint, fast, parallel, runs, tasks
 from appliance.train.params import TrainParams
 
 
@@ -210,9 +211,22 @@ def _continue(
     _prepared = None
     plan = hardware.TrainingPlan(**{**run.plan, "notes": tuple(run.plan["notes"])})
     if max_threads is not None:
-        plan = replace(plan, threads=max(1, min(plan.threads, max_threads)))
-    return _train(store, run.id, task, data, params, plan, checkpoint.latest(store, run.id), progress, should_stop,
-                  on_epoch, log, began)
+        plan = replace(plan, threads=max(1, min(plan.threads, max_threads // plan.workers)))
+    saved = checkpoint.latest(store, run.id)
+    state = checkpoint.state(saved) if saved else None
+    if plan.workers == 1:
+        return _train(store, run.id, task, data, params, plan, state, progress, should_stop, on_epoch, log, began)
+    payload = (run.task, data, Path(run.base_model), params, plan, saved)  # bytes: the helpers' copies are theirs
+    with parallel.helpers(plan.workers, plan.device, _help, payload) as group:
+        return _train(store, run.id, task, data, params, plan, state, progress, should_stop, on_epoch, log, began,
+                      group)
+
+
+def _help(group: parallel.Group, kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams,
+          plan: hardware.TrainingPlan, saved: bytes | None) -> None:
+    """A helper rank of a data-parallel run: the same loop on its share of each batch, with no store."""
+    _train(None, "", _task(kind, data, base_dir, params), data, params, plan, checkpoint.state(saved) if saved else None,
+           None, lambda: False, group=group)
 
 
 def _settle_mode(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None,
@@ -237,8 +251,8 @@ def _settle_mode(kind: str, data: datasets.LoadedDataset, base_dir: Path, params
             " linear head on frozen embeddings in a fraction of the time)")
         return params.changed(mode="full")
     say(f"{measured}, more than the {duration(budget_s)} budget: fast mode instead, a linear head on the frozen"
-        " encoder's embeddings (--mode full fine-tunes regardless, over part of an epoch)")
-    return params.changed(mode="fast")
+        " encoder's embeddings, in one process (--mode full fine-tunes regardless, over part of an epoch)")
+    return params.changed(mode="fast", workers=None)
 
 
 def _full_rate(data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None) -> float:
@@ -247,7 +261,7 @@ def _full_rate(data: datasets.LoadedDataset, base_dir: Path, params: TrainParams
     sample = replace(data, labels=[data.labels[i] for i in picked], texts=[data.texts[i] for i in picked],
                      train=list(range(len(picked))), validation=[])
     task = tasks.TextClassification(sample, base_dir, params.max_length, lora=None)
-    plan = hardware.plan(hardware.detect(), _request(task, sample, base_dir, params, device))
+    plan = hardware.plan(hardware.detect(), _request(task, sample, base_dir, params.changed(workers=None), device))
     torch.set_num_threads(plan.threads)
     on, autocast_dtype = torch.device(plan.device), _autocast_dtype(plan)
     model = task.build_model().to(on)
@@ -307,11 +321,12 @@ def _request(
         effective_batch=params.batch_size,
         device=device,
         num_labels=len(data.label_names),
+        workers=params.workers,
     )
 
 
 def _train(
-    store: Store,
+    store: Store | None,
     run_id: str,
     task: tasks.Task,
     data: datasets.LoadedDataset,
@@ -323,10 +338,15 @@ def _train(
     on_epoch: EpochFn | None = None,
     log: LogFn | None = None,
     began: float | None = None,
+    group: parallel.Group = parallel.SOLO,
 ) -> RunResult:
-    """The loop; began is when this session started preparing (time.monotonic()), which the budget counts too."""
+    """The loop; began is when this session started preparing (time.monotonic()), which the budget counts too.
+
+    In a data-parallel run every rank runs it on its share of each batch; only the lead (which alone has the store)
+    records, and its decisions to stop hold for all (parallel.Group.agree).
+    """
     torch.set_num_threads(plan.threads)
-    device = torch.device(plan.device)
+    device = group.device(plan.device)
     say = log or (lambda _line: None)
     if isinstance(task, fast.FastTextClassification):
         earlier_s = state["position"]["elapsed_s"] if state else 0.0
@@ -340,8 +360,9 @@ def _train(
     torch.manual_seed(params.seed)
     random.seed(params.seed)
     model = task.build_model().to(device)
+    trained = model if group.size == 1 else torch.nn.parallel.DistributedDataParallel(model)
     optimizer = _optimizer(model, params)
-    batches_per_epoch = math.ceil(len(data.train) / plan.micro_batch)
+    batches_per_epoch = math.ceil(len(data.train) / (plan.micro_batch * group.size))
     steps_per_epoch = math.ceil(batches_per_epoch / plan.accumulation)
     total_steps = steps_per_epoch * params.epochs
     scheduler = _scheduler(optimizer, params, total_steps)
@@ -359,11 +380,14 @@ def _train(
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
-        _set_rng(state["rng"])
+        _set_rng(state["helper_rng"][group.rank - 1] if group.rank else state["rng"])
         position = _Position(**state["position"])
     best_state: dict[str, torch.Tensor] | None = None  # the best weights, while a sample stands in for validation
 
     def save_checkpoint() -> None:
+        rng = group.gather(_get_rng())  # each rank's: dropout draws as many numbers as its share has tokens
+        if store is None:
+            return
         started = time.monotonic()
         checkpoint.save(
             store,
@@ -374,7 +398,8 @@ def _train(
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(),
-                "rng": _get_rng(),
+                "rng": rng[0],
+                "helper_rng": rng[1:],
                 "position": asdict(position),
             },
         )
@@ -382,7 +407,7 @@ def _train(
 
     def score(indices: list[int]) -> dict[str, float]:
         started = time.monotonic()
-        metrics = evaluate(model, task, indices, plan, device, autocast_dtype)
+        metrics = evaluate(model, task, indices, plan, device, autocast_dtype, group)
         position.eval_s_per_example = (time.monotonic() - started) / len(indices)
         return metrics
 
@@ -394,18 +419,23 @@ def _train(
 
     for epoch in range(position.epoch, params.epochs):
         generator = torch.Generator().manual_seed(params.seed * 1009 + epoch)
-        batches = task.batches(data.train, plan.micro_batch, generator)
+        batches = [batch for batch in task.batches(data.train, plan.micro_batch * group.size, generator)
+                   if len(batch) >= group.size]  # each rank takes its share: one too small for all is left out
         model.train()
         step_start = time.monotonic()
         for index in range(position.batch, len(batches)):
-            inputs = {name: tensor.to(device) for name, tensor in task.collate(batches[index]).items()}
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-                loss = model(**inputs).loss
-            scaler.scale(loss / plan.accumulation).backward()
-            position.loss_sum += loss.item() * len(batches[index])
+            inputs = {name: tensor.to(device)
+                      for name, tensor in task.collate(batches[index][group.rank::group.size]).items()}
+            accumulating = (index + 1) % plan.accumulation and index + 1 < len(batches)
+            with trained.no_sync() if accumulating and group.size > 1 else contextlib.nullcontext():
+                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                    enabled=autocast_dtype is not None):
+                    loss = trained(**inputs).loss
+                scaler.scale(loss / plan.accumulation).backward()
+            position.loss_sum += loss.item() * len(batches[index])  # the lead's share stands for the batch
             position.seen += len(batches[index])
             samples_this_session += len(batches[index])
-            if (index + 1) % plan.accumulation and index + 1 < len(batches):
+            if accumulating:
                 continue
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), params.max_grad_norm)
@@ -429,13 +459,14 @@ def _train(
                 progress(Progress("train", epoch + 1, params.epochs, position.step, total_steps,
                                   position.loss_sum / position.seen, rate,
                                   budget.eta(position, samples_left, samples_left / len(data.train), rate)))
-            interrupted = should_stop()
+            interrupted, out_of_time = group.agree(should_stop(), budget.must_stop_training(position, rate))
             if interrupted or position.step % params.checkpoint_every == 0:
                 save_checkpoint()
             if interrupted:
-                runs.set_status(store, run_id, "interrupted", step=position.step)
+                if store is not None:
+                    runs.set_status(store, run_id, "interrupted", step=position.step)
                 return RunResult(run_id, "interrupted", position.best_metrics, None, position.step)
-            if budget.must_stop_training(position, rate):
+            if out_of_time:
                 stopped = "budget"
                 break
             step_start = time.monotonic()
@@ -454,14 +485,15 @@ def _train(
             position.elapsed_s,
             len(sample),
         )
-        runs.record_epoch(store, run_id, row)
+        if store is not None:
+            runs.record_epoch(store, run_id, row)
         previous_best = position.best_blob
         improved = position.best is None or metrics[params.metric] > position.best
         if improved:
             position.best, position.best_metrics, position.bad_epochs = metrics[params.metric], metrics, 0
             position.best_epoch = epoch + 1
             stored = time.monotonic()
-            position.best_blob = blobs.put(store, task.bundle(model))
+            position.best_blob = blobs.put(store, task.bundle(model)) if store is not None else None
             position.store_s = time.monotonic() - stored
             if len(sample) < len(data.validation):
                 best_state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
@@ -470,9 +502,9 @@ def _train(
         say(_epoch_line(row, params, len(data.validation), improved))
         position.epoch, position.batch, position.loss_sum, position.seen = epoch + 1, 0, 0.0, 0
         save_checkpoint()
-        if previous_best and previous_best != position.best_blob:
+        if store is not None and previous_best and previous_best != position.best_blob:
             blobs.delete(store, previous_best)  # only now: the old checkpoint no longer needs it
-        told_to_end = on_epoch is not None and on_epoch(row)
+        (told_to_end,) = group.agree(on_epoch is not None and on_epoch(row))
         if stopped == "budget":
             break
         if told_to_end and epoch + 1 < params.epochs:
@@ -487,7 +519,7 @@ def _train(
         if best_state is None:
             say(f"the final figures stay on the {evaluated_on:,}-example sample: the best epoch's weights were"
                 " stored in an earlier session of this run")
-        elif budget.allows(position, len(data.validation)):
+        elif group.agree(budget.allows(position, len(data.validation)))[0]:
             model.load_state_dict(best_state)
             position.best_metrics = score(data.validation)
             evaluated_on = len(data.validation)
@@ -498,8 +530,9 @@ def _train(
                 " more than the budget has left")
     outcome = runs.Outcome(position.best_epoch, position.epoch, stopped, evaluated_on, len(data.validation))
     say(outcome.sentence(params.model_dump()))
-    runs.finish(store, run_id, position.best_blob, position.best_metrics, outcome)
-    checkpoint.discard(store, run_id)
+    if store is not None:
+        runs.finish(store, run_id, position.best_blob, position.best_metrics, outcome)
+        checkpoint.discard(store, run_id)
     return RunResult(run_id, "finished", position.best_metrics, position.best_blob, position.step, outcome)
 
 
@@ -648,11 +681,14 @@ def evaluate(
     plan: hardware.TrainingPlan,
     device: torch.device,
     autocast_dtype: torch.dtype | None,
+    group: parallel.Group = parallel.SOLO,
 ) -> dict[str, float]:
-    """Validation loss, accuracy and macro-F1, in a fixed order so results are repeatable."""
+    """Validation loss, accuracy and macro-F1, in a fixed order so results are repeatable; each rank of a
+    data-parallel run evaluates its share."""
     model.eval()
     predictions, targets, loss_sum = [], [], 0.0
-    for batch in task.batches(indices, plan.micro_batch * 2, torch.Generator().manual_seed(0)):
+    for batch in task.batches(indices[group.rank::group.size], plan.micro_batch * 2,
+                              torch.Generator().manual_seed(0)):
         inputs = {name: tensor.to(device) for name, tensor in task.collate(batch).items()}
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             output = model(**inputs)
@@ -660,6 +696,9 @@ def evaluate(
         predictions += output.logits.argmax(dim=-1).tolist()
         targets += inputs["labels"].tolist()
     model.train()
+    parts = group.gather((loss_sum, predictions, targets))
+    loss_sum = sum(part[0] for part in parts)
+    predictions, targets = [p for part in parts for p in part[1]], [t for part in parts for t in part[2]]
     return {"loss": loss_sum / len(indices), **scoring.metrics(predictions, targets, len(task.label_names))}
 
 

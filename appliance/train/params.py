@@ -38,6 +38,8 @@ class TrainParams(Strict):
                             "train a linear head on the embeddings (minutes where full fine-tuning takes hours); "
                             "auto: full, unless max_minutes is set and one epoch of it, at the speed measured on "
                             "this machine, would not fit: then fast. A run records the mode it chose.")
+    workers: int | None = Field(None, ge=1, le=64, description="processes training data-parallel, each on its share"
+                                " of every batch: by default one per GPU, one on a CPU")
     patience: int = Field(2, ge=1, le=1000, description="epochs without a better validation metric before stopping")
     metric: Metric = "macro_f1"
     checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="optimizer steps between checkpoints")
@@ -56,4 +58,6 @@ class TrainParams(Strict):
         if self.mode == "fast" and self.lora:
             raise refusal("lora: fast mode trains only the classifier head, so there are no adapters to train; "
                           "use one of the two")
+        if self.mode == "fast" and (self.workers or 1) > 1:
+            raise refusal("workers: fast mode trains a linear head in seconds, in one process; leave workers out")
         return self
