@@ -1,6 +1,6 @@
 """Bursting training to a real single-node Ray head on loopback, with token authentication on.
 
-The head is started once for the session (`ray start --head --num-cpus 1`), with every
+The head is started once for the session (`ray start --head --num-cpus 2`: two training workers), with every
 port chosen free and its own temporary directory, so it neither meets nor stops another
 Ray on this machine; it is stopped by its own process id at the end, and any of its
 processes still alive then are named and killed. Without the burst extra (ray) these
@@ -38,7 +38,7 @@ from appliance.core.errors import BurstError, ResidencyRefused
 from appliance.data import datasets
 from appliance.operations import burst, jobs, jobspec, pipeline, worker
 from appliance.store import Store, audit, blobs, lifecycle
-from appliance.train import runs
+from appliance.train import engine, runs
 from appliance.train.params import TrainParams
 from tests.conftest import run_cli, write_tickets
 from tests.daemon import Daemon
@@ -71,7 +71,7 @@ class RayHead:
 
 @pytest.fixture(scope="session")
 def ray_head() -> Iterator[RayHead]:
-    """One Ray head for the session: loopback, one CPU, token auth, its own ports and temp dir."""
+    """One Ray head for the session: loopback, two CPUs, token auth, its own ports and temp dir."""
     if _ray_missing():
         pytest.skip(_ray_missing())
     root = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # Ray's socket paths must stay short
@@ -84,7 +84,7 @@ def ray_head() -> Iterator[RayHead]:
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file),
            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env = {name: value for name, value in env.items() if not name.startswith("APPLIANCE_")}
-    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus", "1",
+    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus", "2",
                "--disable-usage-stats", "--node-ip-address", "127.0.0.1", "--include-dashboard", "true",
                "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports[0]), "--port", str(ports[1]),
                "--node-manager-port", str(ports[2]), "--object-manager-port", str(ports[3]),
@@ -266,7 +266,7 @@ def test_a_burst_trains_on_the_cluster_and_brings_the_model_home(
 
         # The remote ran the shipped package, reported training progress, and the job is gone from the cluster.
         assert any("runtime_resources" in line and "py_modules_files" in line for line in watcher.lines)
-        assert any(r.get("stage") == "train" and r.get("where") == "ray" for r in watcher.reports)
+        assert any(r.get("stage") == "train" and r.get("where") == "ray" for r in watcher.reports), "\n".join(watcher.lines)
         with pytest.raises(RuntimeError):
             ray_head.client().get_job_info(watcher.submission["id"])
 
@@ -303,6 +303,44 @@ def test_a_burst_trains_on_the_cluster_and_brings_the_model_home(
             burst.receive(opened, backend, watcher.submission, request, cut)
         assert len(runs.list_runs(opened)) == before
         assert [r["outcome"] for r in _records(opened, "burst.result")][-2:] == ["failed", "failed"]
+
+
+@pytest.mark.slow
+@needs_ray
+def test_a_burst_trains_data_parallel_on_two_ray_train_workers_as_one_process_would(
+    burst_settings: config.Settings, tiny_base: Path, tmp_path: Path
+) -> None:
+    params = TrainParams(mode="full", epochs=8, learning_rate=3e-3, batch_size=16, max_length=32, patience=8, seed=3)
+    with lifecycle.init(burst_settings) as opened:
+        datasets.import_file(opened, write_tickets(tmp_path / "tickets.csv", per_class=40), name="tickets",
+                             residency=datasets.BURST_ALLOWED)
+        here = engine.start(opened, dataset="tickets", base_dir=tiny_base, params=params)
+        backend = burst.connect(burst_settings.burst, burst_settings.state_dir)
+        watcher = Recorder()
+        run_id = burst.train(opened, backend, burst.Request("tickets", tiny_base, params.changed(workers=2), None,
+                                                            "job3", "user:alice"), watcher, poll_s=0.5)
+
+        run = runs.get(opened, run_id)
+        assert run.status == "finished" and run.plan["workers"] == 2
+        assert any("world_rank=1" in line for line in watcher.lines)  # Ray Train placed a second worker
+        assert runs.epochs(opened, run_id)[-1].step == here.steps  # the same batches, each split in two
+        assert here.metrics["accuracy"] > 0.8  # it learnt, so the two can be compared
+        assert run.metrics["accuracy"] == pytest.approx(here.metrics["accuracy"], abs=0.1), (run.metrics, here.metrics)
+        assert sum(r.get("phase") == "evaluate" for r in watcher.reports) == params.epochs  # rank 0's, once each
+
+
+@pytest.mark.slow
+@needs_ray
+def test_more_workers_than_the_cluster_has_fail_the_burst_at_once_with_the_reason(
+    burst_settings: config.Settings, tiny_base: Path, tmp_path: Path
+) -> None:
+    with lifecycle.init(burst_settings) as opened:
+        _tickets(opened, tmp_path, datasets.BURST_ALLOWED)
+        backend = burst.connect(burst_settings.burst, burst_settings.state_dir)
+        request = burst.Request("tickets", tiny_base, TINY.changed(workers=4), None, "job4", "user:alice")
+        with pytest.raises(BurstError, match="4 training workers were asked for, a CPU each, but the Ray cluster has"
+                                             " 2: ask for 2 or fewer"):
+            burst.train(opened, backend, request, Recorder(), poll_s=0.5)
 
 
 @pytest.mark.slow

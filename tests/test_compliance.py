@@ -30,7 +30,7 @@ class UnreachableCluster:
 
     address = "http://ray-central.example:8265"
 
-    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str], gpus: int) -> None:
+    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str]) -> None:
         assert packages and env  # the sealed payloads and their key were handed over
 
     def where(self, submission_id: str) -> str:

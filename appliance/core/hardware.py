@@ -229,6 +229,7 @@ class JobRequest:
     device: str | None = None  # "cpu", "cuda", or None = best available
     num_labels: int = 2
     workers: int | None = None  # data-parallel processes; None: one per GPU (one on a CPU)
+    placed: bool = False  # the workers already run where a cluster put them: not checked against this machine
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,7 @@ def plan(hardware: Hardware, request: JobRequest) -> TrainingPlan:
         parameters=request.shape.parameters + head,
         trainable_parameters=request.shape.trainable_parameters + head,
     )
-    workers = _workers(hardware, gpu, request.workers)
+    workers = request.workers if request.placed and request.workers else _workers(hardware, gpu, request.workers)
     effective = math.ceil(request.effective_batch / workers)  # each worker's share of the batch
     micro = effective
     while (estimate := estimate_peak_bytes(shape, micro, request.seq_len, precision)) > budget:
@@ -318,7 +319,8 @@ def plan(hardware: Hardware, request: JobRequest) -> TrainingPlan:
              + (f", {workers} workers sharing them" if workers > 1 else ""), budget_note]
     if workers > 1:
         notes.append(f"data-parallel over {workers} {'GPUs' if gpu else 'processes'}: each takes {effective} of"
-                     f" the batch of {request.effective_batch}")
+                     f" the batch of {request.effective_batch}" + ("" if gpu else "; on one CPU they share its cores,"
+                     " which is usually slower than one process: data-parallel pays off over GPUs or machines"))
     if micro < effective:
         full = estimate_peak_bytes(shape, effective, request.seq_len, precision)
         notes.append(

@@ -7,7 +7,8 @@ last-flag bound into its AAD): a manifest (dataset version, hyperparameters), th
 dataset's canonical content and the base model's files. The sealed chunks travel as
 runtime_env `py_modules` packages of at most PACKAGE_BYTES each (Ray refuses large
 packages and keeps them in the cluster's GCS), next to the appliance package itself,
-which runs the same training engine there (burst_remote.py). The key is not in any
+which runs the same training engine there, on the Ray Train workers it asks for
+(burst_remote.py). The key is not in any
 package: it reaches the job as an environment variable of its runtime environment,
 so whoever holds the cluster's token can read it while the job is known to the
 cluster; the job is deleted from the cluster once its result is home (see the README's
@@ -29,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import tempfile
 import time
@@ -62,6 +64,9 @@ UNREACHABLE_GRACE_S = 120.0  # a cluster silent this long while a job runs there
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 FORGET_SETTLE_S = 2.5  # Ray's job monitor looks at each job's supervisor once a second
 FORGET_TRIES = 3
+# The training workers' lines reach the job's log once each, as they wrote them: not deduplicated across workers,
+# not also through Ray Train's logger, behind a prefix without colours ("(RayTrainWorker pid=7) ").
+REMOTE_LOGGING = {"RAY_DEDUP_LOGS": "0", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "RAY_COLOR_PREFIX": "0"}
 
 
 class Interrupted(Exception):
@@ -100,7 +105,7 @@ class Backend(Protocol):
 
     address: str
 
-    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str], gpus: int) -> None: ...
+    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str]) -> None: ...
     def status(self, submission_id: str) -> str: ...  # PENDING | RUNNING | SUCCEEDED | FAILED | STOPPED
     def logs(self, submission_id: str) -> str: ...
     def cancel(self, submission_id: str) -> None: ...
@@ -118,14 +123,15 @@ class RayBackend:
         self._python = settings.python
         self._client: Any = None
 
-    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str], gpus: int) -> None:
-        """The appliance package and the payload packages as py_modules; the job runs appliance.operations.burst_remote."""
+    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str]) -> None:
+        """The appliance package and the payload packages as py_modules; the job runs appliance.operations.burst_remote,
+        which asks Ray Train for the workers (their CPUs or GPUs): the entrypoint itself needs none."""
         runtime_env = {"py_modules": [str(Path(appliance.__file__).parent), *map(str, packages)],
                        "excludes": ["__pycache__", "*.pyc"], "env_vars": env}
         entrypoint = f"{self._python} -m appliance.operations.burst_remote {submission_id} {len(packages)}"
         self._call("submit the job", lambda client: client.submit_job(
-            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, entrypoint_num_cpus=1,
-            entrypoint_num_gpus=gpus or None, metadata={"submitted_by": "appliance"}))
+            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, entrypoint_num_cpus=0,
+            metadata={"submitted_by": "appliance"}))
 
     def status(self, submission_id: str) -> str:
         return str(self._call("read the job's status", lambda client: client.get_job_status(submission_id).value))
@@ -332,8 +338,7 @@ def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -
                      base_model=hashlib.sha256(base).hexdigest(), base_model_path=str(request.base_dir),
                      base_model_bytes=len(base), sealed_bytes=sent, job=request.job_id)
         with audit.operation(store, "burst.submit", submission_id, actor=request.actor, cluster=backend.address):
-            backend.submit(submission_id, packages, {KEY_ENV: base64.b64encode(key).decode()},
-                           gpus=1 if request.device == "cuda" else 0)
+            backend.submit(submission_id, packages, {KEY_ENV: base64.b64encode(key).decode(), **REMOTE_LOGGING})
     watcher.log(f"burst: submitted {version.ref} as Ray job {submission_id} to {backend.address} "
                 f"({(sent / 2**20):.1f} MiB sealed)")
     return submission
@@ -400,7 +405,7 @@ def cancel(store: Store, backend: Backend, submission_id: str, actor: str | None
 
 
 def _opened_result(key: bytes, logs: str, submission_id: str) -> tuple[dict[str, Any], bytes]:
-    lines = [line.split(" ", 1)[1] for line in logs.split("\n") if line.startswith(RESULT + " ")]
+    lines = [found for line in logs.split("\n") if (found := marked(line, RESULT)) is not None]
     if not lines:
         raise BurstError(f"Ray job {submission_id} succeeded but its log holds no result",
                          hint="the cluster may have rotated the job's log away; run the job again")
@@ -418,22 +423,34 @@ def _opened_result(key: bytes, logs: str, submission_id: str) -> tuple[dict[str,
 
 def _relay(line: str, watcher: Watcher) -> None:
     """One line of the remote log: progress to the events, the sealed result kept back, the rest as a log line."""
-    if line.startswith(RESULT + " "):
-        return
-    if line.startswith(PROGRESS + " "):
+    body = _RAY_PREFIX.sub("", line, count=1)
+    if marked(line, RESULT) is not None or body.startswith(("Traceback (most recent call last)", " ", "\t")):
+        return  # a traceback (Ray's, of a worker that stopped) stays in the cluster's log: its last line says why
+    if (progress := marked(line, PROGRESS)) is not None:
         with contextlib.suppress(ValueError, TypeError):  # one we cannot read is shown as a log line
-            watcher.progress({**json.loads(line.split(" ", 1)[1]), "where": "ray"})
+            watcher.progress({**json.loads(progress), "where": "ray"})
             return
     watcher.log(f"ray: {line}"[:2000])
 
 
 def _failure(logs: str) -> str:
-    """Why the remote job failed: its own message if it gave one, else the last lines of its log."""
-    for line in reversed(logs.split("\n")):
-        if line.startswith(ERROR + " "):
-            return line.split(" ", 1)[1]
-    tail = [line for line in logs.split("\n") if line.strip() and not line.startswith(RESULT)][-3:]
+    """Why the remote job failed: its first own message (the cause, before what followed from it), else the last
+    lines of its log."""
+    for line in logs.split("\n"):
+        if (message := marked(line, ERROR)) is not None:
+            return message
+    tail = [line for line in logs.split("\n") if line.strip() and marked(line, RESULT) is None][-3:]
     return " | ".join(tail)[-500:] or "no log"
+
+
+def marked(line: str, marker: str) -> str | None:
+    """What follows the marker on a line of the job's log, printed by the entrypoint or, behind the prefix Ray puts
+    on what a worker prints ("(RayTrainWorker pid=7) "), by a training worker; None on any other line."""
+    line = _RAY_PREFIX.sub("", line, count=1)
+    return line.split(" ", 1)[1] if line.startswith(marker + " ") else None
+
+
+_RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\([^)]*\)(\x1b\[[0-9;]*m)? ")
 
 
 def _nap(watcher: Watcher, seconds: float) -> None:

@@ -1,14 +1,17 @@
 """A burst job on the Ray cluster: `python -m appliance.operations.burst_remote SUBMISSION_ID PACKAGES`.
 
-Ray runs this as the job's entrypoint, with this package and the sealed payload
-packages on its path (runtime_env py_modules) and the per-job key in its environment.
-It takes the key out of the environment before anything else starts, opens the
-payloads in memory, and runs the same training engine as the appliance on a scratch
-store (a temporary directory whose key exists only in this process; the base model
-is reached through memfds), so no plaintext of the dataset, the base model or the
-trained model is written to the node's disk. Progress goes to the log as JSON lines;
-the trained bundle and the run's record go to the log sealed under the job key. On a
-refusal it prints one ERROR line with the reason and exits 1.
+Ray runs this as the job's entrypoint, with this package and the sealed payload packages on its path (runtime_env
+py_modules) and the per-job key in its environment, which the job's every process gets from Ray. The entrypoint
+opens the manifest and asks Ray Train for the workers it names (params.workers, one by default; a GPU each where
+the device is cuda): a TorchTrainer whose workers Ray places and joins in one torch process group. Each worker
+takes the key out of its environment before anything else starts, opens the payloads in memory and adopts the
+dataset into a scratch store (a temporary directory whose key exists only in that process; the base model is
+reached through memfds), so no plaintext of the dataset, the base model or the trained model is written to a
+node's disk. Rank 0 runs the same training engine as the appliance as the lead of that group (train/parallel.py),
+the others assist it. Progress goes to the log as JSON lines; rank 0 seals the trained bundle and the run's record
+under the job key and hands them to the entrypoint through a small actor (ciphertext only in Ray's object store),
+which prints them to the log. On a refusal the failing process prints one ERROR line with the reason and the job
+exits 1.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from appliance import store
 from appliance.core import archive, config
@@ -35,28 +41,92 @@ PROGRESS_EVERY_S = 1.0
 
 
 def main(argv: list[str]) -> int:
-    key = base64.b64decode(os.environ.pop(burst.KEY_ENV, ""))  # no child process inherits it
+    key = base64.b64decode(os.environ.pop(burst.KEY_ENV, ""))  # no child process of this one inherits it
     submission_id, count = argv[0], int(argv[1])
     print(f"appliance {Path(burst.__file__).parent} on {os.uname().nodename}, job {submission_id}", flush=True)
     try:
-        chunks = _payload_chunks(submission_id, count)
-        manifest = json.loads(burst.unseal(key, "manifest", chunks.get("manifest", [])))
-        if manifest["submission"] != submission_id:
-            raise BurstError("the payload belongs to another job")
-        content = burst.unseal(key, "dataset", chunks.get("dataset", []))
-        base = archive.unpack(burst.unseal(key, "base", chunks.get("base", [])))
-        result = _train(manifest, content, base)
+        manifest = _open(key, submission_id, count, "manifest")[0]
+        sealed = _fit(submission_id, count, manifest)
     except ApplianceError as exc:
         print(f"{burst.ERROR} {exc.message}", flush=True)
         return 1
-    for sealed in burst.seal(key, "result", result, burst.RESULT_LINE_BYTES):
-        sys.stdout.write(f"{burst.RESULT} {base64.b64encode(sealed).decode()}\n")
+    for chunk in sealed:
+        sys.stdout.write(f"{burst.RESULT} {base64.b64encode(chunk).decode()}\n")
     sys.stdout.flush()
     return 0
 
 
-def _train(manifest: dict, content: bytes, base: dict[str, bytes]) -> bytes:
-    """The same engine as on the appliance, on a scratch store; the result as a tar of record and bundle."""
+def _fit(submission_id: str, count: int, manifest: dict[str, Any]) -> list[bytes]:
+    """Ray Train's run of the workers; the sealed result chunks that rank 0 left in the mailbox."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    workers, unit = TrainParams.parse(manifest["params"]).workers or 1, "GPU" if manifest["device"] == "cuda" else "CPU"
+    ray.init()  # the job's cluster, from RAY_ADDRESS
+    has = ray.cluster_resources().get(unit, 0)
+    if has < workers:  # Ray Train would wait for them without end
+        raise BurstError(f"{workers} training workers were asked for, a {unit} each, but the Ray cluster has"
+                         f" {has:g}: ask for {int(has)} or fewer (--workers), or add nodes to the cluster")
+    mailbox = ray.remote(num_cpus=0)(Mailbox).remote()
+    with tempfile.TemporaryDirectory(prefix="appliance-burst-run-") as storage:  # Ray Train's own records
+        trainer = TorchTrainer(
+            _worker, train_loop_config={"submission": submission_id, "packages": count, "mailbox": mailbox},
+            scaling_config=ScalingConfig(num_workers=workers, use_gpu=unit == "GPU"),
+            run_config=RunConfig(name=submission_id, storage_path=storage, failure_config=FailureConfig(0)))
+        try:
+            trainer.fit()
+        except Exception as exc:  # Ray Train's errors have no common base: a worker's, the controller's, ...
+            raise BurstError(f"the training failed on the cluster: {_last_line(exc)}") from exc
+    sealed: list[bytes] = ray.get(mailbox.take.remote())
+    if not sealed:
+        raise BurstError("the training ended on the cluster without a result")
+    return sealed
+
+
+class Mailbox:
+    """Where rank 0 leaves the sealed result for the entrypoint (a Ray actor: one in each job)."""
+
+    def __init__(self) -> None:
+        self._sealed: list[bytes] = []
+
+    def put(self, sealed: list[bytes]) -> None:
+        self._sealed = sealed
+
+    def take(self) -> list[bytes]:
+        return self._sealed
+
+
+def _worker(settings: dict[str, Any]) -> None:
+    """One Ray Train worker: rank 0 leads the training and seals its result, the others assist."""
+    import ray
+    import ray.train
+
+    from appliance.train import engine, parallel
+
+    key = base64.b64decode(os.environ.pop(burst.KEY_ENV, ""))
+    context = ray.train.get_context()
+    group = parallel.Group(context.get_world_rank(), context.get_world_size(), context.get_local_rank())
+    try:
+        manifest, content, base = _open(key, settings["submission"], settings["packages"], "manifest", "dataset",
+                                        "base")
+        with _scratch(archive.unpack(base)) as (opened, base_dir):
+            version = datasets.adopt(opened, datasets.DatasetVersion(**manifest["dataset"]), content)
+            if group.leads:
+                result = _lead(opened, version, base_dir, manifest, group)
+                ray.get(settings["mailbox"].put.remote(list(burst.seal(key, "result", result,
+                                                                       burst.RESULT_LINE_BYTES))))
+            else:
+                engine.assist(group, datasets.load(opened, version), base_dir)
+    except ApplianceError as exc:  # its scratch store is gone already
+        print(f"{burst.ERROR} {exc.message}", flush=True)
+        os._exit(1)  # Ray Train ends the other workers at once; the line above is the reason, not a traceback
+    ray.train.report({})  # every worker reports as often as the others: this once, at the end
+
+
+def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path, manifest: dict[str, Any],
+          group: Any) -> bytes:
+    """The same engine as on the appliance, on the scratch store; the result as a tar of record and bundle."""
     from appliance.store import blobs
     from appliance.train import engine, runs
 
@@ -68,22 +138,37 @@ def _train(manifest: dict, content: bytes, base: dict[str, bytes]) -> bytes:
             last = time.monotonic()
             print(f"{burst.PROGRESS} {json.dumps({'stage': 'train', **asdict(report)})}", flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="appliance-burst-") as scratch, archive.memory_folder(base) as base_dir:
-        settings = config.Settings(state_dir=Path(scratch), key_file=Path(scratch, "no.key"), config_file=None,
-                                   base_model=base_dir)
-        with store.scratch(settings) as opened:
-            version = datasets.adopt(opened, datasets.DatasetVersion(**manifest["dataset"]), content)
-            done = engine.start(opened, dataset=version.ref, base_dir=base_dir,
-                                params=TrainParams.parse(manifest["params"]), device=manifest["device"],
-                                progress=progress, log=lambda line: print(line, flush=True))
-            run = runs.get(opened, done.run_id)
-            bundle = blobs.read(opened, done.model_blob)
-            record = {"params": run.params, "plan": run.plan, "metrics": done.metrics, "steps": done.steps,
-                      "epochs": [asdict(epoch) for epoch in runs.epochs(opened, run.id)],
-                      "outcome": asdict(done.outcome) if done.outcome else None,
-                      "sha256": hashlib.sha256(bundle).hexdigest()}
+    done = engine.start(opened, dataset=version.ref, base_dir=base_dir, params=TrainParams.parse(manifest["params"]),
+                        device=manifest["device"], progress=progress, log=lambda line: print(line, flush=True),
+                        group=group)
+    run = runs.get(opened, done.run_id)
+    bundle = blobs.read(opened, done.model_blob)
+    record = {"params": run.params, "plan": run.plan, "metrics": done.metrics, "steps": done.steps,
+              "epochs": [asdict(epoch) for epoch in runs.epochs(opened, run.id)],
+              "outcome": asdict(done.outcome) if done.outcome else None,
+              "sha256": hashlib.sha256(bundle).hexdigest()}
     print(f"trained: {done.steps} steps, " + ", ".join(f"{k} {v:.4f}" for k, v in done.metrics.items()), flush=True)
     return archive.pack([("result.json", json.dumps(record).encode()), ("bundle.tar", bundle)])
+
+
+@contextmanager
+def _scratch(base: dict[str, bytes]) -> Iterator[tuple[store.Store, Path]]:
+    """A store whose key lives in this process only, and the base model's files in memory."""
+    with tempfile.TemporaryDirectory(prefix="appliance-burst-") as folder, archive.memory_folder(base) as base_dir:
+        settings = config.Settings(state_dir=Path(folder), key_file=Path(folder, "no.key"), config_file=None,
+                                   base_model=base_dir)
+        with store.scratch(settings) as opened:
+            yield opened, base_dir
+
+
+def _open(key: bytes, submission_id: str, count: int, *labels: str) -> list[Any]:
+    """The payloads by label, unsealed in memory: the manifest (checked to be this job's) as a dict, the rest bytes."""
+    chunks = _payload_chunks(submission_id, count)
+    opened: list[Any] = [burst.unseal(key, label, chunks.get(label, [])) for label in labels]
+    manifest = json.loads(opened[0])
+    if manifest["submission"] != submission_id:
+        raise BurstError("the payload belongs to another job")
+    return [manifest, *opened[1:]]
 
 
 def _payload_chunks(submission_id: str, count: int) -> dict[str, list[bytes]]:
@@ -99,6 +184,11 @@ def _payload_chunks(submission_id: str, count: int) -> dict[str, list[bytes]]:
                 files.setdefault(label, []).append(path)
     return {label: [path.read_bytes() for path in sorted(paths, key=lambda p: p.name)]
             for label, paths in files.items()}
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1][:500] if lines else type(exc).__name__
 
 
 if __name__ == "__main__":

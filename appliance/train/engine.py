@@ -115,11 +115,13 @@ def create(
     params: TrainParams = DEFAULTS,
     device: str | None = None,
     log: LogFn | None = None,
+    group: parallel.Group | None = None,
 ) -> str:
     """Plan a new run on a dataset version and record it, untrained: a job keeps the id before the first step.
 
     Mode auto is settled here, by measuring (_settle_mode). The data it loaded and tokenised to plan is kept for
-    the run's first session in this process (_Prepared).
+    the run's first session in this process (_Prepared). A group already joined (Ray Train's) is planned for as
+    it is: its size is the run's workers.
     """
     global _prepared
     began = time.monotonic()
@@ -128,7 +130,8 @@ def create(
     if params.mode == "auto":
         params = _settle_mode(version.task, data, base_dir, params, device, log or (lambda _line: None))
     task = _task(version.task, data, base_dir, params)
-    plan = hardware.plan(hardware.detect(), _request(task, data, base_dir, params, device))
+    placed = group if group is not None and group.size > 1 and params.mode != "fast" else None
+    plan = hardware.plan(hardware.detect(), _request(task, data, base_dir, params, device, placed))
     if isinstance(task, fast.FastTextClassification):
         plan = replace(plan, precision="fp32", grad_scaler=False, notes=(  # in place of the precision's note
             *plan.notes[1:], "fast mode: the encoder embeds each text once; only the linear head trains, in fp32"))
@@ -169,10 +172,12 @@ def start(
     should_stop: Callable[[], bool] = lambda: False,
     on_epoch: EpochFn | None = None,
     log: LogFn | None = None,
+    group: parallel.Group | None = None,
 ) -> RunResult:
-    """Plan and run a new fine-tuning job on a dataset version."""
-    run_id = create(store, dataset=dataset, base_dir=base_dir, params=params, device=device, log=log)
-    return _continue(store, runs.get(store, run_id), progress, should_stop, on_epoch=on_epoch, log=log)
+    """Plan and run a new fine-tuning job on a dataset version; as the lead of group, when one is given (Ray Train
+    started its ranks: the others call assist())."""
+    run_id = create(store, dataset=dataset, base_dir=base_dir, params=params, device=device, log=log, group=group)
+    return _continue(store, runs.get(store, run_id), progress, should_stop, on_epoch=on_epoch, log=log, group=group)
 
 
 def resume(
@@ -199,6 +204,7 @@ def resume(
 def _continue(
     store: Store, run: runs.Run, progress: ProgressFn | None, should_stop: Callable[[], bool],
     max_threads: int | None = None, on_epoch: EpochFn | None = None, log: LogFn | None = None,
+    group: parallel.Group | None = None,
 ) -> RunResult:
     global _prepared
     params = TrainParams.parse(run.params)
@@ -214,17 +220,27 @@ def _continue(
         plan = replace(plan, threads=max(1, min(plan.threads, max_threads // plan.workers)))
     saved = checkpoint.latest(store, run.id)
     state = checkpoint.state(saved) if saved else None
-    if plan.workers == 1:
-        return _train(store, run.id, task, data, params, plan, state, progress, should_stop, on_epoch, log, began)
-    payload = (run.task, data, Path(run.base_model), params, plan, saved)  # bytes: the helpers' copies are theirs
-    with parallel.helpers(plan.workers, plan.device, _help, payload) as group:
+
+    def lead(group: parallel.Group) -> RunResult:
+        group.share((run.task, params, plan, saved) if plan.workers > 1 else None)  # bytes: each rank's copy
         return _train(store, run.id, task, data, params, plan, state, progress, should_stop, on_epoch, log, began,
-                      group)
+                      group if plan.workers > 1 else parallel.SOLO)
+
+    if group is not None:
+        return lead(group)
+    if plan.workers == 1:
+        return lead(parallel.SOLO)
+    with parallel.helpers(plan.workers, plan.device, assist, (data, Path(run.base_model))) as spawned:
+        return lead(spawned)
 
 
-def _help(group: parallel.Group, kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams,
-          plan: hardware.TrainingPlan, saved: bytes | None) -> None:
-    """A helper rank of a data-parallel run: the same loop on its share of each batch, with no store."""
+def assist(group: parallel.Group, data: datasets.LoadedDataset, base_dir: Path) -> None:
+    """A helper rank of a data-parallel run: the lead's plan, then the same loop on its share of each batch, with
+    no store. Nothing, when the lead trains alone after all (fast mode)."""
+    shared = group.share(None)
+    if shared is None:
+        return
+    kind, params, plan, saved = shared
     _train(None, "", _task(kind, data, base_dir, params), data, params, plan, checkpoint.state(saved) if saved else None,
            None, lambda: False, group=group)
 
@@ -303,7 +319,8 @@ def _task(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: Train
 
 
 def _request(
-    task: tasks.Task, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None
+    task: tasks.Task, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None,
+    placed: parallel.Group | None = None,
 ) -> hardware.JobRequest:
     if isinstance(task, tasks.TextClassification):
         shape = hardware.model_shape(base_dir)
@@ -321,7 +338,8 @@ def _request(
         effective_batch=params.batch_size,
         device=device,
         num_labels=len(data.label_names),
-        workers=params.workers,
+        workers=placed.size if placed else params.workers,
+        placed=placed is not None,
     )
 
 
@@ -360,7 +378,8 @@ def _train(
     torch.manual_seed(params.seed)
     random.seed(params.seed)
     model = task.build_model().to(device)
-    trained = model if group.size == 1 else torch.nn.parallel.DistributedDataParallel(model)
+    trained = model if group.size == 1 else torch.nn.parallel.DistributedDataParallel(model,
+                                                                                     gradient_as_bucket_view=True)
     optimizer = _optimizer(model, params)
     batches_per_epoch = math.ceil(len(data.train) / (plan.micro_batch * group.size))
     steps_per_epoch = math.ceil(batches_per_epoch / plan.accumulation)
@@ -373,6 +392,9 @@ def _train(
                     params.checkpoint_every, time.monotonic() - began if began is not None else 0.0)
     if isinstance(task, tasks.TextClassification) and state is None:
         say(_window_note(task))
+    if group.size > 1:
+        say(f"data-parallel over {group.size} workers: each trains on {plan.micro_batch * plan.accumulation} of every"
+            f" batch of {params.batch_size}")
 
     position = _Position()
     if state is not None:

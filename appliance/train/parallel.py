@@ -1,10 +1,12 @@
-"""Data-parallel training on one box: the process that owns the run and N-1 helpers, one torch process group.
+"""Data-parallel training: the process that owns the run (the lead, rank 0) and helpers, one torch process group.
 
-The owner (rank 0) is the job's own process: it alone holds the store, and so it alone records epochs, stores
-checkpoints and models, and decides when to stop (Group.agree passes its decision to every rank). The helpers
-are spawned processes that only compute: what they need (the dataset's texts, the plan, a checkpoint to resume
-from) reaches them through a pipe, never through a file, and they write nothing. Gradients are averaged across
-ranks by DistributedDataParallel; gloo carries them between CPU processes, NCCL between GPUs.
+The lead alone holds the store, and so it alone records epochs, stores checkpoints and models, and decides when to
+stop (Group.agree passes its decisions to every rank). Helpers only compute, and write nothing: what they need (the
+run's plan and parameters, a checkpoint to resume from) the lead shares over the group. On one box (helpers())
+the lead is the job's own process and the helpers are spawned processes, given the dataset through a pipe, never
+a file; on a Ray cluster, Ray Train starts every rank and joins the group (operations/burst_remote.py).
+Gradients are averaged across ranks by DistributedDataParallel; gloo carries them between CPU processes, NCCL
+between GPUs.
 """
 
 from __future__ import annotations
@@ -32,19 +34,24 @@ class Group:
 
     rank: int = 0
     size: int = 1
+    local_rank: int = 0  # among the ranks on this machine: which of its GPUs is this rank's
 
     @property
     def leads(self) -> bool:
         """Whether this rank keeps the run's records (the others only compute)."""
         return self.rank == 0
 
-    def agree(self, *decisions: bool) -> tuple[bool, ...]:
-        """The lead's decisions (stop, budget spent, ...), the same on every rank, so all leave a loop together."""
+    def share(self, value: Any) -> Any:
+        """The lead's value on every rank (what the others pass is ignored)."""
         if self.size == 1:
-            return decisions
-        shared: list[Any] = [decisions]
+            return value
+        shared: list[Any] = [value]
         dist.broadcast_object_list(shared, src=0)
-        return tuple(shared[0])
+        return shared[0]
+
+    def agree(self, *decisions: bool) -> tuple[bool, ...]:
+        """The lead's decisions (stop, budget spent, ...) on every rank, so all leave a loop together."""
+        return tuple(self.share(decisions))
 
     def gather(self, part: Any) -> list[Any]:
         """Every rank's part, in rank order, on every rank."""
@@ -55,14 +62,15 @@ class Group:
         return parts
 
     def device(self, planned: str) -> torch.device:
-        """This rank's device: the planned one on a CPU; on GPUs, the one that many places after the planned."""
+        """This rank's device: the planned one on a CPU; on GPUs, its local rank's place after the planned one."""
         device = torch.device(planned)
         if device.type != "cuda":
             return device
-        return torch.device("cuda", (device.index or 0) + self.rank)
+        return torch.device("cuda", (device.index or 0) + self.local_rank)
 
 
 SOLO = Group()
+
 Helper = Callable[..., None]  # called as helper(group, *payload) in each helper process
 
 
@@ -107,7 +115,7 @@ def _help(rank: int, size: int, port: int, planned_device: str, helper: Helper, 
 
 
 def _join(rank: int, size: int, port: int, planned_device: str) -> Group:
-    group = Group(rank, size)
+    group = Group(rank, size, local_rank=rank)
     device = group.device(planned_device)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -13,6 +13,7 @@ from appliance.core.errors import JobError, PlanError
 from appliance.store import Store
 from appliance.train import engine, runs
 from appliance.train.params import TrainParams
+from tests.daemon import Daemon
 from tests.train.test_engine import FAST
 
 
@@ -73,3 +74,13 @@ def test_more_workers_than_the_machine_has_are_refused_before_training(opened: S
 def test_fast_mode_takes_no_workers() -> None:
     with pytest.raises(ValueError, match="fast mode trains a linear head in seconds, in one process"):
         TrainParams(mode="fast", workers=2)
+
+
+@pytest.mark.slow
+def test_the_cli_trains_data_parallel_through_the_daemon_and_says_so(daemon: Daemon) -> None:
+    imported = daemon.cli("data", "import", str(daemon.settings.state_dir.parent / "tickets.csv"), "--name", "tickets")
+    assert imported.returncode == 0, imported.stderr
+    trained = daemon.cli("train", "--data", "tickets", "--mode", "full", "--epochs", "2", "--lr", "3e-3",
+                         "--batch-size", "16", "--workers", "2")
+    assert trained.returncode == 0, trained.stderr
+    assert "data-parallel over 2 workers: each trains on 8 of every batch of 16" in trained.stdout + trained.stderr
