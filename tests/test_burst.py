@@ -329,6 +329,43 @@ def test_a_burst_trains_data_parallel_on_two_ray_train_workers_as_one_process_wo
         assert sum(r.get("phase") == "evaluate" for r in watcher.reports) == params.epochs  # rank 0's, once each
 
 
+@dataclass
+class KillingAWorker(Recorder):
+    """A watcher that kills one Ray Train worker (SIGKILL) once the remote run has passed its second epoch."""
+
+    killed: int | None = None
+
+    def progress(self, data: dict[str, Any]) -> None:
+        super().progress(data)
+        if self.killed is None and data.get("epoch", 0) >= 3:
+            worker = next(p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(
+                p.info["cmdline"] or []))
+            worker.kill()
+            self.killed = worker.pid
+
+
+@pytest.mark.slow
+@needs_ray
+def test_a_worker_killed_mid_burst_is_started_again_from_the_last_checkpoint(
+    burst_settings: config.Settings, tiny_base: Path, tmp_path: Path
+) -> None:
+    params = TrainParams(mode="full", epochs=12, learning_rate=3e-3, batch_size=16, max_length=32, patience=12,
+                         seed=3, workers=2)
+    with lifecycle.init(burst_settings) as opened:
+        _tickets(opened, tmp_path, datasets.BURST_ALLOWED)
+        backend = burst.connect(burst_settings.burst, burst_settings.state_dir)
+        watcher = KillingAWorker()
+        run_id = burst.train(opened, backend, burst.Request("tickets", tiny_base, params, None, "job5", "user:alice"),
+                             watcher, poll_s=0.5)
+
+        assert watcher.killed is not None
+        restarted = [line for line in watcher.lines if "the workers started again, from the checkpoint at step" in line]
+        assert len(restarted) == 1, watcher.lines
+        history = runs.epochs(opened, run_id)
+        assert [row.epoch for row in history] == list(range(1, params.epochs + 1))  # none lost, none twice
+        assert runs.get(opened, run_id).status == "finished"
+
+
 @pytest.mark.slow
 @needs_ray
 def test_more_workers_than_the_cluster_has_fail_the_burst_at_once_with_the_reason(

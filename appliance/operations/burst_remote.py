@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -38,6 +38,7 @@ from appliance.operations import burst
 from appliance.train.params import TrainParams
 
 PROGRESS_EVERY_S = 1.0
+RESTARTS = 2  # times Ray Train starts the workers again after one dies, each from the last checkpoint
 
 
 def main(argv: list[str]) -> int:
@@ -73,7 +74,7 @@ def _fit(submission_id: str, count: int, manifest: dict[str, Any]) -> list[bytes
         trainer = TorchTrainer(
             _worker, train_loop_config={"submission": submission_id, "packages": count, "mailbox": mailbox},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=unit == "GPU"),
-            run_config=RunConfig(name=submission_id, storage_path=storage, failure_config=FailureConfig(0)))
+            run_config=RunConfig(name=submission_id, storage_path=storage, failure_config=FailureConfig(RESTARTS)))
         try:
             trainer.fit()
         except Exception as exc:  # Ray Train's errors have no common base: a worker's, the controller's, ...
@@ -113,11 +114,11 @@ def _worker(settings: dict[str, Any]) -> None:
         with _scratch(archive.unpack(base)) as (opened, base_dir):
             version = datasets.adopt(opened, datasets.DatasetVersion(**manifest["dataset"]), content)
             if group.leads:
-                result = _lead(opened, version, base_dir, manifest, group)
+                result = _lead(opened, version, base_dir, manifest, group, key)
                 ray.get(settings["mailbox"].put.remote(list(burst.seal(key, "result", result,
                                                                        burst.RESULT_LINE_BYTES))))
             else:
-                engine.assist(group, datasets.load(opened, version), base_dir)
+                engine.assist(group, datasets.load(opened, version), base_dir, _reporter(opened, key))
     except ApplianceError as exc:  # its scratch store is gone already
         print(f"{burst.ERROR} {exc.message}", flush=True)
         os._exit(1)  # Ray Train ends the other workers at once; the line above is the reason, not a traceback
@@ -125,8 +126,11 @@ def _worker(settings: dict[str, Any]) -> None:
 
 
 def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path, manifest: dict[str, Any],
-          group: Any) -> bytes:
-    """The same engine as on the appliance, on the scratch store; the result as a tar of record and bundle."""
+          group: Any, key: bytes) -> bytes:
+    """The same engine as on the appliance, on the scratch store, from Ray Train's last checkpoint of this job when
+    its workers were started again; the result as a tar of record and bundle."""
+    import ray.train
+
     from appliance.store import blobs
     from appliance.train import engine, runs
 
@@ -138,9 +142,26 @@ def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path,
             last = time.monotonic()
             print(f"{burst.PROGRESS} {json.dumps({'stage': 'train', **asdict(report)})}", flush=True)
 
-    done = engine.start(opened, dataset=version.ref, base_dir=base_dir, params=TrainParams.parse(manifest["params"]),
-                        device=manifest["device"], progress=progress, log=lambda line: print(line, flush=True),
-                        group=group)
+    checkpointed = _reporter(opened, key)
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    if (restart := ray.train.get_checkpoint()) is None:
+        done = engine.start(opened, dataset=version.ref, base_dir=base_dir,
+                            params=TrainParams.parse(manifest["params"]), device=manifest["device"],
+                            progress=progress, log=say, group=group, on_checkpoint=checkpointed)
+    else:
+        with restart.as_directory() as folder:
+            files = archive.unpack(burst.unseal(key, "checkpoint", [path.read_bytes()
+                                                                    for path in sorted(Path(folder).iterdir())]))
+        record = json.loads(files["record.json"])
+        run_id = engine.create(opened, dataset=version.ref, base_dir=base_dir, params=TrainParams.parse(
+            record["params"]), device=manifest["device"], log=say, group=group)
+        step = engine.adopt_checkpoint(opened, run_id, files["checkpoint.pt"], files.get("best.tar"))
+        for epoch in record["epochs"]:
+            runs.record_epoch(opened, run_id, runs.Epoch(**epoch))
+        say(f"a worker stopped: the workers started again, from the checkpoint at step {step}")
+        done = engine.resume(opened, run_id, progress=progress, log=say, group=group, on_checkpoint=checkpointed)
     run = runs.get(opened, done.run_id)
     bundle = blobs.read(opened, done.model_blob)
     record = {"params": run.params, "plan": run.plan, "metrics": done.metrics, "steps": done.steps,
@@ -149,6 +170,31 @@ def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path,
               "sha256": hashlib.sha256(bundle).hexdigest()}
     print(f"trained: {done.steps} steps, " + ", ".join(f"{k} {v:.4f}" for k, v in done.metrics.items()), flush=True)
     return archive.pack([("result.json", json.dumps(record).encode()), ("bundle.tar", bundle)])
+
+
+def _reporter(opened: store.Store, key: bytes) -> Callable[[Any], None]:
+    """Each checkpoint to Ray Train as well (every worker reports it, as Ray Train wants): the lead's sealed, with
+    what a restart needs besides, the run's (settled) parameters, its epochs and its best model so far."""
+    import ray.train
+
+    from appliance.store import blobs
+    from appliance.train import runs
+
+    def report(done: Any) -> None:  # engine.Checkpointed | None
+        if done is None:
+            ray.train.report({})
+            return
+        record = {"params": runs.get(opened, done.run_id).params,
+                  "epochs": [asdict(epoch) for epoch in runs.epochs(opened, done.run_id)]}
+        files = [("checkpoint.pt", done.saved), ("record.json", json.dumps(record).encode())]
+        if done.best_blob:
+            files.append(("best.tar", blobs.read(opened, done.best_blob)))
+        with tempfile.TemporaryDirectory(prefix="appliance-burst-checkpoint-") as folder:
+            for index, chunk in enumerate(burst.seal(key, "checkpoint", archive.pack(files))):
+                Path(folder, f"{index:06d}").write_bytes(chunk)
+            ray.train.report({}, checkpoint=ray.train.Checkpoint.from_directory(folder))
+
+    return report
 
 
 @contextmanager

@@ -18,7 +18,8 @@ from appliance.core import clock
 from appliance.store import Store, audit, blobs
 
 
-def save(store: Store, run_id: str, step: int, state: dict[str, Any]) -> str:
+def save(store: Store, run_id: str, step: int, state: dict[str, Any]) -> bytes:
+    """Store the state as the run's checkpoint; its bytes, as latest() will give them back."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     with audit.operation(store, "checkpoint.save", run_id, step=step) as details:
@@ -32,7 +33,7 @@ def save(store: Store, run_id: str, step: int, state: dict[str, Any]) -> str:
         for old in set(older) - {blob_id}:
             blobs.delete(store, old)
         details.update(blob=blob_id, bytes=buffer.tell())
-    return blob_id
+    return buffer.getvalue()
 
 
 def latest(store: Store, run_id: str) -> bytes | None:

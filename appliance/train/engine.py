@@ -97,7 +97,17 @@ class _Position:
     checkpoint_s: float | None = None  # and storing a checkpoint
 
 
+@dataclass(frozen=True)
+class Checkpointed:
+    """A checkpoint just stored, as the lead tells on_checkpoint: what a run resumed elsewhere needs of it."""
+
+    run_id: str
+    saved: bytes  # checkpoint.latest()'s bytes
+    best_blob: str | None  # the best model so far, which the checkpoint's position names
+
+
 ProgressFn = Callable[[Progress], None]
+CheckpointFn = Callable[[Checkpointed | None], None]  # after each checkpoint, on every rank: None on a helper
 LogFn = Callable[[str], None]  # a line for the run's log: each epoch's validation figures, how the run ended
 EVAL_SAMPLE = 2000  # validation examples evaluated after each epoch; a larger split is sampled (evaluation_sample)
 PROBE_S = 10.0  # training measured before the run's length is estimated (or the first epoch, when shorter)
@@ -173,11 +183,13 @@ def start(
     on_epoch: EpochFn | None = None,
     log: LogFn | None = None,
     group: parallel.Group | None = None,
+    on_checkpoint: CheckpointFn | None = None,
 ) -> RunResult:
     """Plan and run a new fine-tuning job on a dataset version; as the lead of group, when one is given (Ray Train
     started its ranks: the others call assist())."""
     run_id = create(store, dataset=dataset, base_dir=base_dir, params=params, device=device, log=log, group=group)
-    return _continue(store, runs.get(store, run_id), progress, should_stop, on_epoch=on_epoch, log=log, group=group)
+    return _continue(store, runs.get(store, run_id), progress, should_stop, on_epoch=on_epoch, log=log, group=group,
+                     on_checkpoint=on_checkpoint)
 
 
 def resume(
@@ -189,6 +201,8 @@ def resume(
     max_threads: int | None = None,
     on_epoch: EpochFn | None = None,
     log: LogFn | None = None,
+    group: parallel.Group | None = None,
+    on_checkpoint: CheckpointFn | None = None,
 ) -> RunResult:
     """Continue a run from its last checkpoint (or its start, if it has none) with the plan it started with.
 
@@ -198,13 +212,22 @@ def resume(
     if run.status == "finished":
         raise JobError(f"run {run.id} has already finished", hint="start a new run with 'appliance train'")
     runs.set_status(store, run.id, "running", resumed=True)
-    return _continue(store, run, progress, should_stop, max_threads, on_epoch, log)
+    return _continue(store, run, progress, should_stop, max_threads, on_epoch, log, group, on_checkpoint)
+
+
+def adopt_checkpoint(store: Store, run_id: str, saved: bytes, best_model: bytes | None) -> int:
+    """Make a checkpoint taken by a run elsewhere (a Ray worker that died, on its scratch store) this new run's, with
+    the best model it names stored here: resume() then continues where that run was. Its step."""
+    state = checkpoint.state(saved)
+    state["position"]["best_blob"] = blobs.put(store, best_model) if best_model is not None else None
+    checkpoint.save(store, run_id, state["position"]["step"], state)
+    return int(state["position"]["step"])
 
 
 def _continue(
     store: Store, run: runs.Run, progress: ProgressFn | None, should_stop: Callable[[], bool],
     max_threads: int | None = None, on_epoch: EpochFn | None = None, log: LogFn | None = None,
-    group: parallel.Group | None = None,
+    group: parallel.Group | None = None, on_checkpoint: CheckpointFn | None = None,
 ) -> RunResult:
     global _prepared
     params = TrainParams.parse(run.params)
@@ -224,7 +247,7 @@ def _continue(
     def lead(group: parallel.Group) -> RunResult:
         group.share((run.task, params, plan, saved) if plan.workers > 1 else None)  # bytes: each rank's copy
         return _train(store, run.id, task, data, params, plan, state, progress, should_stop, on_epoch, log, began,
-                      group if plan.workers > 1 else parallel.SOLO)
+                      group if plan.workers > 1 else parallel.SOLO, on_checkpoint)
 
     if group is not None:
         return lead(group)
@@ -234,7 +257,8 @@ def _continue(
         return lead(spawned)
 
 
-def assist(group: parallel.Group, data: datasets.LoadedDataset, base_dir: Path) -> None:
+def assist(group: parallel.Group, data: datasets.LoadedDataset, base_dir: Path,
+           on_checkpoint: CheckpointFn | None = None) -> None:
     """A helper rank of a data-parallel run: the lead's plan, then the same loop on its share of each batch, with
     no store. Nothing, when the lead trains alone after all (fast mode)."""
     shared = group.share(None)
@@ -242,7 +266,7 @@ def assist(group: parallel.Group, data: datasets.LoadedDataset, base_dir: Path) 
         return
     kind, params, plan, saved = shared
     _train(None, "", _task(kind, data, base_dir, params), data, params, plan, checkpoint.state(saved) if saved else None,
-           None, lambda: False, group=group)
+           None, lambda: False, group=group, on_checkpoint=on_checkpoint)
 
 
 def _settle_mode(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None,
@@ -357,6 +381,7 @@ def _train(
     log: LogFn | None = None,
     began: float | None = None,
     group: parallel.Group = parallel.SOLO,
+    on_checkpoint: CheckpointFn | None = None,
 ) -> RunResult:
     """The loop; began is when this session started preparing (time.monotonic()), which the budget counts too.
 
@@ -409,9 +434,11 @@ def _train(
     def save_checkpoint() -> None:
         rng = group.gather(_get_rng())  # each rank's: dropout draws as many numbers as its share has tokens
         if store is None:
+            if on_checkpoint:
+                on_checkpoint(None)
             return
         started = time.monotonic()
-        checkpoint.save(
+        saved = checkpoint.save(
             store,
             run_id,
             position.step,
@@ -426,6 +453,8 @@ def _train(
             },
         )
         position.checkpoint_s = time.monotonic() - started
+        if on_checkpoint:
+            on_checkpoint(Checkpointed(run_id, saved, position.best_blob))
 
     def score(indices: list[int]) -> dict[str, float]:
         started = time.monotonic()
