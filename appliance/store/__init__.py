@@ -9,10 +9,19 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import sqlite_utils
+# sqlite-utils imports pandas where it is installed (and pandas imports pyarrow), only to take pandas' types as
+# values, which the appliance never passes: 200 MB more in every process that opens the store, the serving daemon
+# among them. So it is imported with pandas hidden, unless this process has loaded pandas already.
+_pandas_hidden = sys.modules.setdefault("pandas", None) is None  # type: ignore[arg-type]
+try:
+    import sqlite_utils
+finally:
+    if _pandas_hidden:
+        del sys.modules["pandas"]
 
 from appliance.core.config import Settings
 from appliance.core.errors import StoreError
