@@ -24,11 +24,11 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance import store
 from appliance.core import archive, config
@@ -36,6 +36,9 @@ from appliance.core.errors import ApplianceError, BurstError
 from appliance.data import datasets
 from appliance.operations import burst
 from appliance.train.params import TrainParams
+
+if TYPE_CHECKING:  # torch loads in the workers only, not in the entrypoint
+    from appliance.train import engine, parallel
 
 PROGRESS_EVERY_S = 1.0
 RESTARTS = 2  # times Ray Train starts the workers again after one dies, each from the last checkpoint
@@ -126,7 +129,7 @@ def _worker(settings: dict[str, Any]) -> None:
 
 
 def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path, manifest: dict[str, Any],
-          group: Any, key: bytes) -> bytes:
+          group: parallel.Group, key: bytes) -> bytes:
     """The same engine as on the appliance, on the scratch store, from Ray Train's last checkpoint of this job when
     its workers were started again; the result as a tar of record and bundle."""
     import ray.train
@@ -172,7 +175,7 @@ def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path,
     return archive.pack([("result.json", json.dumps(record).encode()), ("bundle.tar", bundle)])
 
 
-def _reporter(opened: store.Store, key: bytes) -> Callable[[Any], None]:
+def _reporter(opened: store.Store, key: bytes) -> engine.CheckpointFn:
     """Each checkpoint to Ray Train as well (every worker reports it, as Ray Train wants): the lead's sealed, with
     what a restart needs besides, the run's (settled) parameters, its epochs and its best model so far."""
     import ray.train
@@ -180,7 +183,7 @@ def _reporter(opened: store.Store, key: bytes) -> Callable[[Any], None]:
     from appliance.store import blobs
     from appliance.train import runs
 
-    def report(done: Any) -> None:  # engine.Checkpointed | None
+    def report(done: engine.Checkpointed | None) -> None:
         if done is None:
             ray.train.report({})
             return
