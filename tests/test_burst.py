@@ -350,7 +350,7 @@ def test_a_worker_killed_mid_burst_is_started_again_from_the_last_checkpoint(
     burst_settings: config.Settings, tiny_base: Path, tmp_path: Path
 ) -> None:
     params = TrainParams(mode="full", epochs=12, learning_rate=3e-3, batch_size=16, max_length=32, patience=12,
-                         seed=3, workers=2)
+                         seed=3, workers=2, checkpoint_every=2)  # a run of seconds: checkpoints by steps, not minutes
     with lifecycle.init(burst_settings) as opened:
         _tickets(opened, tmp_path, datasets.BURST_ALLOWED)
         backend = burst.connect(burst_settings.burst, burst_settings.state_dir)

@@ -40,7 +40,10 @@ from appliance.train.params import TrainParams
                     f"[fast mode: {TrainParams.FAST_DEFAULTS['patience']}].")
 @schema_option(TrainParams, "seed", "--seed")
 @schema_option(TrainParams, "max_minutes", "--max-minutes", help="Stop after this long with the best so far.")
-@schema_option(TrainParams, "checkpoint_every", "--checkpoint-every")
+@schema_option(TrainParams, "checkpoint_minutes", "--checkpoint-minutes",
+               help="Minutes of training between checkpoints, written in the background; stopping (Ctrl-C, SIGTERM) "
+                    "always checkpoints.")
+@schema_option(TrainParams, "checkpoint_every", "--checkpoint-every", help="Also checkpoint every N optimizer steps.")
 @schema_option(TrainParams, "workers", "--workers",
                help="Train data-parallel in this many processes, each on its share of every batch. Default: one per "
                     "GPU, one on a CPU.")
@@ -65,7 +68,8 @@ def train(
     patience: int,
     seed: int,
     max_minutes: float | None,
-    checkpoint_every: int,
+    checkpoint_minutes: float,
+    checkpoint_every: int | None,
     workers: int | None,
     device: str | None,
     resume_run: str | None,
@@ -90,7 +94,8 @@ def train(
     else:
         values = {"mode": mode, "epochs": epochs, "learning_rate": lr, "batch_size": batch_size,
                   "max_length": max_length, "lora": lora, "schedule": schedule, "patience": patience, "seed": seed,
-                  "max_minutes": max_minutes, "checkpoint_every": checkpoint_every, "workers": workers}
+                  "max_minutes": max_minutes, "checkpoint_minutes": checkpoint_minutes,
+                  "checkpoint_every": checkpoint_every, "workers": workers}
         given = click.get_current_context().get_parameter_source
         # Only what was given: the rest takes the mode's default (fast mode has its own learning rate and epochs).
         params = TrainParams.parse({field: value for field, value in values.items()

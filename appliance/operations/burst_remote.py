@@ -160,7 +160,7 @@ def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path,
         record = json.loads(files["record.json"])
         run_id = engine.create(opened, dataset=version.ref, base_dir=base_dir, params=TrainParams.parse(
             record["params"]), device=manifest["device"], log=say, group=group)
-        step = engine.adopt_checkpoint(opened, run_id, files["checkpoint.pt"], files.get("best.tar"))
+        step = engine.adopt_checkpoint(opened, run_id, files["checkpoint.pt"])
         for epoch in record["epochs"]:
             runs.record_epoch(opened, run_id, runs.Epoch(**epoch))
         say(f"a worker stopped: the workers started again, from the checkpoint at step {step}")
@@ -177,10 +177,10 @@ def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path,
 
 def _reporter(opened: store.Store, key: bytes) -> engine.CheckpointFn:
     """Each checkpoint to Ray Train as well (every worker reports it, as Ray Train wants): the lead's sealed, with
-    what a restart needs besides, the run's (settled) parameters, its epochs and its best model so far."""
+    what a restart needs besides: the run's (settled) parameters and its epochs (the best weights so far are in the
+    checkpoint)."""
     import ray.train
 
-    from appliance.store import blobs
     from appliance.train import runs
 
     def report(done: engine.Checkpointed | None) -> None:
@@ -190,8 +190,6 @@ def _reporter(opened: store.Store, key: bytes) -> engine.CheckpointFn:
         record = {"params": runs.get(opened, done.run_id).params,
                   "epochs": [asdict(epoch) for epoch in runs.epochs(opened, done.run_id)]}
         files = [("checkpoint.pt", done.saved), ("record.json", json.dumps(record).encode())]
-        if done.best_blob:
-            files.append(("best.tar", blobs.read(opened, done.best_blob)))
         with tempfile.TemporaryDirectory(prefix="appliance-burst-checkpoint-") as folder:
             for index, chunk in enumerate(burst.seal(key, "checkpoint", archive.pack(files))):
                 Path(folder, f"{index:06d}").write_bytes(chunk)

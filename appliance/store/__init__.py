@@ -80,6 +80,12 @@ def _unlocked(settings: Settings, unlock: Callable[[sqlite_utils.Database], tupl
     return Store(database, settings, master, store_id, secret)
 
 
+def another_connection(store: Store) -> Store:
+    """The same unlocked store over a connection of its own, for a thread that writes beside the store's owner (a
+    training run's background checkpoints): SQLite takes their transactions one at a time. Closed by its user."""
+    return Store(connect(store.settings), store.settings, store.master, store.store_id, store.secret)
+
+
 def open_read_only(settings: Settings, passphrase: str | None = None) -> Store:
     """The unlocked store for inspection (appliance doctor): not migrated, nothing written to it or beside it."""
     if not settings.db_path.exists():

@@ -2,15 +2,21 @@
 
 It follows the hardware plan (device, precision, threads, micro-batch and gradient
 accumulation), uses AdamW with warm-up and linear or cosine decay, clips gradients,
-evaluates every epoch, stops early when the validation metric stops improving, and
-checkpoints every N optimizer steps and at each epoch end. A run cut short (SIGKILL,
-SIGTERM, the machine going down) continues from its checkpoint with the same data
-order and random state, so it ends where an uninterrupted run would have.
+evaluates every epoch and stops early when the validation metric stops improving. The
+best weights are kept in host memory and stored once, as the run ends.
+
+A checkpoint is taken every checkpoint_minutes of training (and every checkpoint_every
+steps, if set) and whenever the run is told to stop (SIGTERM, Ctrl-C, a cancel): training
+waits only for its state to be copied to host memory, and a thread stores it
+(checkpoint.Writer). A run cut short continues from its checkpoint with the same data
+order and random state, so it ends where an uninterrupted run would have. On a GPU the
+loop never waits for the device between progress reports: batches go from pinned memory
+without blocking, the loss is summed on the device, AdamW is the fused kernel.
 
 A large validation split is sampled after each epoch (EVAL_SAMPLE examples, stratified,
 fixed), and the kept model is evaluated on all of it once at the end when the budget
 allows. max_minutes bounds the whole run: training stops early enough for its last
-evaluation and the storing of its model, both measured as the run goes. Each epoch's
+evaluation, measured as the run goes. Each epoch's
 figures and the run's end (which epoch it kept, why it stopped, what its figures are on)
 go to the run's log and its record (runs.Outcome).
 
@@ -88,13 +94,17 @@ class _Position:
     seen: int = 0
     best: float | None = None
     best_metrics: dict[str, float] = field(default_factory=dict)
-    best_blob: str | None = None
+    best_blob: str | None = None  # once stored: at the run's end (earlier versions stored each better epoch's)
     bad_epochs: int = 0
     elapsed_s: float = 0.0
     best_epoch: int = 0
     eval_s_per_example: float | None = None  # measured at the last evaluation
-    store_s: float | None = None  # the last time storing the best model took
-    checkpoint_s: float | None = None  # and storing a checkpoint
+    checkpoint_s: float | None = None  # what training waited for at the last checkpoint
+
+    @classmethod
+    def of(cls, saved: dict[str, Any]) -> _Position:
+        """A checkpoint's position; one stored by an earlier version may name fields no longer kept."""
+        return cls(**{name: value for name, value in saved.items() if name in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -102,8 +112,7 @@ class Checkpointed:
     """A checkpoint just stored, as the lead tells on_checkpoint: what a run resumed elsewhere needs of it."""
 
     run_id: str
-    saved: bytes  # checkpoint.latest()'s bytes
-    best_blob: str | None  # the best model so far, which the checkpoint's position names
+    saved: bytes  # checkpoint.latest()'s bytes: the best weights so far are in it
 
 
 ProgressFn = Callable[[Progress], None]
@@ -112,6 +121,9 @@ LogFn = Callable[[str], None]  # a line for the run's log: each epoch's validati
 EVAL_SAMPLE = 2000  # validation examples evaluated after each epoch; a larger split is sampled (evaluation_sample)
 PROBE_S = 10.0  # training measured before the run's length is estimated (or the first epoch, when shorter)
 PROBE_BATCHES = 3  # micro-batches of full fine-tuning timed (after one more to warm up) when mode auto decides
+GPU_PAD_TO = 32  # on a GPU, text batches are padded to a multiple of this many tokens: its first batch of each
+# new shape costs a choice and load of kernels (seconds over an epoch of every length), padding costs next to nothing
+PROGRESS_EVERY_S = 0.5  # between progress reports while training: each reads the loss, which waits for a GPU
 EMBED_SHARE = 0.8  # of a fast run's budget that embedding may take; the rest trains and evaluates the head
 DEFAULTS = TrainParams()  # frozen: one instance is every call's default
 EpochFn = Callable[[runs.Epoch], bool]  # after each epoch's evaluation; True ends the run there (a pruned trial)
@@ -215,11 +227,10 @@ def resume(
     return _continue(store, run, progress, should_stop, max_threads, on_epoch, log, group, on_checkpoint)
 
 
-def adopt_checkpoint(store: Store, run_id: str, saved: bytes, best_model: bytes | None) -> int:
-    """Make a checkpoint taken by a run elsewhere (a Ray worker that died, on its scratch store) this new run's, with
-    the best model it names stored here: resume() then continues where that run was. Its step."""
+def adopt_checkpoint(store: Store, run_id: str, saved: bytes) -> int:
+    """Make a checkpoint taken by a run elsewhere (a Ray worker that died, on its scratch store) this new run's:
+    resume() then continues where that run was. Its step."""
     state = checkpoint.state(saved)
-    state["position"]["best_blob"] = blobs.put(store, best_model) if best_model is not None else None
     checkpoint.save(store, run_id, state["position"]["step"], state)
     return int(state["position"]["step"])
 
@@ -304,12 +315,13 @@ def _full_rate(data: datasets.LoadedDataset, base_dir: Path, params: TrainParams
     plan = hardware.plan(hardware.detect(), _request(task, sample, base_dir, params.changed(workers=None), device))
     torch.set_num_threads(plan.threads)
     on, autocast_dtype = torch.device(plan.device), _autocast_dtype(plan)
+    _fit(task, on)
     model = task.build_model().to(on)
     optimizer = _optimizer(model, params)
     batches = task.batches(sample.train, plan.micro_batch, torch.Generator().manual_seed(params.seed))
 
     def step(batch: list[int]) -> None:
-        inputs = {name: tensor.to(on) for name, tensor in task.collate(batch).items()}
+        inputs = _on(on, task.collate(batch))
         with torch.autocast(on.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             model(**inputs).loss.backward()
         optimizer.step()
@@ -324,6 +336,20 @@ def _full_rate(data: datasets.LoadedDataset, base_dir: Path, params: TrainParams
     if on.type == "cuda":
         torch.cuda.synchronize(on)
     return sum(len(batch) for batch in timed) / (time.monotonic() - started)
+
+
+def _fit(task: tasks.Task, device: torch.device) -> None:
+    """Batches shaped for the device: on a GPU, text padded to GPU_PAD_TO, so an epoch has a few shapes, not one per
+    length."""
+    if isinstance(task, tasks.TextClassification) and device.type == "cuda":
+        task.pad_to = GPU_PAD_TO
+
+
+def _on(device: torch.device, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A batch on the device; to a GPU from pinned memory without waiting, so its copy overlaps the work queued."""
+    if device.type != "cuda":
+        return batch
+    return {name: tensor.pin_memory().to(device, non_blocking=True) for name, tensor in batch.items()}
 
 
 def _autocast_dtype(plan: hardware.TrainingPlan) -> torch.dtype | None:
@@ -386,10 +412,11 @@ def _train(
     """The loop; began is when this session started preparing (time.monotonic()), which the budget counts too.
 
     In a data-parallel run every rank runs it on its share of each batch; only the lead (which alone has the store)
-    records, and its decisions to stop hold for all (parallel.Group.agree).
+    records, and its decisions to stop or to checkpoint hold for all (parallel.Group.agree).
     """
     torch.set_num_threads(plan.threads)
     device = group.device(plan.device)
+    _fit(task, device)
     say = log or (lambda _line: None)
     if isinstance(task, fast.FastTextClassification):
         earlier_s = state["position"]["elapsed_s"] if state else 0.0
@@ -414,7 +441,8 @@ def _train(
     autocast_dtype = _autocast_dtype(plan)
     sample = evaluation_sample(data, params.seed)
     budget = Budget(params.max_minutes * 60 if params.max_minutes else None, len(sample), steps_per_epoch,
-                    params.checkpoint_every, time.monotonic() - began if began is not None else 0.0)
+                    params.checkpoint_minutes * 60, params.checkpoint_every,
+                    time.monotonic() - began if began is not None else 0.0)
     if isinstance(task, tasks.TextClassification) and state is None:
         say(_window_note(task))
     if group.size > 1:
@@ -422,39 +450,42 @@ def _train(
             f" batch of {params.batch_size}")
 
     position = _Position()
+    best_state: dict[str, torch.Tensor] | None = None  # the best weights so far, in host memory: stored once, at the end
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         _set_rng(state["helper_rng"][group.rank - 1] if group.rank else state["rng"])
-        position = _Position(**state["position"])
-    best_state: dict[str, torch.Tensor] | None = None  # the best weights, while a sample stands in for validation
+        position = _Position.of(state["position"])
+        best_state = state.get("best")  # not in a checkpoint that named a stored best model (position.best_blob)
+    writer = checkpoint.Writer(store, run_id) if store is not None else None
+    unsettled_loss = torch.zeros((), device=device)  # this epoch's loss not yet in position.loss_sum: read seldom,
+    # as reading a GPU's value waits for its queued work
+
+    def settle_loss() -> None:
+        position.loss_sum += unsettled_loss.item()
+        unsettled_loss.zero_()
 
     def save_checkpoint() -> None:
+        settle_loss()
         rng = group.gather(_get_rng())  # each rank's: dropout draws as many numbers as its share has tokens
-        if store is None:
+        if writer is None:
             if on_checkpoint:
                 on_checkpoint(None)
             return
         started = time.monotonic()
-        saved = checkpoint.save(
-            store,
-            run_id,
-            position.step,
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(),
-                "rng": rng[0],
-                "helper_rng": rng[1:],
-                "position": asdict(position),
-            },
-        )
-        position.checkpoint_s = time.monotonic() - started
+        writer.submit(position.step, {
+            **checkpoint.snapshot({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                   "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}),
+            "best": best_state,  # replaced, never changed in place
+            "rng": rng[0],
+            "helper_rng": rng[1:],
+            "position": asdict(position),
+        })
+        position.checkpoint_s = time.monotonic() - started  # what training waits for: the copy to host memory
         if on_checkpoint:
-            on_checkpoint(Checkpointed(run_id, saved, position.best_blob))
+            on_checkpoint(Checkpointed(run_id, writer.wait()))
 
     def score(indices: list[int]) -> dict[str, float]:
         started = time.monotonic()
@@ -463,128 +494,142 @@ def _train(
         return metrics
 
     session_start = time.monotonic() - position.elapsed_s
+    last_checkpoint = last_report = time.monotonic()
     samples_this_session, train_s_this_session = 0, 0.0
     estimated = False  # the run's length is said once a session, after PROBE_S of training
     stopped: runs.Stop = "epochs"
     interrupted = False
 
-    for epoch in range(position.epoch, params.epochs):
-        generator = torch.Generator().manual_seed(params.seed * 1009 + epoch)
-        batches = [batch for batch in task.batches(data.train, plan.micro_batch * group.size, generator)
-                   if len(batch) >= group.size]  # each rank takes its share: one too small for all is left out
-        model.train()
-        step_start = time.monotonic()
-        for index in range(position.batch, len(batches)):
-            inputs = {name: tensor.to(device)
-                      for name, tensor in task.collate(batches[index][group.rank::group.size]).items()}
-            accumulating = (index + 1) % plan.accumulation and index + 1 < len(batches)
-            with trained.no_sync() if accumulating and group.size > 1 else contextlib.nullcontext():
-                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                    enabled=autocast_dtype is not None):
-                    loss = trained(**inputs).loss
-                scaler.scale(loss / plan.accumulation).backward()
-            position.loss_sum += loss.item() * len(batches[index])  # the lead's share stands for the batch
-            position.seen += len(batches[index])
-            samples_this_session += len(batches[index])
-            if accumulating:
-                continue
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), params.max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            position.step += 1
-            position.batch = index + 1
-            now = time.monotonic()
-            train_s_this_session += now - step_start
-            position.elapsed_s = now - session_start
-            rate = samples_this_session / max(train_s_this_session, 1e-9)
-            if budget.seconds is not None and position.eval_s_per_example is None and sample:
-                score(sample[:4 * plan.micro_batch])  # what an evaluation costs, before the budget counts on it
-            if not estimated and (train_s_this_session >= budget.probe_s() or position.batch == len(batches)):
-                estimated = True
-                say(budget.estimate(position, len(data.train), rate, params.epochs, epoch))
-            if progress:
-                samples_left = (params.epochs - epoch) * len(data.train) - position.seen
-                progress(Progress("train", epoch + 1, params.epochs, position.step, total_steps,
-                                  position.loss_sum / position.seen, rate,
-                                  budget.eta(position, samples_left, samples_left / len(data.train), rate)))
-            interrupted, out_of_time = group.agree(should_stop(), budget.must_stop_training(position, rate))
-            if interrupted or position.step % params.checkpoint_every == 0:
-                save_checkpoint()
-            if interrupted:
-                if store is not None:
-                    runs.set_status(store, run_id, "interrupted", step=position.step)
-                return RunResult(run_id, "interrupted", position.best_metrics, None, position.step)
-            if out_of_time:
-                stopped = "budget"
-                break
+    try:
+        for epoch in range(position.epoch, params.epochs):
+            generator = torch.Generator().manual_seed(params.seed * 1009 + epoch)
+            batches = [batch for batch in task.batches(data.train, plan.micro_batch * group.size, generator)
+                       if len(batch) >= group.size]  # each rank takes its share: one too small for all is left out
+            model.train()
             step_start = time.monotonic()
+            for index in range(position.batch, len(batches)):
+                inputs = _on(device, task.collate(batches[index][group.rank::group.size]))
+                accumulating = (index + 1) % plan.accumulation and index + 1 < len(batches)
+                with trained.no_sync() if accumulating and group.size > 1 else contextlib.nullcontext():
+                    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                        enabled=autocast_dtype is not None):
+                        loss = trained(**inputs).loss
+                    scaler.scale(loss / plan.accumulation).backward()
+                unsettled_loss += loss.detach() * len(batches[index])  # the lead's share stands for the batch
+                position.seen += len(batches[index])
+                samples_this_session += len(batches[index])
+                if accumulating:
+                    continue
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), params.max_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                position.step += 1
+                position.batch = index + 1
+                now = time.monotonic()
+                train_s_this_session += now - step_start
+                position.elapsed_s = now - session_start
+                rate = samples_this_session / max(train_s_this_session, 1e-9)
+                if budget.seconds is not None and position.eval_s_per_example is None and sample:
+                    score(sample[:4 * plan.micro_batch])  # what an evaluation costs, before the budget counts on it
+                if not estimated and (train_s_this_session >= budget.probe_s() or position.batch == len(batches)):
+                    estimated = True
+                    say(budget.estimate(position, len(data.train), rate, params.epochs, epoch))
+                interrupted, out_of_time, due = group.agree(
+                    should_stop(), budget.must_stop_training(position, rate),
+                    now - last_checkpoint >= budget.checkpoint_s_every
+                    or bool(params.checkpoint_every and position.step % params.checkpoint_every == 0))
+                if progress and (now - last_report >= PROGRESS_EVERY_S or position.batch == len(batches)
+                                 or interrupted or out_of_time):
+                    last_report = now
+                    settle_loss()
+                    samples_left = (params.epochs - epoch) * len(data.train) - position.seen
+                    progress(Progress("train", epoch + 1, params.epochs, position.step, total_steps,
+                                      position.loss_sum / position.seen, rate,
+                                      budget.eta(position, samples_left, samples_left / len(data.train), rate)))
+                if interrupted or due:
+                    save_checkpoint()
+                    last_checkpoint = time.monotonic()
+                if interrupted:
+                    if writer is not None:
+                        writer.wait()
+                    if store is not None:
+                        runs.set_status(store, run_id, "interrupted", step=position.step)
+                    return RunResult(run_id, "interrupted", position.best_metrics, None, position.step)
+                if out_of_time:
+                    stopped = "budget"
+                    break
+                step_start = time.monotonic()
 
-        if progress:
-            progress(Progress("evaluate", epoch + 1, params.epochs, position.step, total_steps,
-                              position.loss_sum / max(position.seen, 1), 0.0, None))
-        metrics = score(sample)
-        position.elapsed_s = time.monotonic() - session_start
-        row = runs.Epoch(
-            epoch + 1,
-            position.step,
-            position.loss_sum / max(position.seen, 1),
-            metrics,
-            samples_this_session / max(train_s_this_session, 1e-9),
-            position.elapsed_s,
-            len(sample),
-        )
-        if store is not None:
-            runs.record_epoch(store, run_id, row)
-        previous_best = position.best_blob
-        improved = position.best is None or metrics[params.metric] > position.best
-        if improved:
-            position.best, position.best_metrics, position.bad_epochs = metrics[params.metric], metrics, 0
-            position.best_epoch = epoch + 1
-            stored = time.monotonic()
-            position.best_blob = blobs.put(store, task.bundle(model)) if store is not None else None
-            position.store_s = time.monotonic() - stored
-            if len(sample) < len(data.validation):
-                best_state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
-        else:
-            position.bad_epochs += 1
-        say(_epoch_line(row, params, len(data.validation), improved))
-        position.epoch, position.batch, position.loss_sum, position.seen = epoch + 1, 0, 0.0, 0
-        save_checkpoint()
-        if store is not None and previous_best and previous_best != position.best_blob:
-            blobs.delete(store, previous_best)  # only now: the old checkpoint no longer needs it
-        (told_to_end,) = group.agree(on_epoch is not None and on_epoch(row))
-        if stopped == "budget":
-            break
-        if told_to_end and epoch + 1 < params.epochs:
-            stopped = "asked"
-            break
-        if position.bad_epochs >= params.patience and epoch + 1 < params.epochs:
-            stopped = "converged"
-            break
+            settle_loss()
+            if progress:
+                progress(Progress("evaluate", epoch + 1, params.epochs, position.step, total_steps,
+                                  position.loss_sum / max(position.seen, 1), 0.0, None))
+            metrics = score(sample)
+            position.elapsed_s = time.monotonic() - session_start
+            row = runs.Epoch(
+                epoch + 1,
+                position.step,
+                position.loss_sum / max(position.seen, 1),
+                metrics,
+                samples_this_session / max(train_s_this_session, 1e-9),
+                position.elapsed_s,
+                len(sample),
+            )
+            if store is not None:
+                runs.record_epoch(store, run_id, row)
+            improved = position.best is None or metrics[params.metric] > position.best
+            if improved:
+                position.best, position.best_metrics, position.bad_epochs = metrics[params.metric], metrics, 0
+                position.best_epoch = epoch + 1
+                best_state = checkpoint.snapshot(model.state_dict())
+            else:
+                position.bad_epochs += 1
+            say(_epoch_line(row, params, len(data.validation), improved))
+            position.epoch, position.batch, position.loss_sum, position.seen = epoch + 1, 0, 0.0, 0
+            (told_to_end,) = group.agree(on_epoch is not None and on_epoch(row))
+            if stopped == "budget":
+                break
+            if told_to_end and epoch + 1 < params.epochs:
+                stopped = "asked"
+                break
+            if position.bad_epochs >= params.patience and epoch + 1 < params.epochs:
+                stopped = "converged"
+                break
 
-    evaluated_on = len(sample)
-    if evaluated_on < len(data.validation):
-        if best_state is None:
-            say(f"the final figures stay on the {evaluated_on:,}-example sample: the best epoch's weights were"
-                " stored in an earlier session of this run")
-        elif group.agree(budget.allows(position, len(data.validation)))[0]:
+        evaluated_on = len(sample)
+        if evaluated_on < len(data.validation):
+            if best_state is None:
+                say(f"the final figures stay on the {evaluated_on:,}-example sample: the best epoch's weights were"
+                    " stored before this version of the appliance kept them in checkpoints")
+            elif group.agree(budget.allows(position, len(data.validation)))[0]:
+                model.load_state_dict(best_state)
+                position.best_metrics = score(data.validation)
+                evaluated_on = len(data.validation)
+                say("final, on all validation examples: " + _figures(position.best_metrics))
+            else:
+                say(f"the final figures stay on the {evaluated_on:,}-example sample: evaluating all"
+                    f" {len(data.validation):,} would take about {budget.eval_s(position, len(data.validation)):.0f}"
+                    " s more than the budget has left")
+        outcome = runs.Outcome(position.best_epoch, position.epoch, stopped, evaluated_on, len(data.validation))
+        say(outcome.sentence(params.model_dump()))
+        if store is None or writer is None:
+            return RunResult(run_id, "finished", position.best_metrics, None, position.step, outcome)
+        writer.wait()  # the last checkpoint is committed before the run's end discards it
+        stored_before = position.best_blob
+        if best_state is not None:
             model.load_state_dict(best_state)
-            position.best_metrics = score(data.validation)
-            evaluated_on = len(data.validation)
-            say("final, on all validation examples: " + _figures(position.best_metrics))
-        else:
-            say(f"the final figures stay on the {evaluated_on:,}-example sample: evaluating all"
-                f" {len(data.validation):,} would take about {budget.eval_s(position, len(data.validation)):.0f} s"
-                " more than the budget has left")
-    outcome = runs.Outcome(position.best_epoch, position.epoch, stopped, evaluated_on, len(data.validation))
-    say(outcome.sentence(params.model_dump()))
-    if store is not None:
+            position.best_blob = blobs.put(store, task.bundle(model))
         runs.finish(store, run_id, position.best_blob, position.best_metrics, outcome)
         checkpoint.discard(store, run_id)
-    return RunResult(run_id, "finished", position.best_metrics, position.best_blob, position.step, outcome)
+        if stored_before and stored_before != position.best_blob:
+            blobs.delete(store, stored_before)
+        return RunResult(run_id, "finished", position.best_metrics, position.best_blob, position.step, outcome)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, device: torch.device,
@@ -644,14 +689,14 @@ def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:
 @dataclass(frozen=True)
 class Budget:
     """max_minutes for the whole run, from the loading of its data: training stops early enough that its last
-    evaluation and the storing of its model fit too. It also makes the ETA and the early estimate, which count
-    the evaluations, model stores and checkpoints left at the times last measured (evaluation, until measured,
-    at twice training's samples/s)."""
+    evaluation fits too. It also makes the ETA and the early estimate, which count the evaluations and checkpoints
+    left at the times last measured (evaluation, until measured, at twice training's samples/s)."""
 
     seconds: float | None
     sample: int  # examples in each epoch's evaluation
     steps_per_epoch: int
-    checkpoint_every: int
+    checkpoint_s_every: float  # seconds of training between checkpoints
+    checkpoint_every: int | None  # and optimizer steps, if set
     prepared_s: float = 0.0  # this session's loading, tokenising and model building, before its first step
 
     def used(self, position: _Position) -> float:
@@ -665,8 +710,7 @@ class Budget:
     def must_stop_training(self, position: _Position, train_rate: float) -> bool:
         if self.seconds is None:
             return False
-        reserve = self.eval_s(position, self.sample, train_rate) + (position.store_s or 0.0)
-        return self.used(position) + reserve >= self.seconds
+        return self.used(position) + self.eval_s(position, self.sample, train_rate) >= self.seconds
 
     def allows(self, position: _Position, examples: int) -> bool:
         return self.seconds is None or self.used(position) + self.eval_s(position, examples) <= self.seconds
@@ -676,11 +720,13 @@ class Budget:
         return PROBE_S if self.seconds is None else min(PROBE_S, self.seconds / 10)
 
     def left_s(self, position: _Position, samples_left: int, epochs_left: float, train_rate: float) -> float:
-        """Seconds of work left without a budget: training, and each epoch's evaluation, store and checkpoints."""
+        """Seconds of work left without a budget: training, and each epoch's evaluation and the checkpoints."""
         evaluations = math.ceil(epochs_left - 1e-9)
-        checkpoints = int(epochs_left * self.steps_per_epoch) // self.checkpoint_every + evaluations
-        return (samples_left / train_rate
-                + evaluations * (self.eval_s(position, self.sample, train_rate) + (position.store_s or 0.0))
+        train_s = samples_left / train_rate
+        checkpoints = int(train_s // self.checkpoint_s_every)
+        if self.checkpoint_every:
+            checkpoints += int(epochs_left * self.steps_per_epoch) // self.checkpoint_every
+        return (train_s + evaluations * self.eval_s(position, self.sample, train_rate)
                 + checkpoints * (position.checkpoint_s or 0.0))
 
     def eta(self, position: _Position, samples_left: int, epochs_left: float, train_rate: float) -> float:
@@ -737,16 +783,18 @@ def evaluate(
     """Validation loss, accuracy and macro-F1, in a fixed order so results are repeatable; each rank of a
     data-parallel run evaluates its share."""
     model.eval()
-    predictions, targets, loss_sum = [], [], 0.0
+    losses, predicted, labels = [], [], []  # on the device, read once at the end
     for batch in task.batches(indices[group.rank::group.size], plan.micro_batch * 2,
                               torch.Generator().manual_seed(0)):
-        inputs = {name: tensor.to(device) for name, tensor in task.collate(batch).items()}
+        inputs = _on(device, task.collate(batch))
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             output = model(**inputs)
-        loss_sum += output.loss.item() * len(batch)
-        predictions += output.logits.argmax(dim=-1).tolist()
-        targets += inputs["labels"].tolist()
+        losses.append(output.loss.float() * len(batch))
+        predicted.append(output.logits.argmax(dim=-1))
+        labels.append(inputs["labels"])
     model.train()
+    loss_sum = torch.stack(losses).sum().item() if losses else 0.0
+    predictions, targets = (torch.cat(predicted).tolist(), torch.cat(labels).tolist()) if losses else ([], [])
     parts = group.gather((loss_sum, predictions, targets))
     loss_sum = sum(part[0] for part in parts)
     predictions, targets = [p for part in parts for p in part[1]], [t for part in parts for t in part[2]]
@@ -754,13 +802,15 @@ def evaluate(
 
 
 def _optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.AdamW:
-    """AdamW without weight decay on biases and norms, as is usual for transformers."""
+    """AdamW without weight decay on biases and norms, as is usual for transformers; on a GPU its fused kernel, one
+    launch for every tensor's update."""
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             (no_decay if parameter.ndim < 2 else decay).append(parameter)
     groups = [{"params": decay, "weight_decay": params.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=params.learning_rate)
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=params.learning_rate, fused=True if on_gpu else None)
 
 
 def _scheduler(optimizer: torch.optim.Optimizer, params: TrainParams, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:

@@ -42,7 +42,10 @@ class TrainParams(Strict):
                                 " of every batch: by default one per GPU, one on a CPU")
     patience: int = Field(2, ge=1, le=1000, description="epochs without a better validation metric before stopping")
     metric: Metric = "macro_f1"
-    checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="optimizer steps between checkpoints")
+    checkpoint_minutes: float = Field(10.0, gt=0, le=24 * 60, description="minutes of training between checkpoints,"
+                                      " written in the background; a run that is stopped checkpoints at once")
+    checkpoint_every: int | None = Field(None, ge=1, le=1_000_000, description="also checkpoint every this many"
+                                         " optimizer steps")
     seed: int = Field(13, ge=0, le=2**32 - 1)
     max_minutes: float | None = Field(None, gt=0, description="stop after this long with the best so far")
 

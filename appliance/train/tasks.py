@@ -72,6 +72,7 @@ class TextClassification:
         self.label_names = data.label_names
         self.max_length = max_length
         self.lora = lora
+        self.pad_to = 1  # a batch's width is rounded up to a multiple of this (the engine sets it for a GPU)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
         except (OSError, ValueError) as exc:
@@ -115,9 +116,9 @@ class TextClassification:
         return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
     def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Pad to the longest example of this batch only."""
+        """Pad to the longest example of this batch only (rounded up to pad_to)."""
         rows = [self.input_ids[i] for i in indices]
-        width = max(len(row) for row in rows)
+        width = -(-max(len(row) for row in rows) // self.pad_to) * self.pad_to
         pad = self.tokenizer.pad_token_id or 0
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)

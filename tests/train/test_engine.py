@@ -12,7 +12,7 @@ import torch
 
 from appliance.data import datasets
 from appliance.store import Store, audit, blobs
-from appliance.train import engine, runs
+from appliance.train import checkpoint, engine, runs
 from appliance.train.params import TrainParams
 from tests.conftest import write_tickets
 
@@ -75,6 +75,36 @@ def test_a_stop_request_checkpoints_and_resume_ends_like_an_uninterrupted_run(
         assert resumed.metrics[name] == pytest.approx(value, abs=1e-5), name
 
 
+def test_a_run_stores_its_model_once_and_checkpoints_on_its_cadence_without_changing_what_it_learns(
+        opened: Store, tickets: str, tiny_base: Path) -> None:
+    def stored_blobs() -> int:
+        return opened.db.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
+
+    before = stored_blobs()
+    usual = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**{
+        **FAST, "checkpoint_every": None}))  # the default cadence, ten minutes: this run takes seconds
+    assert not audit.rows(opened, action="checkpoint.save")
+    assert stored_blobs() == before + 1 and usual.model_blob  # the best model, stored as the run ended
+
+    often = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**{
+        **FAST, "checkpoint_every": None, "checkpoint_minutes": 1e-6}))  # due after every step
+    steps = [json.loads(row["details"])["step"] for row in audit.rows(opened, action="checkpoint.save")]
+    assert steps == list(range(1, often.steps + 1))
+    assert often.metrics == usual.metrics and often.steps == usual.steps
+
+
+def test_the_best_weights_so_far_travel_in_the_checkpoint(opened: Store, tickets: str, tiny_base: Path) -> None:
+    steps = iter(range(1000))
+    stopped = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**FAST),
+                           should_stop=lambda: next(steps) == 16)  # in the second epoch
+    state = checkpoint.state(checkpoint.latest(opened, stopped.run_id))
+    assert state["position"]["best_epoch"] == 1 and state["position"]["best_blob"] is None  # not stored yet
+    assert set(state["best"]) == set(state["model"])
+    assert not torch.equal(state["best"]["classifier.weight"], state["model"]["classifier.weight"])
+    resumed = engine.resume(opened, stopped.run_id)
+    assert resumed.status == "finished" and resumed.model_blob
+
+
 def test_lora_trains_adapters_only(opened: Store, tickets: str, tiny_base: Path) -> None:
     params = TrainParams(**{**FAST, "lora": True, "learning_rate": 1e-2})
     result = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=params)
@@ -126,6 +156,25 @@ def test_the_cuda_path_fine_tunes_the_bundled_model_with_mixed_precision(opened:
     assert run.plan["device"].startswith("cuda")
     assert run.plan["precision"] in ("bf16", "fp16")
     assert result.metrics["accuracy"] > 0.85
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_run_checkpoints_beside_training_and_resumes_where_it_stopped(
+        opened: Store, tickets: str, tiny_base: Path) -> None:
+    """The state copied from the GPU at each step's checkpoint, stored by the writer thread, loaded back onto it."""
+    params = TrainParams(**{**FAST, "checkpoint_every": None, "checkpoint_minutes": 1e-6})  # one after every step
+    straight = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=params, device="cuda")
+    steps = iter(range(1000))
+    stopped = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=params, device="cuda",
+                           should_stop=lambda: next(steps) == 7)
+    assert stopped.status == "interrupted"
+    state = checkpoint.state(checkpoint.latest(opened, stopped.run_id))
+    assert state["position"]["step"] == stopped.steps == 8
+    assert all(tensor.device.type == "cpu" for tensor in state["model"].values())
+    resumed = engine.resume(opened, stopped.run_id)
+    assert resumed.status == "finished" and resumed.steps == straight.steps
+    assert straight.metrics["accuracy"] > 0.9 and resumed.metrics["accuracy"] > 0.9
 
 
 def test_an_image_classifier_trains_on_an_image_folder(opened: Store, tmp_path: Path) -> None:

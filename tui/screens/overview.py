@@ -17,7 +17,7 @@ from tui.widgets import Table, ago, meter, percent
 
 ROOMY_ROWS = 36  # terminal rows from which the latest changes are shown as well
 RECENT_FETCHED = 100  # audit records asked for; the routine ones are left out of what is shown
-ROUTINE = ("checkpoint.",)  # saved every epoch: they would push every change a person made out of view
+ROUTINE = ("checkpoint.",)  # saved every few minutes of training: they would push the changes people made out of view
 
 
 class OverviewScreen(ApplianceScreen):
