@@ -35,7 +35,8 @@ the storing of its model. Wall time on a shared machine is noisy, so the process
 shown too: run it twice before trusting a small difference.
 
 --synthetic N trains on N synthetic support tickets (bench/train_budget.py's) instead of a
-file: with --device cuda, the set of 20,000 the GPU figure is measured on.
+file: with --device cuda, the set of 20,000 the GPU figure is measured on. --fortunes trains
+on 3,093 real quotations of four topics from Debian's fortunes package (bench/fortunes.py).
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, default=SAMPLE, help="CSV or JSONL of text,label (default: the sample)")
     parser.add_argument("--synthetic", type=int, metavar="ROWS",
                         help="instead of --dataset, this many synthetic support tickets (bench/train_budget.py's)")
+    parser.add_argument("--fortunes", action="store_true",
+                        help="instead of --dataset, Debian's fortunes on four topics (bench/fortunes.py): real text")
     parser.add_argument("--seed", type=int, default=engine.TrainParams().seed, help="split and training seed")
     parser.add_argument("--engine-epochs", type=int, help="the engine's epochs (default: its TrainParams default)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both systems train")
@@ -132,6 +135,11 @@ def main() -> None:
 
             args.dataset = state_dir / f"synthetic-{args.synthetic}.csv"
             write_tickets(args.dataset, args.synthetic, args.seed)
+        elif args.fortunes:
+            import fortunes  # beside this file
+
+            args.dataset = state_dir / "fortunes.csv"
+            fortunes.write_csv(args.dataset)
         with lifecycle.init(config.load()) as store:
             name = import_dataset(store, args.dataset, args.seed)
             data = datasets.load(store, datasets.get(store, name))

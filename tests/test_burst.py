@@ -1,10 +1,7 @@
 """Bursting training to a real single-node Ray head on loopback, with token authentication on.
 
-The head is started once for the session (`ray start --head --num-cpus 2`: two training workers), with every
-port chosen free and its own temporary directory, so it neither meets nor stops another
-Ray on this machine; it is stopped by its own process id at the end, and any of its
-processes still alive then are named and killed. Without the burst extra (ray) these
-tests skip and say so.
+The head is started once for the session (tests/ray_head.py, `ray start --head --num-cpus 2`: two training
+workers). Without the burst extra (ray) these tests skip and say so.
 """
 
 from __future__ import annotations
@@ -14,14 +11,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import secrets
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +31,7 @@ from appliance.train import engine, runs
 from appliance.train.params import TrainParams
 from tests.conftest import run_cli, write_tickets
 from tests.daemon import Daemon
+from tests.ray_head import RayHead, free_ports, local_head
 
 TINY = TrainParams(epochs=2, learning_rate=3e-3, batch_size=16, max_length=32, seed=3)
 
@@ -57,61 +47,13 @@ def _ray_missing() -> str | None:
 needs_ray = pytest.mark.skipif(_ray_missing() is not None, reason=_ray_missing() or "")
 
 
-@dataclass
-class RayHead:
-    address: str
-    token_file: Path
-
-    def client(self) -> Any:
-        from ray.job_submission import JobSubmissionClient
-
-        token = self.token_file.read_text().strip()
-        return JobSubmissionClient(self.address, headers={"Authorization": f"Bearer {token}"})
-
-
 @pytest.fixture(scope="session")
 def ray_head() -> Iterator[RayHead]:
-    """One Ray head for the session: loopback, two CPUs, token auth, its own ports and temp dir."""
+    """One Ray head for the session: loopback, two CPUs (two training workers), token auth."""
     if _ray_missing():
         pytest.skip(_ray_missing())
-    root = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # Ray's socket paths must stay short
-    token_file = root / "token"
-    token_file.write_text(secrets.token_hex(32))
-    token_file.chmod(0o600)
-    ports = _free_ports(9)
-    workers = _worker_ports_base()
-    dashboard = f"http://127.0.0.1:{ports[0]}"
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file),
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    env = {name: value for name, value in env.items() if not name.startswith("APPLIANCE_")}
-    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus", "2",
-               "--disable-usage-stats", "--node-ip-address", "127.0.0.1", "--include-dashboard", "true",
-               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(ports[0]), "--port", str(ports[1]),
-               "--node-manager-port", str(ports[2]), "--object-manager-port", str(ports[3]),
-               "--dashboard-agent-listen-port", str(ports[4]), "--dashboard-agent-grpc-port", str(ports[5]),
-               "--runtime-env-agent-port", str(ports[6]), "--metrics-export-port", str(ports[7]),
-               "--ray-client-server-port", str(ports[8]), "--min-worker-port", str(workers),
-               "--max-worker-port", str(workers + 99), "--object-store-memory", str(100 * 2**20),
-               "--temp-dir", str(root / "r")]
-    log = (root / "head.log").open("w")
-    # Its own working directory: jobs start there, and a checkout there would shadow the shipped package.
-    head = subprocess.Popen(command, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    started = RayHead(dashboard, token_file)
-    try:
-        _wait_for_dashboard(started, head, root / "head.log")
-        yield started
-    finally:
-        head.send_signal(signal.SIGTERM)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-        left = _processes_under(root)
-        for process in left:  # ours by their temp dir, killed by pid: never another Ray on this machine
-            process.kill()
-        log.close()
-        shutil.rmtree(root, ignore_errors=True)
-        assert not left, f"Ray processes outlived the head: {[p.info['cmdline'][:2] for p in left]}"
+    with local_head(num_cpus=2) as head:
+        yield head
 
 
 @pytest.fixture
@@ -389,7 +331,7 @@ def test_a_cluster_that_is_down_fails_the_job_and_fallback_trains_here(
     token = tmp_path / "token"
     token.write_text("t0ken")
     token.chmod(0o600)
-    down = f"http://127.0.0.1:{_free_ports(1)[0]}"
+    down = f"http://127.0.0.1:{free_ports(1)[0]}"
     opened.settings = dataclasses.replace(opened.settings, base_model=tiny_base,
                                           burst=config.BurstSettings(address=down, token_file=token))
     _tickets(opened, tmp_path, datasets.BURST_ALLOWED)
@@ -476,41 +418,3 @@ def _job_events(running: Daemon, job_id: str) -> list[Any]:
 
     with store.open(running.settings) as opened:
         return events.after(opened, 0, job_id, limit=100_000)
-
-
-def _worker_ports_base() -> int:
-    """The first of 100 worker ports below the kernel's ephemeral range, so no port picked by `_free_ports` lies in it."""
-    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    return 10000 + secrets.randbelow(max(1, (ephemeral_low - 10000) // 100 - 1)) * 100
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _wait_for_dashboard(head: RayHead, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"ray start exited {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            head.client().get_version()
-            return
-        except (ConnectionError, RuntimeError, OSError):  # not up yet (Ray raises these while it starts)
-            time.sleep(1)
-    raise AssertionError(f"the Ray dashboard did not answer:\n{log.read_text()[-3000:]}")
-
-
-def _processes_under(root: Path) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if any(str(root) in part for part in process.info["cmdline"] or []):
-            found.append(process)
-    return found
