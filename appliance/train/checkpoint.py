@@ -14,7 +14,6 @@ while the next steps run.
 from __future__ import annotations
 
 import io
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -45,7 +44,6 @@ class Writer:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
         self._own: Store | None = None
         self._pending: Future[bytes] | None = None
-        self.seconds: float | None = None  # how long the last write took, beside training
 
     def submit(self, step: int, state: dict[str, Any]) -> None:
         """Store a snapshot() as the run's checkpoint, once the write before it is done."""
@@ -66,12 +64,9 @@ class Writer:
                 self._own.close()
 
     def _write(self, step: int, state: dict[str, Any]) -> bytes:
-        started = time.monotonic()
         if self._own is None:
             self._own = another_connection(self._store)
-        saved = save(self._own, self._run_id, step, state)
-        self.seconds = time.monotonic() - started
-        return saved
+        return save(self._own, self._run_id, step, state)
 
 
 def save(store: Store, run_id: str, step: int, state: dict[str, Any]) -> bytes:
