@@ -111,11 +111,14 @@ async def test_the_wizard_starts_a_fine_tune_and_the_job_shows_progress_charts_a
     async with app.run_test(size=SIZE) as pilot:
         dialog = await open_wizard(pilot)
         await refused(pilot, dialog, "#priority", "high", "priority must be a whole number", then="5")
+        await refused(pilot, dialog, "#workers", "two", "workers must be a number", then="")
+        await refused(pilot, dialog, "#checkpoint_minutes", "0", "checkpoint_minutes", then="5")
         job_id = await submitted(pilot, dialog, served)
         assert app.screen.query_one("#jobs", Table).selected == job_id  # the newest, at the top
         job = api(served, f"/v1/jobs/{job_id}")
         assert job["kind"] == "pipeline" and job["priority"] == 5 and job["params"]["deploy"] == "auto"
-        assert job["params"]["params"] == {"epochs": 2, "learning_rate": 0.003, "batch_size": 16, "max_length": 32}
+        assert job["params"]["params"] == {"epochs": 2, "learning_rate": 0.003, "batch_size": 16, "max_length": 32,
+                                           "checkpoint_minutes": 5}
 
         await settle(pilot, lambda: rows(app, "#jobs")[job_id][2] == "finished", seconds=300,
                      message="the job did not finish on screen")

@@ -258,6 +258,9 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
             yield fields(("Max minutes", Input(placeholder="no limit", type="number", id="max_minutes")),
                          ("LoRA", Switch(value=defaults.lora, id="lora")))
             yield fields(("Mode", Select(TRAINING_MODES, value=defaults.mode, allow_blank=False, id="mode")))
+            yield fields(("Workers", Input(placeholder="as planned", type="integer", id="workers")),
+                         ("Checkpoint (min)", Input(str(defaults.checkpoint_minutes), type="number",
+                                                    id="checkpoint_minutes")))
             yield fields(("Device", Select([("as planned", ""), ("cpu", "cpu"), ("cuda", "cuda")], value="",
                                            allow_blank=False, id="device")),
                          ("Priority", Input("0", type="integer", id="priority")))
@@ -304,7 +307,8 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
         defaults = TrainParams().model_dump()
         training: dict[str, Any] = {"lora": self.query_one("#lora", Switch).value,
                                     "mode": self.query_one("#mode", Select).value}
-        for name in ("epochs", "learning_rate", "batch_size", "max_length", "max_minutes"):
+        for name in ("epochs", "learning_rate", "batch_size", "max_length", "max_minutes", "workers",
+                     "checkpoint_minutes"):
             text = self.query_one(f"#{name}", Input).value.strip()
             if text:
                 kind = schema.bare(TrainParams.model_fields[name])
