@@ -25,7 +25,7 @@ from appliance.compliance import evidence
 from appliance.core import archive, config
 from appliance.core.errors import BurstError, ResidencyRefused
 from appliance.data import datasets
-from appliance.operations import burst, jobs, jobspec, pipeline, worker
+from appliance.operations import burst, burst_remote, jobs, jobspec, pipeline, worker
 from appliance.store import Store, audit, blobs, lifecycle
 from appliance.train import engine, runs
 from appliance.train.params import TrainParams
@@ -73,6 +73,7 @@ class Recorder:
     submission: dict[str, str] | None = None
     reports: list[dict[str, Any]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    resumable_run: str | None = None
 
     def submitted(self, submission: dict[str, str]) -> None:
         self.submission = submission
@@ -88,6 +89,9 @@ class Recorder:
 
     def cancelled(self) -> bool:
         return self.cancel
+
+    def resumable(self, run_id: str) -> None:
+        self.resumable_run = run_id
 
 
 class KeepingLogs(burst.RayBackend):
@@ -271,19 +275,27 @@ def test_a_burst_trains_data_parallel_on_two_ray_train_workers_as_one_process_wo
         assert sum(r.get("phase") == "evaluate" for r in watcher.reports) == params.epochs  # rank 0's, once each
 
 
-@dataclass
-class KillingAWorker(Recorder):
-    """A watcher that kills one Ray Train worker (SIGKILL) once the remote run has passed its second epoch."""
+# Two workers, twelve epochs of seconds, checkpoints by steps (not minutes): a run to kill workers in.
+KILLED = TrainParams(mode="full", epochs=12, learning_rate=3e-3, batch_size=16, max_length=32, patience=12, seed=3,
+                     workers=2, checkpoint_every=2)
 
-    killed: int | None = None
+
+@dataclass
+class KillingWorkers(Recorder):
+    """A watcher that kills a Ray Train worker (SIGKILL) once the remote run has passed its second epoch, and
+    again, up to `kills` times in all, each time the workers have started again."""
+
+    kills: int = 1
+    killed: list[int] = field(default_factory=list)
 
     def progress(self, data: dict[str, Any]) -> None:
         super().progress(data)
-        if self.killed is None and data.get("epoch", 0) >= 3:
+        restarts = sum("the workers started again" in line for line in self.lines)
+        if len(self.killed) < self.kills and len(self.killed) == restarts and data.get("epoch", 0) >= 3:
             worker = next(p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(
                 p.info["cmdline"] or []))
             worker.kill()
-            self.killed = worker.pid
+            self.killed.append(worker.pid)
 
 
 @pytest.mark.slow
@@ -291,21 +303,50 @@ class KillingAWorker(Recorder):
 def test_a_worker_killed_mid_burst_is_started_again_from_the_last_checkpoint(
     burst_settings: config.Settings, tiny_base: Path, tmp_path: Path
 ) -> None:
-    params = TrainParams(mode="full", epochs=12, learning_rate=3e-3, batch_size=16, max_length=32, patience=12,
-                         seed=3, workers=2, checkpoint_every=2)  # a run of seconds: checkpoints by steps, not minutes
+    params = KILLED
     with lifecycle.init(burst_settings) as opened:
         _tickets(opened, tmp_path, datasets.BURST_ALLOWED)
         backend = burst.connect(burst_settings.burst, burst_settings.state_dir)
-        watcher = KillingAWorker()
+        watcher = KillingWorkers()
         run_id = burst.train(opened, backend, burst.Request("tickets", tiny_base, params, None, "job5", "user:alice"),
                              watcher, poll_s=0.5)
 
-        assert watcher.killed is not None
+        assert len(watcher.killed) == 1
         restarted = [line for line in watcher.lines if "the workers started again, from the checkpoint at step" in line]
         assert len(restarted) == 1, watcher.lines
         history = runs.epochs(opened, run_id)
         assert [row.epoch for row in history] == list(range(1, params.epochs + 1))  # none lost, none twice
         assert runs.get(opened, run_id).status == "finished"
+
+
+@pytest.mark.slow
+@needs_ray
+def test_a_burst_whose_workers_keep_dying_sends_its_last_checkpoint_home_and_training_goes_on_here(
+    burst_settings: config.Settings, tiny_base: Path, tmp_path: Path
+) -> None:
+    params = KILLED
+    with lifecycle.init(burst_settings) as opened:
+        _tickets(opened, tmp_path, datasets.BURST_ALLOWED)
+        watcher = KillingWorkers(kills=burst_remote.RESTARTS + 1)  # one more death than Ray Train starts again
+        request = burst.Request("tickets", tiny_base, params, None, "job6", "user:alice")
+        assert burst.attempt(opened, burst_settings, request, watcher, fallback=True) is None
+
+        run_id = watcher.resumable_run
+        assert run_id is not None, watcher.lines
+        assert len(watcher.killed) == burst_remote.RESTARTS + 1
+        brought = json.loads(_records(opened, "burst.checkpoint")[-1]["details"])
+        assert brought["run"] == run_id and brought["trained_on"].endswith(watcher.submission["id"])
+        kept = runs.epochs(opened, run_id)
+        assert 2 <= len(kept) < params.epochs and runs.get(opened, run_id).status != "finished"  # killed in epoch 3
+        assert brought["step"] >= kept[-1].step  # the checkpoint is at or past the last epoch it records
+
+        done = engine.resume(opened, run_id)  # what the job does next, here
+        assert done.status == "finished" and runs.get(opened, run_id).trained_on is None
+        assert [row.epoch for row in runs.epochs(opened, run_id)] == list(range(1, params.epochs + 1))
+        assert any("training here instead" in line for line in watcher.lines)
+        here = engine.start(opened, dataset="tickets", base_dir=tiny_base, params=params)  # never interrupted
+        assert done.metrics["accuracy"] == pytest.approx(here.metrics["accuracy"], abs=0.1), (done.metrics,
+                                                                                            here.metrics)
 
 
 @pytest.mark.slow

@@ -91,8 +91,8 @@ def import_dataset(ctx: Context, spec: PipelineJob) -> str:
 
 def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) -> RunResult:
     """A run trained on the dataset from the base model: on the Ray cluster when spec.burst (here again if that
-    fails and may fall back), else here, resuming the run an earlier attempt started. Its status says whether it
-    finished or was interrupted (checkpointed)."""
+    fails and may fall back, from the job's last checkpoint when it sent one home), else here, resuming the run an
+    earlier attempt started. Its status says whether it finished or was interrupted (checkpointed)."""
     from appliance.train import engine  # torch loads only where something trains
 
     if "run_id" not in ctx.state and isinstance(spec, TrainJob) and spec.resume:
@@ -161,6 +161,9 @@ class _BurstWatcher:
 
     def cancelled(self) -> bool:
         return self.ctx.cancelled()
+
+    def resumable(self, run_id: str) -> None:
+        self.ctx.save(run_id=run_id)  # training here goes on from it
 
 
 def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str | None) -> str:

@@ -18,7 +18,11 @@ The remote job prints progress, logs and, at the end, its sealed result (the mod
 bundle and the run's record) as log lines; the appliance polls status and logs into
 the local job's events, checks the result (authentication of every chunk, SHA-256 of
 the bundle) and stores it encrypted with lineage `trained_on: ray://host:port/id`.
-Every step is audited: a refusal, what was sent where, the result, a cancel.
+A job that fails for good after a checkpoint (its workers died more often than Ray
+Train starts them again) prints that checkpoint, sealed, instead: it becomes an
+unfinished local run, which a fallback, or `train --resume`, continues here.
+Every step is audited: a refusal, what was sent where, the result, a checkpoint
+brought home, a cancel.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -52,13 +56,17 @@ from appliance.store import seal as sealing
 from appliance.train import runs
 from appliance.train.params import TrainParams
 
+if TYPE_CHECKING:  # torch loads only where something trains
+    from appliance.train import engine, parallel
+
 log = logging.getLogger("appliance.operations.burst")
 
 KEY_ENV = "APPLIANCE_BURST_JOB_KEY"
 TOKEN_CREDENTIAL = "burst.token"  # the token's name in $CREDENTIALS_DIRECTORY
-PROGRESS, RESULT, ERROR = "APPLIANCE-BURST-PROGRESS", "APPLIANCE-BURST-RESULT", "APPLIANCE-BURST-ERROR"
+PROGRESS, ERROR = "APPLIANCE-BURST-PROGRESS", "APPLIANCE-BURST-ERROR"
+RESULT, CHECKPOINT = "APPLIANCE-BURST-RESULT", "APPLIANCE-BURST-CHECKPOINT"  # sealed, a chunk per line
 CHUNK_BYTES = 4 * 2**20  # plaintext per sealed payload chunk
-RESULT_LINE_BYTES = 192 * 2**10  # plaintext per sealed result line in the job's log
+LINE_BYTES = 192 * 2**10  # plaintext per sealed line in the job's log (a result or a checkpoint)
 PACKAGE_BYTES = 64 * 2**20  # sealed bytes per py_modules package: well under Ray's package cap
 UNREACHABLE_GRACE_S = 120.0  # a cluster silent this long while a job runs there fails the job
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -271,11 +279,13 @@ class Watcher(Protocol):
     def log(self, line: str) -> None: ...
     def should_stop(self) -> bool: ...
     def cancelled(self) -> bool: ...
+    def resumable(self, run_id: str) -> None: ...  # the failed burst's last checkpoint, as this unfinished run
 
 
 def attempt(store: Store, settings: Settings, request: Request, watcher: Watcher,
             submission: dict[str, str] | None = None, fallback: bool | None = None) -> str | None:
-    """Burst the request: the local run's id, or None when the burst failed and may fall back to training here.
+    """Burst the request: the local run's id, or None when the burst failed and may fall back to training here
+    (from the run the watcher was told is resumable, if the job sent its last checkpoint home).
 
     A residency refusal never falls back: it is a policy answer, and training here instead is the submitter's call.
     """
@@ -300,8 +310,16 @@ def train(store: Store, backend: Backend, request: Request, watcher: Watcher,
         return done  # an earlier attempt stored the result, then stopped before the job noted it
     if submission is None:
         submission = submit(store, backend, request, watcher)
-    logs = follow(store, backend, submission, watcher, request.actor, poll_s)
-    return receive(store, backend, submission, request, logs)
+    status, logs = follow(store, backend, submission, watcher, request.actor, poll_s)
+    if status == "SUCCEEDED":
+        return receive(store, backend, submission, request, logs)
+    failure = f"the Ray job {submission['id']} {status.lower()}: {_failure(logs)}"
+    run_id = bring_checkpoint_home(store, submission, request, logs, watcher)
+    _forget(backend, submission["id"])  # its lines are in this job's log already
+    if run_id is not None:
+        raise BurstError(failure, hint=f"its last checkpoint is run {run_id} here: 'appliance train --resume "
+                                       f"{run_id}' goes on from it")
+    raise BurstError(failure, hint="the cluster's log of it is in this job's log")
 
 
 def check_residency(store: Store, version: datasets.DatasetVersion, cluster: str, actor: str | None) -> None:
@@ -345,8 +363,9 @@ def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -
 
 
 def follow(store: Store, backend: Backend, submission: dict[str, str], watcher: Watcher, actor: str | None,
-           poll_s: float) -> str:
-    """Poll the remote job into the watcher until it ends; its full log once it succeeded."""
+           poll_s: float) -> tuple[str, str]:
+    """Poll the remote job into the watcher until it ends: how it ended (SUCCEEDED, FAILED or STOPPED) and its
+    whole log."""
     submission_id, seen, last_answer, status = submission["id"], 0, time.monotonic(), ""
     while True:
         if watcher.should_stop():
@@ -367,12 +386,61 @@ def follow(store: Store, backend: Backend, submission: dict[str, str], watcher: 
         for line in complete.split("\n") if newline else []:
             _relay(line, watcher)
         watcher.progress({"stage": "burst", "remote": status, "submission": submission_id})
-        if status == "SUCCEEDED":
-            return text
-        if status in ("FAILED", "STOPPED"):
-            raise BurstError(f"the Ray job {submission_id} {status.lower()}: {_failure(text)}",
-                             hint=f"its whole log: 'ray job logs {submission_id}' against the cluster")
+        if status in TERMINAL:
+            return status, text
         _nap(watcher, poll_s)
+
+
+def bring_checkpoint_home(store: Store, submission: dict[str, str], request: Request, logs: str,
+                          watcher: Watcher) -> str | None:
+    """The last checkpoint a failed job printed, as a new unfinished local run that training here resumes (the
+    watcher is told its id); None when it printed none. One that does not check out is left, and said so."""
+    lines = [found for line in logs.split("\n") if (found := marked(line, CHECKPOINT)) is not None]
+    if not lines:
+        return None
+    submission_id = submission["id"]
+    key = keys.unwrap(store.master, base64.b64decode(submission["key"]), _key_aad(submission_id))
+    try:
+        with audit.operation(store, "burst.checkpoint", submission_id, actor=request.actor,
+                             cluster=submission["cluster"], trained_on=submission["where"]) as details:
+            try:
+                sealed = [base64.b64decode(line, validate=True) for line in lines]
+            except ValueError as exc:
+                raise BurstError(f"the last checkpoint of Ray job {submission_id} is corrupted: {exc}") from exc
+            run_id, step = adopt(store, unseal(key, "checkpoint", sealed), request.dataset, request.base_dir,
+                                 request.device, watcher.log)
+            details.update(run=run_id, step=step)
+    except ApplianceError as exc:
+        watcher.log(f"burst: the job's last checkpoint was not kept: {exc.message}")
+        return None
+    watcher.log(f"burst: the Ray job's last checkpoint, at step {step}, is run {run_id} here")
+    watcher.resumable(run_id)
+    return run_id
+
+
+def checkpoint_archive(saved: bytes, params: dict[str, Any], epochs: list[runs.Epoch]) -> bytes:
+    """What a restart of the run elsewhere needs: its checkpoint, (settled) parameters and epochs so far."""
+    record = {"params": params, "epochs": [asdict(epoch) for epoch in epochs]}
+    return archive.pack([("checkpoint.pt", saved), ("record.json", json.dumps(record).encode())])
+
+
+def adopt(store: Store, packed: bytes, dataset: str, base_dir: Path, device: str | None,
+          log: engine.LogFn | None = None, group: parallel.Group | None = None) -> tuple[str, int]:
+    """A checkpoint_archive as a new run on this store, which engine.resume continues: its id and step. Ray Train's
+    restarted rank 0 adopts its own this way, and the appliance a failed job's."""
+    from appliance.train import engine
+
+    try:
+        files = archive.unpack(packed)
+        record, saved = json.loads(files["record.json"]), files["checkpoint.pt"]
+    except (KeyError, ValueError) as exc:
+        raise BurstError(f"a checkpoint from the cluster cannot be read: {exc}") from exc
+    run_id = engine.create(store, dataset=dataset, base_dir=base_dir, params=TrainParams.parse(record["params"]),
+                           device=device, log=log, group=group)
+    step = engine.adopt_checkpoint(store, run_id, saved)
+    for epoch in record["epochs"]:
+        runs.record_epoch(store, run_id, runs.Epoch(**epoch))
+    return run_id, step
 
 
 def receive(store: Store, backend: Backend, submission: dict[str, str], request: Request, logs: str) -> str:
@@ -392,11 +460,16 @@ def receive(store: Store, backend: Backend, submission: dict[str, str], request:
         runs.finish(store, run_id, blob_id, meta["metrics"],
                     runs.Outcome(**meta["outcome"]) if meta.get("outcome") else None)
         details["run"] = run_id
+    _forget(backend, submission_id)
+    return run_id
+
+
+def _forget(backend: Backend, submission_id: str) -> None:
+    """Drop the ended job from the cluster: its record holds the key."""
     try:
-        backend.forget(submission_id)  # the job's record on the cluster holds the key: drop it
+        backend.forget(submission_id)
     except BurstError as exc:
         log.warning("burst: %s", exc.message)
-    return run_id
 
 
 def cancel(store: Store, backend: Backend, submission_id: str, actor: str | None) -> None:
@@ -424,7 +497,7 @@ def _opened_result(key: bytes, logs: str, submission_id: str) -> tuple[dict[str,
 def _relay(line: str, watcher: Watcher) -> None:
     """One line of the remote log: progress to the events, the sealed result kept back, the rest as a log line."""
     body = _RAY_PREFIX.sub("", line, count=1)
-    if marked(line, RESULT) is not None or body.startswith(("Traceback (most recent call last)", " ", "\t")):
+    if _sealed(line) or body.startswith(("Traceback (most recent call last)", " ", "\t")):
         return  # a traceback (Ray's, of a worker that stopped) stays in the cluster's log: its last line says why
     if (progress := marked(line, PROGRESS)) is not None:
         with contextlib.suppress(ValueError, TypeError):  # one we cannot read is shown as a log line
@@ -439,7 +512,7 @@ def _failure(logs: str) -> str:
     for line in logs.split("\n"):
         if (message := marked(line, ERROR)) is not None:
             return message
-    tail = [line for line in logs.split("\n") if line.strip() and marked(line, RESULT) is None][-3:]
+    tail = [line for line in logs.split("\n") if line.strip() and not _sealed(line)][-3:]
     return " | ".join(tail)[-500:] or "no log"
 
 
@@ -448,6 +521,10 @@ def marked(line: str, marker: str) -> str | None:
     on what a worker prints ("(RayTrainWorker pid=7) "), by a training worker; None on any other line."""
     line = _RAY_PREFIX.sub("", line, count=1)
     return line.split(" ", 1)[1] if line.startswith(marker + " ") else None
+
+
+def _sealed(line: str) -> bool:
+    return marked(line, RESULT) is not None or marked(line, CHECKPOINT) is not None
 
 
 _RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\([^)]*\)(\x1b\[[0-9;]*m)? ")

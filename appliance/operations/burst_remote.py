@@ -10,8 +10,10 @@ reached through memfds), so no plaintext of the dataset, the base model or the t
 node's disk. Rank 0 runs the same training engine as the appliance as the lead of that group (train/parallel.py),
 the others assist it. Progress goes to the log as JSON lines; rank 0 seals the trained bundle and the run's record
 under the job key and hands them to the entrypoint through a small actor (ciphertext only in Ray's object store),
-which prints them to the log. On a refusal the failing process prints one ERROR line with the reason and the job
-exits 1.
+which prints them to the log. Each checkpoint goes to Ray Train, which starts the workers again from it after one
+dies, and to that actor: when the workers die more often than Ray Train starts them again, the entrypoint prints
+the last one, so that training goes on from it on the appliance. On a refusal the failing process prints one
+ERROR line with the reason and the job exits 1.
 """
 
 from __future__ import annotations
@@ -54,10 +56,14 @@ def main(argv: list[str]) -> int:
     except ApplianceError as exc:
         print(f"{burst.ERROR} {exc.message}", flush=True)
         return 1
-    for chunk in sealed:
-        sys.stdout.write(f"{burst.RESULT} {base64.b64encode(chunk).decode()}\n")
-    sys.stdout.flush()
+    _print_sealed(burst.RESULT, sealed)
     return 0
+
+
+def _print_sealed(marker: str, chunks: list[bytes]) -> None:
+    for chunk in chunks:
+        sys.stdout.write(f"{marker} {base64.b64encode(chunk).decode()}\n")
+    sys.stdout.flush()
 
 
 def _fit(submission_id: str, count: int, manifest: dict[str, Any]) -> list[bytes]:
@@ -81,6 +87,7 @@ def _fit(submission_id: str, count: int, manifest: dict[str, Any]) -> list[bytes
         try:
             trainer.fit()
         except Exception as exc:  # Ray Train's errors have no common base: a worker's, the controller's, ...
+            _print_sealed(burst.CHECKPOINT, ray.get(mailbox.last_checkpoint.remote()))  # none before the first
             raise BurstError(f"the training failed on the cluster: {_last_line(exc)}") from exc
     sealed: list[bytes] = ray.get(mailbox.take.remote())
     if not sealed:
@@ -89,16 +96,24 @@ def _fit(submission_id: str, count: int, manifest: dict[str, Any]) -> list[bytes
 
 
 class Mailbox:
-    """Where rank 0 leaves the sealed result for the entrypoint (a Ray actor: one in each job)."""
+    """Where rank 0 leaves the sealed result, and each sealed checkpoint, for the entrypoint (a Ray actor: one in
+    each job, outliving the workers)."""
 
     def __init__(self) -> None:
         self._sealed: list[bytes] = []
+        self._checkpoint: list[bytes] = []
 
     def put(self, sealed: list[bytes]) -> None:
         self._sealed = sealed
 
     def take(self) -> list[bytes]:
         return self._sealed
+
+    def keep(self, checkpoint: list[bytes]) -> None:
+        self._checkpoint = checkpoint
+
+    def last_checkpoint(self) -> list[bytes]:
+        return self._checkpoint
 
 
 def _worker(settings: dict[str, Any]) -> None:
@@ -117,11 +132,11 @@ def _worker(settings: dict[str, Any]) -> None:
         with _scratch(archive.unpack(base)) as (opened, base_dir):
             version = datasets.adopt(opened, datasets.DatasetVersion(**manifest["dataset"]), content)
             if group.leads:
-                result = _lead(opened, version, base_dir, manifest, group, key)
-                ray.get(settings["mailbox"].put.remote(list(burst.seal(key, "result", result,
-                                                                       burst.RESULT_LINE_BYTES))))
+                result = _lead(opened, version, base_dir, manifest, group, key, settings["mailbox"])
+                ray.get(settings["mailbox"].put.remote(list(burst.seal(key, "result", result, burst.LINE_BYTES))))
             else:
-                engine.assist(group, datasets.load(opened, version), base_dir, _reporter(opened, key))
+                engine.assist(group, datasets.load(opened, version), base_dir,
+                              _reporter(opened, key, settings["mailbox"]))
     except ApplianceError as exc:  # its scratch store is gone already
         print(f"{burst.ERROR} {exc.message}", flush=True)
         os._exit(1)  # Ray Train ends the other workers at once; the line above is the reason, not a traceback
@@ -129,7 +144,7 @@ def _worker(settings: dict[str, Any]) -> None:
 
 
 def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path, manifest: dict[str, Any],
-          group: parallel.Group, key: bytes) -> bytes:
+          group: parallel.Group, key: bytes, mailbox: Any) -> bytes:
     """The same engine as on the appliance, on the scratch store, from Ray Train's last checkpoint of this job when
     its workers were started again; the result as a tar of record and bundle."""
     import ray.train
@@ -145,7 +160,8 @@ def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path,
             last = time.monotonic()
             print(f"{burst.PROGRESS} {json.dumps({'stage': 'train', **asdict(report)})}", flush=True)
 
-    checkpointed = _reporter(opened, key)
+    checkpointed = _reporter(opened, key, mailbox)
+
     def say(line: str) -> None:
         print(line, flush=True)
 
@@ -155,14 +171,8 @@ def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path,
                             progress=progress, log=say, group=group, on_checkpoint=checkpointed)
     else:
         with restart.as_directory() as folder:
-            files = archive.unpack(burst.unseal(key, "checkpoint", [path.read_bytes()
-                                                                    for path in sorted(Path(folder).iterdir())]))
-        record = json.loads(files["record.json"])
-        run_id = engine.create(opened, dataset=version.ref, base_dir=base_dir, params=TrainParams.parse(
-            record["params"]), device=manifest["device"], log=say, group=group)
-        step = engine.adopt_checkpoint(opened, run_id, files["checkpoint.pt"])
-        for epoch in record["epochs"]:
-            runs.record_epoch(opened, run_id, runs.Epoch(**epoch))
+            packed = burst.unseal(key, "checkpoint", [path.read_bytes() for path in sorted(Path(folder).iterdir())])
+        run_id, step = burst.adopt(opened, packed, version.ref, base_dir, manifest["device"], say, group)
         say(f"a worker stopped: the workers started again, from the checkpoint at step {step}")
         done = engine.resume(opened, run_id, progress=progress, log=say, group=group, on_checkpoint=checkpointed)
     run = runs.get(opened, done.run_id)
@@ -175,10 +185,10 @@ def _lead(opened: store.Store, version: datasets.DatasetVersion, base_dir: Path,
     return archive.pack([("result.json", json.dumps(record).encode()), ("bundle.tar", bundle)])
 
 
-def _reporter(opened: store.Store, key: bytes) -> engine.CheckpointFn:
-    """Each checkpoint to Ray Train as well (every worker reports it, as Ray Train wants): the lead's sealed, with
-    what a restart needs besides: the run's (settled) parameters and its epochs (the best weights so far are in the
-    checkpoint)."""
+def _reporter(opened: store.Store, key: bytes, mailbox: Any) -> engine.CheckpointFn:
+    """Each checkpoint to Ray Train as well (every worker reports it, as Ray Train wants), and to the mailbox: the
+    lead's, sealed, with what a restart needs besides (burst.checkpoint_archive; the best weights so far are in the
+    checkpoint), in chunks that fit a line of the job's log."""
     import ray.train
 
     from appliance.train import runs
@@ -187,11 +197,12 @@ def _reporter(opened: store.Store, key: bytes) -> engine.CheckpointFn:
         if done is None:
             ray.train.report({})
             return
-        record = {"params": runs.get(opened, done.run_id).params,
-                  "epochs": [asdict(epoch) for epoch in runs.epochs(opened, done.run_id)]}
-        files = [("checkpoint.pt", done.saved), ("record.json", json.dumps(record).encode())]
+        packed = burst.checkpoint_archive(done.saved, runs.get(opened, done.run_id).params,
+                                          runs.epochs(opened, done.run_id))
+        sealed = list(burst.seal(key, "checkpoint", packed, burst.LINE_BYTES))
+        ray.get(mailbox.keep.remote(sealed))
         with tempfile.TemporaryDirectory(prefix="appliance-burst-checkpoint-") as folder:
-            for index, chunk in enumerate(burst.seal(key, "checkpoint", archive.pack(files))):
+            for index, chunk in enumerate(sealed):
                 Path(folder, f"{index:06d}").write_bytes(chunk)
             ray.train.report({}, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
