@@ -130,13 +130,14 @@ def test_bad_submissions_are_refused_naming_field_value_and_range_and_nothing_is
 def test_the_api_body_describes_each_kinds_parameters_with_their_bounds() -> None:
     described = jobspec.JobRequest.model_json_schema()
     assert described["discriminator"]["propertyName"] == "kind" and set(described["discriminator"]["mapping"]) == {
-        "train", "optimize", "pipeline", "tune"}
+        "train", "optimize", "pipeline", "tune", "export"}
     kinds = described["$defs"]
     assert kinds["TrainParams"]["properties"]["epochs"] | {"minimum": 1, "maximum": 1000, "type": "integer"} == \
         kinds["TrainParams"]["properties"]["epochs"]
     tune = kinds["TuneJob"]  # a new search needs dataset and budget_s, a resumed one neither: refused in words
     assert {"dataset", "budget_s", "resume"} <= set(tune["properties"]) and tune["additionalProperties"] is False
     assert kinds["PipelineJob"]["properties"]["task"]["enum"] == ["text-classification", "image-classification"]
+    assert kinds["ExportJob"]["properties"]["format"]["enum"] == ["onnx", "openvino", "hf"]
 
 
 def test_a_job_keeps_its_parameters_as_given_and_reads_them_back_typed(opened: Store) -> None:

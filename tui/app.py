@@ -117,6 +117,10 @@ class ApplianceApp(App[None]):
         """Send a local file (or image folder) for import: the daemon reads only the bytes it is sent."""
         return await self._asked(self.daemon.upload(path, options))
 
+    async def download(self, path: str) -> bytes:
+        """Bytes the daemon hands over (an export archive), for this program to write where its user chose."""
+        return await self._asked(self.daemon.download(path))
+
     async def _asked(self, asking: Awaitable[Any]) -> Any:
         try:
             answer = await asking

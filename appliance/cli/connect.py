@@ -56,6 +56,7 @@ class Appliance(Protocol):
     def alerts(self, *, acknowledged: bool) -> list[dict[str, Any]]: ...
     def acknowledge(self, alert_id: int) -> dict[str, Any]: ...
     def run(self, spec: jobspec.Spec, label: str, base: Path | None = None) -> dict[str, Any]: ...
+    def export(self, spec: jobspec.ExportJob) -> bytes: ...  # the signed archive, in plaintext: encrypt it here
 
 
 class Remote:
@@ -174,6 +175,14 @@ class Remote:
             spec = type(spec).parse(spec.dump() | {"base": named})
         return run_job(self.api, spec)
 
+    def export(self, spec: jobspec.ExportJob) -> bytes:
+        """An export job, followed to its end; then its archive, handed over once."""
+        from appliance.cli.jobs import result_of
+
+        job = self.api.post("/v1/jobs", spec.body())
+        result_of(self.api, job)
+        return self.api.download(f"/v1/exports/{job['id']}")
+
 
 class Local:
     """The store, in this process: what the daemon would do, done here and audited as this user."""
@@ -275,6 +284,16 @@ class Local:
 
         with foreground(self.store, label, stoppable=not isinstance(spec, jobspec.OptimizeJob)) as here:
             return operations.run(here, spec, base=base)
+
+    def export(self, spec: jobspec.ExportJob) -> bytes:
+        """The archive, made here (audited as this user): it never rests in the store."""
+        from appliance.registry import exchange
+
+        with progress_bar(f"exporting {spec.version} as {spec.format}") as bar:
+            bar(0, 1, "export")
+            exported = exchange.export(self.store, spec.version, spec.format, spec.protection,
+                                       actor=audit.default_actor())
+        return exported.archive
 
 
 @contextmanager

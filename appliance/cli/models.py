@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
 from typing import Any
 
 import click
 
 from appliance.cli.base import alias, ask, cli, json_option, print_json, yes_option
 from appliance.cli.connect import connected
+from appliance.operations.jobspec import ExportJob
+
+PASSPHRASE_ENV = "APPLIANCE_EXPORT_PASSPHRASE"
 
 
 @cli.group("models")
@@ -64,6 +70,90 @@ def models_delete(ref: str, yes: bool) -> None:
 
 
 alias(models_group, models_delete, "rm")
+
+
+@models_group.command("export")
+@click.argument("ref")
+@click.option("--format", "fmt", type=click.Choice(["onnx", "openvino", "hf"]), required=True,
+              help="onnx; openvino: the IR the version serves (INT8 where the guard chose it); hf: a Hugging Face "
+                   "directory.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The archive to write (a new file, mode 0600).")
+@click.option("--recipient", help="Encrypt to this age X25519 public key (age1..., from age-keygen).")
+@click.option("--passphrase", "ask_passphrase", is_flag=True,
+              help=f"Encrypt under a passphrase (the default): from {PASSPHRASE_ENV}, else asked for.")
+@click.option("--plaintext", is_flag=True, help="Write it unencrypted; the audit record says so.")
+def models_export(ref: str, fmt: str, out: Path, recipient: str | None, ask_passphrase: bool, plaintext: bool) -> None:
+    """Write a version (MODEL, MODEL:VERSION or MODEL@ALIAS) as a signed archive in an open format; admin only.
+
+    The archive holds the model, its tokenizer, a model card and a manifest of every file's SHA-256 signed by
+    this appliance; 'appliance models verify' checks it anywhere. It is encrypted with age unless --plaintext.
+    """
+    if sum((recipient is not None, ask_passphrase, plaintext)) > 1:
+        raise click.UsageError("give one of --recipient, --passphrase and --plaintext")
+    if out.exists():
+        raise click.BadParameter(f"{out} exists: an archive is never written over a file", param_hint="--out")
+    if not out.parent.is_dir():
+        raise click.BadParameter(f"the folder {out.parent} does not exist", param_hint="--out")
+    from appliance.registry import exchange  # pyrage and the archive code load for this command only
+
+    protection = "recipient" if recipient else "plaintext" if plaintext else "passphrase"
+    # A wrong key or a short passphrase is refused before anything is exported.
+    passphrase = exchange.checked_passphrase(_new_passphrase()) if protection == "passphrase" else None
+    if recipient is not None:
+        exchange.age_recipient(recipient)
+    spec = ExportJob.parse({"version": ref, "format": fmt, "protection": protection})
+    with connected() as appliance:
+        packed = appliance.export(spec)
+    data = exchange.save(out, packed, recipient=recipient, passphrase=passphrase)
+    click.echo(f"wrote {out} ({len(data) / 2**20:.1f} MiB, {protection}): archive SHA-256 "
+               f"{hashlib.sha256(packed).hexdigest()}, as the audit log records it")
+
+
+@models_group.command("verify")
+@click.argument("archive_file", metavar="ARCHIVE", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--public-key", help="The key it must be signed by (hex, or its SHA-256), received separately.")
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="An audit checkpoint exported earlier: the archive must be signed by the same key and store.")
+@click.option("--identity", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The age identity file an encrypted archive was exported to.")
+@json_option
+def models_verify(archive_file: Path, public_key: str | None, checkpoint: Path | None, identity: Path | None,
+                  as_json: bool) -> None:
+    """Check an export archive offline: its signature and every file in it; exit 1 naming what fails.
+
+    An encrypted one is opened with --identity, or with the passphrase (from APPLIANCE_EXPORT_PASSPHRASE, else
+    asked for). Needs no store and no daemon.
+    """
+    from appliance.registry import exchange
+    from appliance.store import anchor
+
+    data = archive_file.read_bytes()
+    passphrase = None
+    if data.startswith(exchange.AGE_MAGIC) and identity is None:
+        passphrase = os.environ.get(PASSPHRASE_ENV) or click.prompt("Passphrase", hide_input=True)
+    verified = exchange.verify(data, identity=identity.read_text() if identity else None, passphrase=passphrase,
+                               public_key=public_key, checkpoint=checkpoint)
+    card, checked = verified.card, verified.checked
+    if as_json:
+        print_json({"ok": True, "sha256": verified.sha256, "encrypted": verified.encrypted, "files": checked.files,
+                    "public_key": checked.public_key, "trusted_by": checked.trusted, "card": card})
+        return
+    click.echo(f"archive OK: {card['model']} ({card['task']}, {card['format']}, variant {card['variant']}),"
+               f" {len(checked.files)} files unchanged since store {checked.manifest.get('store_id', '?')} signed"
+               f" them ({card['exported_at']})")
+    click.echo(f"archive SHA-256 {verified.sha256}; signing key SHA-256 {anchor.fingerprint(checked.public_key)}")
+    if checked.trusted:
+        click.echo(f"the key is vouched for by {checked.trusted}")
+    else:
+        click.echo("note: the key is the one inside the archive, so this proves it is intact, not who made it;"
+                   " give --checkpoint or --public-key to check the key too")
+
+
+def _new_passphrase() -> str:
+    given = os.environ.get(PASSPHRASE_ENV)
+    return given if given is not None else click.prompt("Passphrase for the archive", hide_input=True,
+                                                        confirmation_prompt=True)
 
 
 def show_version(version: dict[str, Any]) -> None:

@@ -1,11 +1,8 @@
 """The evidence pack on disk: the report files, a manifest of their SHA-256, and its Ed25519 signature.
 
-The manifest is signed with the store's audit signing key (anchor.py), so the pack and
-the audit checkpoints share one public key. Verifying needs no store and no master
-key: the manifest names the key, and the signature and every file's hash are checked
-against it. A key carried inside the pack proves only that the pack was not changed
-since someone holding that key signed it; that it was this appliance is shown by
-comparing the key with a checkpoint exported earlier or a key given separately.
+The manifest is the store's signed one (store/signed.py, with the audit checkpoints' key): verifying needs no
+store and no master key, and what vouches for the key besides the pack is a checkpoint exported earlier or a key
+given separately.
 """
 
 from __future__ import annotations
@@ -23,9 +20,9 @@ from typing import Any
 
 from appliance.compliance import evidence, render
 from appliance.core.errors import EvidenceError
-from appliance.store import Store, anchor, audit
+from appliance.store import Store, anchor, audit, signed
+from appliance.store.signed import MANIFEST
 
-MANIFEST, SIGNATURE = "manifest.json", "manifest.sig"
 FORMAT = "appliance-compliance-pack/1"
 ACTION = "compliance.report"
 
@@ -92,75 +89,30 @@ def write(store: Store, folder: Path, actor: str | None = None) -> Written:
                                                      fingerprint=anchor.fingerprint(public_key)).encode())
         pdf = _pdf(partial / "report.html", partial / "report.pdf")
         head = facts["audit"]["signed_head"]
-        manifest = {
-            "format": FORMAT, "store_id": store.store_id, "generated_at": facts["generated_at"],
-            "public_key": public_key, "public_key_sha256": anchor.fingerprint(public_key), "audit_head": head,
-            "files": {path.name: {"sha256": _sha256(path), "bytes": path.stat().st_size}
-                      for path in sorted(partial.iterdir())},
-        }
-        manifest_bytes = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
-        _write(partial / MANIFEST, manifest_bytes)
-        _write(partial / SIGNATURE, anchor.sign_bytes(store, manifest_bytes).encode() + b"\n")
-        audit.record(store, ACTION, str(folder), actor=actor, files=sorted(manifest["files"]),
-                     manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(), audit_head=head and head["seq"])
+        files = {path.name: path.read_bytes() for path in sorted(partial.iterdir())}
+        manifest = signed.sign(store, files, format=FORMAT, generated_at=facts["generated_at"], audit_head=head)
+        for name, data in manifest.items():
+            _write(partial / name, data)
+        audit.record(store, ACTION, str(folder), actor=actor, files=sorted(files),
+                     manifest_sha256=hashlib.sha256(manifest[MANIFEST]).hexdigest(), audit_head=head and head["seq"])
         if folder.exists():
             folder.rmdir()  # empty, checked above
         os.replace(partial, folder)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return Written(folder, sorted(manifest["files"]), pdf, public_key, head and head["seq"])
+    return Written(folder, sorted(files), pdf, public_key, head and head["seq"])
 
 
 def verify(folder: Path, public_key: str | None = None, checkpoint: Path | None = None) -> Checked:
     """Check the signature and every file of a pack; EvidenceError naming each thing that fails."""
-    manifest_bytes, signature = _read(folder / MANIFEST), _read(folder / SIGNATURE).decode().strip()
-    try:
-        manifest = json.loads(manifest_bytes)
-        key, listed = manifest["public_key"], manifest["files"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise EvidenceError(f"{folder / MANIFEST} is not a pack manifest: {exc}",
-                            hint="it was changed, or the folder is not a compliance pack") from exc
-    if not anchor.is_signature(key, signature, manifest_bytes):
-        raise EvidenceError(f"{MANIFEST} does not match {SIGNATURE}: the manifest or its signature was changed",
-                            hint="get the pack again from the appliance; this copy cannot be trusted")
-    trusted = _trusted(key, manifest.get("store_id"), public_key, checkpoint)
-    problems = []
-    for name, entry in sorted(listed.items()):
-        path = folder / name
-        if Path(name).name != name or name in (MANIFEST, SIGNATURE):
-            problems.append(f"{name}: not a plain file name of the pack")
-        elif not path.is_file():
-            problems.append(f"{name}: listed in the signed manifest but missing")
-        elif _sha256(path) != entry.get("sha256"):
-            problems.append(f"{name}: changed after the pack was signed (its SHA-256 differs from the manifest)")
-    for path in sorted(folder.iterdir()):
-        if path.name not in listed and path.name not in (MANIFEST, SIGNATURE):
-            problems.append(f"{path.name}: not covered by the signature (added after signing)")
-    if problems:
-        raise EvidenceError("the pack does not verify: " + "; ".join(problems),
-                            hint="get the pack again from the appliance; this copy was changed")
-    return Checked(sorted(listed), key, trusted, manifest.get("store_id", "?"), manifest.get("generated_at", "?"))
-
-
-def _trusted(key: str, store_id: str | None, public_key: str | None, checkpoint: Path | None) -> str | None:
-    """What, besides the pack, vouches for its key: a key given separately, or a checkpoint it signed."""
-    vouched = []
-    if public_key is not None:
-        given = public_key.strip().lower()
-        if given not in (key, anchor.fingerprint(key)):
-            raise EvidenceError(f"the pack is signed by key {anchor.fingerprint(key)[:16]}..., not the key given",
-                                hint="this pack was not signed by the appliance you trust")
-        vouched.append("the public key given")
-    if checkpoint is not None:
-        head = anchor.read_head(checkpoint)
-        if head is None or not head.is_signed_by(head.public_key):
-            raise EvidenceError(f"{checkpoint} is not a signed audit checkpoint",
-                                hint="give a file written by 'appliance audit checkpoint'")
-        if head.public_key != key or head.store_id != store_id:
-            raise EvidenceError(f"the checkpoint {checkpoint} was signed by another key or store than this pack",
-                                hint="this pack was not signed by the appliance that exported the checkpoint")
-        vouched.append(f"the audit checkpoint of record {head.seq}")
-    return " and ".join(vouched) or None
+    files = {path.name: _read(path) for path in sorted(folder.iterdir()) if path.is_file()} if folder.is_dir() else {}
+    if not files:
+        raise EvidenceError(f"{folder} is not a folder with files", hint="give the folder 'appliance compliance"
+                            " report' wrote")
+    checked = signed.check(files, kind=FORMAT, noun="pack", error=EvidenceError, public_key=public_key,
+                           checkpoint=checkpoint, again="get the pack again from the appliance")
+    return Checked(checked.files, checked.public_key, checked.trusted, checked.manifest.get("store_id", "?"),
+                   checked.manifest.get("generated_at", "?"))
 
 
 def _pdf(html: Path, pdf: Path) -> str:
@@ -212,10 +164,6 @@ def _read(path: Path) -> bytes:
     except OSError as exc:
         raise EvidenceError(f"cannot read {path}: {exc.strerror}",
                             hint="give the folder 'appliance compliance report' wrote") from exc
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def summary(checked: Checked) -> dict[str, Any]:

@@ -33,6 +33,7 @@ NOT_SETTINGS = {
     "APPLIANCE_VENV",
     "APPLIANCE_TORCH",
     "APPLIANCE_BURST_JOB_KEY",  # the per-job key a burst job reads on the cluster
+    "APPLIANCE_EXPORT_PASSPHRASE",  # what `models export` encrypts an archive under, and `models verify` opens it with
 }
 
 

@@ -60,6 +60,10 @@ class Client:
     def delete(self, path: str) -> Any:
         return self._request("DELETE", path)
 
+    def download(self, path: str) -> bytes:
+        """A GET whose answer is bytes (an export archive), not JSON."""
+        return self._request("GET", path, raw=True)
+
     def upload(self, path: Path, options: dict[str, Any], sent: Callable[[int], None] = lambda size: None) -> Any:
         """Import a local file (or image folder) by sending its bytes: the daemon never opens a path of ours."""
         params, chunks = _upload(path, options, sent)
@@ -86,7 +90,7 @@ class Client:
                     raise _unreachable(exc, self._socket) from exc
                 resumed = True
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _request(self, method: str, path: str, raw: bool = False, **kwargs: Any) -> Any:
         for again in (False, True):  # a read cut off is asked once more; a change is not: it may have been made
             try:
                 response = self._http.request(method, path, **kwargs)
@@ -94,8 +98,7 @@ class Client:
             except httpx.TransportError as exc:
                 if again or method != "GET" or not _cut(exc):
                     raise _unreachable(exc, self._socket) from exc
-        _raise_for(response, response.content)
-        return response.json() if _is_json(response) else response.text
+        return _answer(response, raw)
 
 
 class AsyncClient:
@@ -118,6 +121,9 @@ class AsyncClient:
 
     async def delete(self, path: str) -> Any:
         return await self._request("DELETE", path)
+
+    async def download(self, path: str) -> bytes:
+        return await self._request("GET", path, raw=True)
 
     async def upload(self, path: Path, options: dict[str, Any]) -> Any:
         """Client.upload, with the file read off the event loop."""
@@ -150,7 +156,7 @@ class AsyncClient:
                     raise _unreachable(exc, self._socket) from exc
                 resumed = True
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def _request(self, method: str, path: str, raw: bool = False, **kwargs: Any) -> Any:
         for again in (False, True):  # a read cut off is asked once more; a change is not: it may have been made
             try:
                 response = await self._http.request(method, path, **kwargs)
@@ -158,8 +164,15 @@ class AsyncClient:
             except httpx.TransportError as exc:
                 if again or method != "GET" or not _cut(exc):
                     raise _unreachable(exc, self._socket) from exc
-        _raise_for(response, response.content)
-        return response.json() if _is_json(response) else response.text
+        return _answer(response, raw)
+
+
+def _answer(response: httpx.Response, raw: bool) -> Any:
+    """The body: bytes when raw, else JSON or text; an error status raised as its ApplianceError."""
+    _raise_for(response, response.content)
+    if raw:
+        return response.content
+    return response.json() if _is_json(response) else response.text
 
 
 def _http(settings: config.Settings, token: str | None) -> httpx.Client:

@@ -31,9 +31,18 @@ from appliance.core.errors import ApplianceError, DatasetError
 from appliance.core.text import counted
 from appliance.data import datasets, sources
 from appliance.operations import burst, challenge, jobs, pipeline
-from appliance.operations.jobspec import OptimizeJob, PipelineJob, Spec, TrainJob, TuneJob, base_dir, resumed
+from appliance.operations.jobspec import (
+    ExportJob,
+    OptimizeJob,
+    PipelineJob,
+    Spec,
+    TrainJob,
+    TuneJob,
+    base_dir,
+    resumed,
+)
 from appliance.registry import feedback
-from appliance.store import Store, audit
+from appliance.store import Store, audit, blobs
 from appliance.train import runs, studies
 
 if TYPE_CHECKING:
@@ -226,6 +235,17 @@ def optimise(ctx: Context, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) 
     return version
 
 
+def export(ctx: Context, spec: ExportJob) -> dict[str, Any]:
+    """The version as a signed archive in an open format, kept encrypted in the store for its one download."""
+    from appliance.registry import exchange  # torch loads where the format needs a conversion
+
+    ctx.stage("export")
+    exported = exchange.export(ctx.store, spec.version, spec.format, spec.protection, actor=ctx.actor)
+    return {"version": exported.ref, "format": exported.format, "protection": spec.protection,
+            "sha256": exported.sha256, "bytes": len(exported.archive),
+            "archive_blob": blobs.put(ctx.store, exported.archive)}
+
+
 def deploy(ctx: Context, spec: PipelineJob | TuneJob, ref: str) -> dict[str, Any]:
     """Serve ref as spec.deploy says; what became of it (how: production, canary or waits) and why.
 
@@ -312,6 +332,8 @@ def run(ctx: Context, spec: Spec, study_id: str | None = None, base: Path | None
     """
     if isinstance(spec, OptimizeJob):
         return {"version": optimise(ctx, spec, spec.version).ref}
+    if isinstance(spec, ExportJob):
+        return export(ctx, spec)
     dataset = _between(ctx, import_dataset(ctx, spec) if isinstance(spec, PipelineJob) else _dataset(ctx, spec))
     base = base or base_dir(spec.base, ctx.store.settings)
     if isinstance(spec, TuneJob):

@@ -22,7 +22,7 @@ from appliance.core import clock
 from appliance.core.errors import ApplianceError, JobError, JobNotFound
 from appliance.data import datasets
 from appliance.operations import jobspec
-from appliance.store import Store, alerts, audit, events
+from appliance.store import Store, alerts, audit, blobs, events
 from appliance.store.db import transaction
 from appliance.train import runs, studies
 
@@ -251,8 +251,28 @@ def delete(store: Store, job_id: str, actor: str | None = None) -> Job:
                            hint=f"cancel it first ('appliance jobs cancel {job.id}'), then delete it")
         events.forget(store, "job", job.id)
         store.db.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
+        if (archive := (job.result or {}).get("archive_blob")) and blobs.exists(store, archive):
+            blobs.delete(store, archive)  # an export nobody downloaded
         details.update(kind=job.kind, status=job.status)
     return job
+
+
+def take_export(store: Store, job_id: str, actor: str | None = None) -> bytes:
+    """The archive a finished export job made, once: it leaves the store as it is handed over (audited as
+    `model.export.download`)."""
+    job = get(store, job_id)
+    archive = (job.result or {}).get("archive_blob") if job.kind == "export" else None
+    if job.status != "finished" or archive is None:
+        raise JobError(f"job {job.id} is a {job.kind} job that is {job.status}: it has no export archive",
+                       hint="name the job that 'appliance models export' started, once it has finished")
+    if not blobs.exists(store, archive):
+        raise JobError(f"the archive of export job {job.id} was downloaded already",
+                       hint="export the model again: an archive is handed over once")
+    with audit.operation(store, "model.export.download", job.params["version"], actor=actor, job=job.id,
+                         sha256=job.result["sha256"]):
+        data = blobs.read(store, archive)
+        blobs.delete(store, archive)
+    return data
 
 
 def using_datasets(store: Store, names: set[str]) -> list[str]:

@@ -64,6 +64,7 @@ Priority = Annotated[int, Field(ge=PRIORITY[0], le=PRIORITY[1], description="hig
 
 class _Spec(Strict):
     kind: ClassVar[str]
+    role: ClassVar[str] = "operator"  # who may submit it
 
     def _resumed_alone(self, what: str, own: tuple[str, ...]) -> Self:
         """A resumed run or search keeps what it started with: refuse anything sent that it would ignore."""
@@ -163,6 +164,22 @@ class OptimizeJob(_Optimizing):
                        seed=self.seed)
 
 
+class ExportJob(_Spec):
+    """Write a registered model as a signed archive in an open format (registry/exchange.py); admin only. The
+    archive waits, encrypted in the store, for its one download (GET /v1/exports/{job_id})."""
+
+    kind: ClassVar[str] = "export"
+    noun: ClassVar[str] = "an export job"
+    role: ClassVar[str] = "admin"
+
+    version: Ref = Field(description="the model to export: name, name:version or name@alias")
+    format: Literal["onnx", "openvino", "hf"] = Field(description="onnx; openvino: the IR the version serves; hf: a "
+                                                                  "Hugging Face directory")
+    protection: Literal["passphrase", "recipient", "plaintext"] = Field(
+        description="how the archive will leave the box, encrypted by the client that downloads it: under a "
+                    "passphrase, to an age recipient, or in plaintext; on the audit record")
+
+
 class PipelineJob(_Deploying, _Optimizing, _Burst, _Training):
     """Import (or extend with feedback), fine-tune, optimise and deploy."""
 
@@ -222,8 +239,8 @@ class TuneJob(_Deploying, _Optimizing, _Training):
         return replace(super().optimize_options(), metric=self.metric)
 
 
-Spec = TrainJob | OptimizeJob | PipelineJob | TuneJob
-SPECS: dict[str, type[Spec]] = {spec.kind: spec for spec in (TrainJob, OptimizeJob, PipelineJob, TuneJob)}
+Spec = TrainJob | OptimizeJob | PipelineJob | TuneJob | ExportJob
+SPECS: dict[str, type[Spec]] = {spec.kind: spec for spec in (TrainJob, OptimizeJob, PipelineJob, TuneJob, ExportJob)}
 KINDS = tuple(SPECS)
 
 
@@ -294,7 +311,7 @@ def confine(spec: Spec, store: Store) -> None:
                 imports.open_file(spec.source).close()
             except ConfinementError as exc:
                 raise ConfinementError(f"source: {exc.message}", hint=exc.hint) from None
-    if not isinstance(spec, OptimizeJob):
+    if not isinstance(spec, OptimizeJob | ExportJob):
         base_dir(spec.base, settings)
 
 

@@ -262,6 +262,37 @@ async def test_a_version_that_cannot_serve_is_optimised_from_the_models_screen(s
                      seconds=10, message="the optimised version does not show what it serves")
 
 
+async def test_a_version_is_exported_from_the_models_screen_encrypted_to_a_recipient(
+    served: Daemon, tmp_path: Path
+) -> None:
+    import pyrage
+
+    from appliance.registry import exchange
+
+    identity = pyrage.x25519.Identity.generate()
+    production = f"tickets:{api(served, '/v1/serving')['models'][0]['versions'][0]['version']}"
+    out = tmp_path / "tickets.tar.age"
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await settle(pilot, lambda: production in rows(app, "#models"))
+        app.screen.query_one("#models", Table).select(production)
+        await pilot.press("e")
+        dialog = app.screen
+        dialog.query_one("#format").value = "openvino"
+        await refused(pilot, dialog, "#path", str(tmp_path), "give a new file", then=str(out))
+        await pilot.click("#submit")
+        await settle(pilot, lambda: "give a recipient or a passphrase" in text(app, "#problem"))
+        await refused(pilot, dialog, "#recipient", "age1nope", "is not an age X25519 recipient",
+                      then=str(identity.to_public()))
+        await pilot.click("#submit")
+        await settle(pilot, lambda: f"{production} written to {out}" in notices(app), seconds=120,
+                     message="the export was not written")
+    verified = exchange.verify(out.read_bytes(), identity=str(identity))
+    assert verified.encrypted and verified.card["model"] == production and verified.card["format"] == "openvino"
+    assert out.stat().st_mode & 0o777 == 0o600
+
+
 async def test_serving_shows_the_endpoints_and_tries_a_prediction(served: Daemon) -> None:
     app = ApplianceApp(settings=served.settings)
     async with app.run_test(size=SIZE) as pilot:

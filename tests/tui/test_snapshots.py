@@ -105,10 +105,10 @@ def test_fine_tune_wizard_with_advanced_options(snap_compare: Any, recorded_app:
 
 
 @SIZES
-@pytest.mark.parametrize("keys", [("4", "d"), ("4", "k"), ("4", "r"), ("4", "x"), ("6", "e"), ("3", "l"), ("3", "c"),
-                                  ("2", "x")],
-                         ids=["deploy", "canary", "rollback", "delete-the-candidate", "export", "log", "cancel",
-                              "delete-dataset"])
+@pytest.mark.parametrize("keys", [("4", "d"), ("4", "k"), ("4", "r"), ("4", "x"), ("4", "e"), ("6", "e"), ("3", "l"),
+                                  ("3", "c"), ("2", "x")],
+                         ids=["deploy", "canary", "rollback", "delete-the-candidate", "export-model", "export", "log",
+                              "cancel", "delete-dataset"])
 def test_dialog(snap_compare: Any, recorded_app: ApplianceApp, keys: tuple[str, str], size: tuple[int, int]) -> None:
     async def open_it(pilot: Any) -> None:
         await pilot.press(keys[0])

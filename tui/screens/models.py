@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, Input, Label, Static
+from textual.widgets import DataTable, Input, Label, Select, Static, Switch
 
+from appliance.core.errors import ApplianceError
+from appliance.operations import jobs
 from tui.screens.base import ApplianceScreen
-from tui.screens.dialogs import Confirm, FormDialog
+from tui.screens.dialogs import Confirm, FormDialog, fields
 from tui.widgets import Table, ago, number, percent
 
 # The variant metrics worth comparing, as (metric, column title, format).
@@ -26,10 +31,12 @@ class ModelsScreen(ApplianceScreen):
             "side by side (fp32, int8, student: accuracy, latency, size) and why one was chosen. o optimises a "
             "version that cannot serve (OpenVINO, INT8 kept only if accuracy holds: a new version), d deploys it to production, k sends "
             "a canary share of traffic to it, r rolls back (a running canary stops first, else production returns "
-            "to the version before), x deletes a version that never served; each asks before it acts.")
+            "to the version before), x deletes a version that never served; each asks before it acts. e exports "
+            "a version to a file in an open format (ONNX, OpenVINO, Hugging Face), signed, encrypted with age to a "
+            "recipient or a passphrase unless plaintext is switched on; admin only.")
     BINDINGS: ClassVar = [Binding("o", "optimise", "Optimise"), Binding("d", "deploy", "Deploy"),
                           Binding("k", "canary", "Canary"), Binding("r", "rollback", "Rollback"),
-                          Binding("x", "delete", "Delete")]
+                          Binding("x", "delete", "Delete"), Binding("e", "export", "Export")]
 
     def compose_body(self) -> ComposeResult:
         yield Table("version", "aliases", "traffic", "serves", "accuracy", "registered", id="models")
@@ -170,6 +177,35 @@ class ModelsScreen(ApplianceScreen):
             "DELETE", f"/v1/models/{version['model']}/versions/{version['version']}",
             lambda done: f"{done['model']}:{done['version']} deleted")
 
+    def action_export(self) -> None:
+        version = self._selected()
+        if version is not None:
+            ref = f"{version['model']}:{version['version']}"
+            self.app.push_screen(ExportDialog(ref), lambda chosen: chosen and self._export(ref, chosen))
+
+    @work(exclusive=True, exit_on_error=False)
+    async def _export(self, ref: str, chosen: Export) -> None:
+        """An export job; once it has finished, its archive, encrypted as chosen, written where the user said."""
+        from appliance.registry import exchange
+
+        body = {"kind": "export", "params": {"version": ref, "format": chosen.format, "protection": chosen.protection}}
+        try:
+            job = await self.app.request("POST", "/v1/jobs", body)
+            self.notify(f"{ref}: job {job['id']} exports it as {chosen.format}")
+            while job["status"] in jobs.ACTIVE:
+                await asyncio.sleep(0.5)
+                job = await self.app.request("GET", f"/v1/jobs/{job['id']}")
+            if job["status"] != "finished":
+                self.notify(f"the export of {ref} {job['status']}: {job['error']}", severity="error", timeout=10)
+                return
+            packed = await self.app.download(f"/v1/exports/{job['id']}")
+            await asyncio.to_thread(exchange.save, chosen.path, packed, recipient=chosen.recipient,
+                                    passphrase=chosen.passphrase)
+        except ApplianceError as exc:
+            self.app.report(exc)
+            return
+        self.notify(f"{ref} written to {chosen.path} ({chosen.protection}); 'appliance models verify' checks it")
+
     def _deployable(self) -> dict[str, Any] | None:
         """The selected version, if the server can run it; else None, and the operator is told why and what to do."""
         version = self._selected()
@@ -203,3 +239,64 @@ class CanaryDialog(FormDialog[float]):
             self.show_problem(f"give a share above 0 and at most 100, not {text!r}")
             return
         self.dismiss(share)
+
+
+@dataclass(frozen=True)
+class Export:
+    """Where and how an export leaves: written by this program, as its user."""
+
+    format: str
+    path: Path
+    recipient: str | None
+    passphrase: str | None
+
+    @property
+    def protection(self) -> str:
+        return "recipient" if self.recipient else "passphrase" if self.passphrase else "plaintext"
+
+
+class ExportDialog(FormDialog[Export]):
+    """A version to a file in an open format: the format, the file, and an age recipient or a passphrase (or,
+    switched on on purpose, plaintext)."""
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(f"Export {ref}", "Export", wide=True)
+        self.ref = ref
+
+    def compose_fields(self) -> ComposeResult:
+        yield fields(("Format", Select([("ONNX", "onnx"), ("OpenVINO IR (as it serves)", "openvino"),
+                                       ("Hugging Face", "hf")], value="onnx", allow_blank=False, id="format")))
+        yield fields(("File", Input(placeholder=f"a new file, e.g. ~/{self.ref.replace(':', '-')}.tar.age",
+                                    id="path")))
+        yield fields(("Recipient", Input(placeholder="age1... (from age-keygen)", id="recipient")))
+        yield fields(("Passphrase", Input(password=True, placeholder="or a passphrase of 12+ characters",
+                                          id="passphrase")),
+                     ("Plaintext", Switch(value=False, id="plaintext")))
+        yield Label(f"From a shell: appliance models export {self.ref} --format FORMAT --out FILE --recipient KEY",
+                    classes="command")
+
+    def submit(self) -> None:
+        from appliance.registry import exchange
+
+        text = {name: self.query_one(f"#{name}", Input).value.strip() for name in ("path", "recipient")}
+        passphrase = self.query_one("#passphrase", Input).value or None
+        plaintext = self.query_one("#plaintext", Switch).value
+        path = Path(text["path"]).expanduser()
+        given = sum((bool(text["recipient"]), passphrase is not None, plaintext))
+        try:
+            if not text["path"] or path.exists() or not path.parent.is_dir():
+                raise ValueError(f"give a new file in a folder that exists, not {text['path']!r}")
+            if given != 1:
+                raise ValueError("give a recipient or a passphrase, or switch plaintext on: one of the three")
+            if text["recipient"]:
+                exchange.age_recipient(text["recipient"])
+            if passphrase is not None:
+                exchange.checked_passphrase(passphrase)
+        except ValueError as exc:
+            self.show_problem(str(exc))
+            return
+        except ApplianceError as exc:
+            self.show_problem(exc.message)
+            return
+        self.dismiss(Export(str(self.query_one("#format", Select).value), path, text["recipient"] or None,
+                            passphrase))

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
-from appliance.daemon.api.deps import Operator, Shared, Viewer, actor
+from appliance.access import users
+from appliance.daemon.api.deps import Admin, Operator, Shared, Viewer, actor
 from appliance.operations import jobs
 from appliance.operations.jobspec import JobRequest  # one body per kind, told apart by "kind": /openapi.json shows each
 from appliance.train import runs, studies
@@ -23,6 +24,7 @@ def list_jobs(_user: Viewer, shared: Shared, status: str | None = None) -> list[
 
 @router.post("/v1/jobs", status_code=201)
 def submit(body: JobRequest, user: Operator, shared: Shared) -> dict[str, Any]:
+    users.require(user, body.spec.role)  # an export is an admin's
     with shared.use() as store:
         return asdict(jobs.submit(store, body.spec, body.priority, actor=actor(user)))
 
@@ -50,6 +52,16 @@ def delete(job_id: str, user: Operator, shared: Shared) -> dict[str, Any]:
     """Forget an ended job, its record and its log; what it made and its audit records stay."""
     with shared.use() as store:
         return asdict(jobs.delete(store, job_id, actor=actor(user)))
+
+
+@router.get("/v1/exports/{job_id}", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}},
+                             "description": "the signed export archive (a tar), handed over once"}})
+def take_export(job_id: str, user: Admin, shared: Shared) -> Response:
+    """The archive a finished export job made: it leaves the store as it is sent."""
+    with shared.use() as store:
+        data = jobs.take_export(store, job_id, actor=actor(user))
+    return Response(data, media_type="application/octet-stream")
 
 
 @router.get("/v1/runs")

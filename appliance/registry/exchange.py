@@ -1,0 +1,274 @@
+"""Models out of the box in open formats: one signed archive that runs without the appliance.
+
+An export archive is a plain tar:
+
+    model/              the model, in the format asked for:
+                          onnx      model.onnx (inputs input_ids, attention_mask[, token_type_ids]; output logits)
+                          openvino  model.xml + model.bin, the IR of the variant the version serves (INT8 where
+                                    the guard chose it), same inputs and output
+                          hf        config.json + model.safetensors, a Hugging Face sequence classifier
+                        and the tokenizer's files (tokenizer.json, ...) beside it
+    card.json           the model card: task, labels in logit order, inputs, outputs, max_length, base model and
+                        its licence, dataset version and its SHA-256, validation metrics, the guard's decision
+    README.txt          how to check it and load it
+    manifest.json       every file's SHA-256, signed by this appliance's Ed25519 key (store/signed.py)
+    manifest.sig
+
+`protect` encrypts an archive with age (age-encryption.org/v1: to an X25519 recipient, or under a passphrase),
+so the recipient opens it with the `age` tool or any age library; `verify` opens one (decrypting it first where
+it is encrypted) and checks every file against the signed manifest, offline. The export itself is audited where
+it is made (`model.export`: who, which version, format, the archive's SHA-256, how it leaves).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from appliance import inference, registry
+from appliance.core import archive, clock
+from appliance.core.errors import ArtifactError, RegistryError
+from appliance.data import datasets
+from appliance.store import Store, anchor, audit, blobs, signed
+from appliance.train import runs
+
+FORMAT = "appliance-model-export/1"
+Format = Literal["onnx", "openvino", "hf"]
+FORMATS: tuple[Format, ...] = ("onnx", "openvino", "hf")
+Protection = Literal["passphrase", "recipient", "plaintext"]
+AGE_MAGIC = b"age-encryption.org/v1\n"
+MIN_PASSPHRASE = 12  # characters; age stretches it with scrypt
+TORCH = "torch"  # the variant every version holds: the trained bundle (operations.pipeline.TORCH)
+FOREIGN_FILES = ("appliance.json",)  # the bundle's own manifest: its facts go to the card instead
+
+README = """Model {ref} ({task}), exported {exported_at} by appliance store {store_id} as {format}.
+
+model/         the model and its tokenizer's files
+card.json      labels (in the order of the model's logits), inputs and outputs, max_length,
+               base model and licence, dataset version and SHA-256, validation metrics
+manifest.json  the SHA-256 of every file here, and the signing public key
+manifest.sig   the Ed25519 signature (hex) over the exact bytes of manifest.json
+
+Check it (offline): appliance models verify ARCHIVE [--public-key HEX]
+or by hand: compare each file's SHA-256 with manifest.json, then verify manifest.sig over
+manifest.json with the Ed25519 public key in it. That key's SHA-256 is
+  {fingerprint}
+compare it with a key or an audit checkpoint you got from the appliance separately.
+
+Predict: tokenize with tokenizer.json (the `tokenizers` library; truncate to max_length,
+pad with the tokenizer's pad token), feed input_ids and attention_mask (and token_type_ids
+where the model takes them) as int64, take the softmax of `logits`; label i is card.json's
+labels[i]. The appliance's README shows it in ten lines for onnxruntime and for OpenVINO.
+"""
+
+
+@dataclass(frozen=True)
+class Exported:
+    """A signed export archive (plaintext: `protect` encrypts it) and what the audit record names."""
+
+    ref: str
+    format: Format
+    archive: bytes
+    sha256: str
+
+
+def export(store: Store, ref: str, fmt: Format, protection: Protection, actor: str | None = None) -> Exported:
+    """The version as a signed archive in an open format; audited as `model.export` with the protection it will
+    leave under (the caller encrypts it as declared)."""
+    version = registry.get(store, ref)
+    with audit.operation(store, "model.export", version.ref, actor=actor, format=fmt,
+                         protection=protection) as details:
+        files, variant = _model_files(store, version, fmt)
+        card = model_card(store, version, fmt, variant, files)
+        contents = {f"model/{name}": data for name, data in sorted(files.items())}
+        contents["card.json"] = json.dumps(card, indent=2, sort_keys=True).encode() + b"\n"
+        public_key = anchor.public_key(store)
+        contents["README.txt"] = README.format(ref=version.ref, task=version.task, exported_at=card["exported_at"],
+                                               store_id=store.store_id, format=fmt,
+                                               fingerprint=anchor.fingerprint(public_key)).encode()
+        contents |= signed.sign(store, contents, format=FORMAT, model=version.ref, exported_at=card["exported_at"])
+        packed = archive.pack(sorted(contents.items()), mode=0o644)
+        digest = hashlib.sha256(packed).hexdigest()
+        details.update(sha256=digest, bytes=len(packed), variant=variant)
+    return Exported(version.ref, fmt, packed, digest)
+
+
+def protect(packed: bytes, *, recipient: str | None = None, passphrase: str | None = None) -> bytes:
+    """The archive encrypted with age to an X25519 recipient (age1...) or under a passphrase (exactly one)."""
+    import pyrage
+
+    if (recipient is None) == (passphrase is None):
+        raise ValueError("protect takes a recipient or a passphrase")
+    if passphrase is not None:
+        return pyrage.passphrase.encrypt(packed, checked_passphrase(passphrase))
+    return pyrage.encrypt(packed, [age_recipient(recipient or "")])
+
+
+def checked_passphrase(passphrase: str) -> str:
+    """The passphrase, if it is long enough to protect an archive."""
+    if len(passphrase) < MIN_PASSPHRASE:
+        raise RegistryError(f"the archive's passphrase is shorter than {MIN_PASSPHRASE} characters",
+                            hint="choose a longer one, or encrypt to an age recipient instead")
+    return passphrase
+
+
+def save(path: Path, packed: bytes, *, recipient: str | None = None, passphrase: str | None = None) -> bytes:
+    """Write the archive to a new file (0600, whole or not at all), encrypted as asked (plaintext when given
+    neither); what was written."""
+    data = packed if recipient is None and passphrase is None else protect(packed, recipient=recipient,
+                                                                            passphrase=passphrase)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.link(partial, path)  # fails rather than replace a file made meanwhile
+    except FileExistsError as exc:
+        raise RegistryError(f"{path} exists: an archive is never written over a file",
+                            hint="give a new file name") from exc
+    except OSError as exc:
+        raise RegistryError(f"cannot write {path}: {exc.strerror}", hint="give a file in a folder you may write to"
+                            ) from exc
+    finally:
+        partial.unlink(missing_ok=True)
+    return data
+
+
+def age_recipient(text: str) -> Any:
+    """An age X25519 recipient (pyrage's), or RegistryError saying what one looks like."""
+    import pyrage
+
+    try:
+        return pyrage.x25519.Recipient.from_str(text.strip())
+    except pyrage.RecipientError as exc:
+        raise RegistryError(f"{text[:80]!r} is not an age X25519 recipient: {exc}",
+                            hint="give the public key that 'age-keygen' prints: age1 and 58 more characters") from exc
+
+
+@dataclass(frozen=True)
+class Verified:
+    checked: signed.Checked
+    card: dict[str, Any]
+    sha256: str  # of the archive inside any encryption: what the export's audit record names
+    encrypted: bool
+
+
+def verify(data: bytes, *, identity: str | None = None, passphrase: str | None = None,
+           public_key: str | None = None, checkpoint: Path | None = None) -> Verified:
+    """Check an archive (decrypted first with an age identity or a passphrase where it is encrypted): its signature
+    and every file; RegistryError naming what fails."""
+    encrypted = data.startswith(AGE_MAGIC)
+    packed = _decrypt(data, identity, passphrase) if encrypted else data
+    try:
+        files = archive.unpack(packed)
+    except ArtifactError as exc:
+        raise RegistryError(f"the archive is not a readable tar: {exc.message.split(': ', 1)[-1]}",
+                            hint="it may be cut short: copy it again, or export again") from exc
+    checked = signed.check(files, kind=FORMAT, noun="archive", error=RegistryError, public_key=public_key,
+                           checkpoint=checkpoint, again="export the model again from the appliance")
+    if "card.json" not in checked.manifest["files"]:
+        raise RegistryError("the archive has no model card (card.json)", hint="it is not an appliance model export")
+    return Verified(checked, json.loads(files["card.json"]), hashlib.sha256(packed).hexdigest(), encrypted)
+
+
+def _decrypt(data: bytes, identity: str | None, passphrase: str | None) -> bytes:
+    import pyrage
+
+    try:
+        if identity is not None:
+            return pyrage.decrypt(data, [pyrage.x25519.Identity.from_str(_identity_line(identity))])
+        if passphrase is not None:
+            return pyrage.passphrase.decrypt(data, passphrase)
+    except (pyrage.DecryptError, pyrage.IdentityError) as exc:
+        raise RegistryError(f"the archive cannot be decrypted: {exc}",
+                            hint="give the identity or passphrase it was exported to") from exc
+    raise RegistryError("the archive is encrypted (age)", hint="give the identity file it was exported to "
+                        "(--identity), or its passphrase")
+
+
+def _identity_line(text: str) -> str:
+    """The AGE-SECRET-KEY line of an identity file (age-keygen writes comments around it)."""
+    for line in text.splitlines():
+        if line.strip().startswith("AGE-SECRET-KEY-"):
+            return line.strip()
+    raise RegistryError("no AGE-SECRET-KEY line in the identity file", hint="give a file that age-keygen wrote")
+
+
+def model_card(store: Store, version: registry.ModelVersion, fmt: Format, variant: str,
+               files: dict[str, bytes]) -> dict[str, Any]:
+    """What a user of the exported model needs to know about it, and where it came from."""
+    bundle = archive.unpack(blobs.read(store, version.variants[TORCH].blob_id))
+    manifest = json.loads(bundle["appliance.json"])
+    run = runs.get(store, version.run_id)
+    dataset = datasets.get(store, run.dataset_id)
+    return {
+        "model": version.ref, "task": version.task, "format": fmt, "variant": variant,
+        "exported_at": clock.stamp(),
+        "labels": manifest["labels"], "max_length": manifest["max_length"],
+        "inputs": graph_inputs(fmt, files),
+        "outputs": ["logits"], "probabilities": "softmax over logits; label i is labels[i]",
+        "base_model": {"path": run.base_model, "licence": base_licence(Path(run.base_model))},
+        "dataset": {"ref": dataset.ref, "sha256": dataset.blob_id, "examples": dataset.examples},
+        "trained_on": run.trained_on or "this appliance",
+        "metrics": {"validation": version.variants[variant].metrics if variant in version.variants else {},
+                    "validation_fp32": version.variants[TORCH].metrics},
+        "guard": {"chosen": version.chosen, "reason": version.reason},
+        "params": run.params,
+    }
+
+
+def graph_inputs(fmt: Format, files: dict[str, bytes]) -> list[str]:
+    """The inputs the exported graph takes, by name; a Hugging Face model takes what its tokenizer gives."""
+    if fmt == "onnx":
+        return [node.name for node in inference.onnx_session(files["model.onnx"]).get_inputs()]
+    if fmt == "openvino":
+        model = inference.read_openvino(inference.Artifact(files["model.xml"], files["model.bin"]))
+        return [port.get_any_name() for port in model.inputs]
+    return ["what the tokenizer gives"]
+
+
+def base_licence(base_dir: Path) -> str:
+    """The licence the base model's model card (README.md front matter) states, or that it states none."""
+    try:
+        text = (base_dir / "README.md").read_text(errors="replace")[:20_000]
+    except OSError:
+        return "unknown: the base model's folder has no README.md here"
+    front = text.split("---", 2)[1] if text.startswith("---") else ""
+    found = re.search(r"^licen[cs]e:\s*(\S+)", front, re.MULTILINE)
+    return found.group(1) if found else "unknown: the base model's card states none"
+
+
+def _model_files(store: Store, version: registry.ModelVersion, fmt: Format) -> tuple[dict[str, bytes], str]:
+    """The model's files in the format, and which variant they are."""
+    if version.task != "text-classification":
+        raise RegistryError(f"{version.ref} is an {version.task} model; only text classifiers can be exported yet")
+    bundle = archive.unpack(blobs.read(store, version.variants[TORCH].blob_id))
+    tokenizer = {name: data for name, data in bundle.items()
+                 if name not in FOREIGN_FILES and name not in ("config.json", "model.safetensors")}
+    if fmt == "hf":
+        if "architecture" in json.loads(bundle["appliance.json"]):
+            raise RegistryError(f"{version.ref} is a fast-mode model (a linear head on a frozen encoder), which has "
+                                "no Hugging Face architecture", hint="export it as onnx or openvino")
+        return {name: data for name, data in bundle.items() if name not in FOREIGN_FILES}, TORCH
+    if fmt == "openvino" and version.servable:
+        ir = archive.unpack(blobs.read(store, version.serving_variant().blob_id))
+        return {"model.xml": ir["model.xml"], "model.bin": ir["model.bin"], **tokenizer}, version.chosen
+    return _converted(bundle, fmt) | tokenizer, TORCH
+
+
+def _converted(bundle: dict[str, bytes], fmt: Format) -> dict[str, bytes]:
+    """The torch bundle as ONNX, or as an FP32 OpenVINO IR where the version was never optimised (needs torch)."""
+    from appliance import optimize
+    from appliance.train import bundle as bundles
+
+    model, _tokenizer, manifest = bundles.load_text_classifier(bundle)
+    if fmt == "onnx":
+        return {"model.onnx": optimize.export_onnx(model, manifest["max_length"])}
+    ir = optimize.export_openvino(model, manifest["max_length"])
+    return {"model.xml": ir.xml, "model.bin": ir.weights}

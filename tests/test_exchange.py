@@ -1,0 +1,192 @@
+"""Models out in open formats: export archives that run without the appliance, signed, encrypted and audited."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyrage
+import pytest
+
+from appliance import inference, registry, store
+from appliance.access import users
+from appliance.core import archive
+from appliance.core.errors import RegistryError
+from appliance.operations import jobs, pipeline
+from appliance.registry import exchange
+from appliance.store import Store, anchor, audit, blobs
+from appliance.train import engine
+from tests.daemon import TINY, Daemon, submit
+from tests.test_pipeline import FAST
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+TEXTS = ["where is my parcel", "I was charged twice"]  # the README's snippet's
+
+
+def snippet(name: str) -> str:
+    """The README's Python block after <!-- name -->: what a user copies."""
+    found = re.search(rf"<!-- {name} -->\n```python\n(.*?)```", README.read_text(), re.DOTALL)
+    assert found, f"the README has no {name} snippet"
+    return found.group(1)
+
+
+def run_outside(code: str, folder: Path) -> list[list[float]]:
+    """code in a fresh interpreter that cannot see the appliance's source (-I: no script dir, no PYTHON* variables),
+    in folder; the logits it ends with. It fails if anything imported the appliance."""
+    check = "\nimport sys; assert not any(m.split('.')[0] == 'appliance' for m in sys.modules)\n" \
+            "print('LOGITS', __import__('json').dumps(logits.tolist()))\n"
+    done = subprocess.run([sys.executable, "-I", "-c", code + check], cwd=folder, capture_output=True, text=True,
+                          timeout=300, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.split("LOGITS ", 1)[1])
+
+
+@pytest.fixture
+def optimised(opened: Store, tickets: str, tiny_base: Path) -> registry.ModelVersion:
+    result = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=FAST)
+    pipeline.register_run(opened, result.run_id, "tickets")
+    return pipeline.optimize_version(opened, "tickets:1")
+
+
+def served_logits(opened: Store, version: registry.ModelVersion, variant: str) -> np.ndarray:
+    servable = inference.load_ir(blobs.read(opened, version.variants[variant].blob_id))
+    return inference.predict(servable.compiled, servable.tokenizer, TEXTS)
+
+
+def test_onnx_and_openvino_exports_run_as_the_readme_shows_without_the_appliance_and_predict_as_it_serves(
+    opened: Store, optimised: registry.ModelVersion, tmp_path: Path
+) -> None:
+    identity = pyrage.x25519.Identity.generate()
+    for fmt, code, variant in (("onnx", snippet("export-onnx"), "fp32"),
+                               ("openvino", snippet("export-onnx").rsplit("logits =", 1)[0] + snippet(
+                                   "export-openvino"), optimised.chosen)):
+        exported = exchange.export(opened, "tickets", fmt, "recipient", actor="user:alice")
+        sealed = exchange.protect(exported.archive, recipient=str(identity.to_public()))
+        assert exported.archive not in sealed and sealed.startswith(exchange.AGE_MAGIC)
+        folder = tmp_path / fmt
+        folder.mkdir()
+        (folder / "tickets.tar").write_bytes(pyrage.decrypt(sealed, [identity]))  # the recipient's side
+
+        logits = np.array(run_outside(code, folder))
+        assert np.allclose(logits, served_logits(opened, optimised, variant), atol=1e-3), fmt  # ONNX is the FP32
+
+        verified = exchange.verify(sealed, identity=str(identity))
+        assert verified.encrypted and verified.sha256 == exported.sha256
+        card = verified.card
+        assert card["model"] == "tickets:2" and card["format"] == fmt and card["variant"] == (
+            "torch" if fmt == "onnx" else optimised.chosen)
+        assert card["labels"] == inference.load_ir(blobs.read(opened, optimised.serving_variant().blob_id)).labels
+        assert card["dataset"]["ref"] == "tickets:1" and len(card["dataset"]["sha256"]) == 64
+        assert card["guard"] == {"chosen": optimised.chosen, "reason": optimised.reason}
+        assert card["base_model"]["licence"].startswith("unknown")  # the tiny test base has no model card
+        assert card["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
+        assert verified.checked.public_key == anchor.public_key(opened)
+
+        record = audit.rows(opened, action="model.export")[-1]
+        details = json.loads(record["details"])
+        assert (record["actor"], record["object"], record["outcome"]) == ("user:alice", "tickets:2", "ok")
+        assert details["sha256"] == exported.sha256 and details["format"] == fmt
+        assert details["protection"] == "recipient"
+
+
+def test_a_hugging_face_export_loads_with_transformers(opened: Store, optimised: registry.ModelVersion,
+                                                        tmp_path: Path) -> None:
+    exported = exchange.export(opened, "tickets:1", "hf", "plaintext")
+    (tmp_path / "tickets.tar").write_bytes(exported.archive)
+    code = snippet("export-onnx").split("tokenizer =", 1)[0] + (
+        "import torch, transformers\n"
+        "model = transformers.AutoModelForSequenceClassification.from_pretrained('tickets/model').eval()\n"
+        "tokenizer = transformers.AutoTokenizer.from_pretrained('tickets/model')\n"
+        f"logits = model(**tokenizer({TEXTS!r}, padding=True, truncation=True,"
+        " max_length=card['max_length'], return_tensors='pt')).logits.detach().numpy()\n")
+    logits = np.array(run_outside(code, tmp_path))
+    assert np.allclose(logits, served_logits(opened, optimised, "fp32"), atol=1e-3)
+
+
+def test_a_changed_cut_or_foreign_archive_is_refused_saying_what(opened: Store, optimised: registry.ModelVersion
+                                                                 ) -> None:
+    exported = exchange.export(opened, "tickets", "openvino", "plaintext")
+    files = archive.unpack(exported.archive)
+    assert exchange.verify(exported.archive, public_key=anchor.public_key(opened)).checked.trusted == \
+        "the public key given"
+
+    changed = dict(files)
+    weights = bytearray(changed["model/model.bin"])
+    weights[len(weights) // 2] ^= 1
+    changed["model/model.bin"] = bytes(weights)
+    with pytest.raises(RegistryError, match="model/model.bin: changed after the archive was signed"):
+        exchange.verify(archive.pack(sorted(changed.items())))
+    with pytest.raises(RegistryError, match="extra.txt: not covered by the signature"):
+        exchange.verify(archive.pack(sorted({**files, "extra.txt": b"trust me"}.items())))
+    with pytest.raises(RegistryError, match="not a readable tar|listed in the signed manifest but missing"):
+        exchange.verify(exported.archive[: len(exported.archive) // 2])
+    with pytest.raises(RegistryError, match="not the key given"):
+        exchange.verify(exported.archive, public_key="11" * 32)
+
+    sealed = exchange.protect(exported.archive, passphrase="correct horse")
+    with pytest.raises(RegistryError, match="is encrypted"):
+        exchange.verify(sealed)
+    with pytest.raises(RegistryError, match="cannot be decrypted"):
+        exchange.verify(sealed, passphrase="wrong horse")
+    assert exchange.verify(sealed, passphrase="correct horse").sha256 == exported.sha256
+    with pytest.raises(RegistryError, match="is not an age X25519 recipient"):
+        exchange.protect(exported.archive, recipient="age1nonsense")
+
+
+def test_an_admin_exports_through_the_daemon_and_the_archive_is_handed_over_once(daemon: Daemon,
+                                                                                   tmp_path: Path) -> None:
+    assert daemon.upload(tmp_path / "tickets.csv", name="tickets").status_code == 201
+    job_id = submit(daemon, "train", {"dataset": "tickets", "params": TINY})
+    assert daemon.ended(job_id)["status"] == "finished"
+    with store.open(daemon.settings) as opened:
+        _, operator = users.add(opened, "ops", "operator")
+    export = {"kind": "export", "params": {"version": "tickets", "format": "onnx", "protection": "plaintext"}}
+    with daemon.api(operator) as api:
+        refused = api.post("/v1/jobs", json=export)
+    assert refused.status_code == 403 and "needs admin" in refused.text
+
+    identity = pyrage.x25519.Identity.generate()
+    (tmp_path / "key.txt").write_text(f"# created by age-keygen\n{identity}\n")
+    out = tmp_path / "tickets.tar.age"
+    made = daemon.cli("models", "export", "tickets", "--format", "onnx", "--out", str(out),
+                      "--recipient", str(identity.to_public()))
+    assert made.returncode == 0, made.stderr
+    assert out.stat().st_mode & 0o777 == 0o600 and not list(tmp_path.glob(".*.partial"))
+    checked = daemon.cli("models", "verify", str(out), "--identity", str(tmp_path / "key.txt"))
+    assert checked.returncode == 0, checked.stderr
+    assert "archive OK: tickets:1 (text-classification, onnx, variant torch)" in checked.stdout
+
+    again = daemon.cli("models", "export", "tickets", "--format", "onnx", "--out", str(out), "--plaintext")
+    assert again.returncode == 2 and "exists: an archive is never written over a file" in again.stderr
+    wrong = daemon.cli("models", "export", "tickets", "--format", "hf", "--out", str(tmp_path / "x"),
+                       "--recipient", "age1nope")
+    assert wrong.returncode == 1 and "is not an age X25519 recipient" in wrong.stderr
+    assert "Traceback" not in again.stderr + wrong.stderr
+
+    def with_passphrase(passphrase: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, timeout=300,
+                              env={**daemon.env, "APPLIANCE_EXPORT_PASSPHRASE": passphrase}, check=False)
+
+    short = with_passphrase("too short", "models", "export", "tickets", "--format", "hf", "--out", str(tmp_path / "s"))
+    assert short.returncode == 1 and "shorter than 12 characters" in short.stderr
+    sealed = tmp_path / "tickets-hf.tar.age"
+    made = with_passphrase("correct horse battery", "models", "export", "tickets", "--format", "hf", "--out",
+                           str(sealed))
+    assert made.returncode == 0, made.stderr
+    checked = with_passphrase("correct horse battery", "models", "verify", str(sealed), "--json")
+    assert checked.returncode == 0 and json.loads(checked.stdout)["card"]["format"] == "hf", checked.stderr
+
+    with store.open(daemon.settings) as opened:
+        exported, _hf = sorted((job for job in jobs.list_jobs(opened, None) if job.kind == "export"),
+                               key=lambda job: job.submitted_at)
+        downloads = audit.rows(opened, action="model.export.download")
+        record = json.loads(audit.rows(opened, action="model.export")[0]["details"])
+    assert record["protection"] == "recipient" and record["sha256"] == exported.result["sha256"]
+    assert json.loads(downloads[0]["details"])["job"] == exported.id
+    with daemon.api() as api:
+        twice = api.get(f"/v1/exports/{exported.id}")
+    assert twice.status_code == 400 and "downloaded already" in twice.text
