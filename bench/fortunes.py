@@ -10,9 +10,12 @@ songs-poems, give 3,099 texts of 10 to 1,778 characters (median 126); a text fou
 from __future__ import annotations
 
 import csv
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.debian, beside bench/
+from tests import debian
 
 INSTALLED = Path("/usr/share/games/fortunes")
 TOPICS = ("computers", "politics", "science", "songs-poems")
@@ -24,11 +27,8 @@ def write_csv(path: Path, topics: tuple[str, ...] = TOPICS) -> int:
         found = _read(INSTALLED, topics)
     else:
         with tempfile.TemporaryDirectory(prefix="fortunes-") as folder:
-            subprocess.run(["apt-get", "download", "fortunes", "fortunes-min"], cwd=folder, check=True,
-                           capture_output=True)
-            for package in Path(folder).glob("*.deb"):
-                subprocess.run(["dpkg", "-x", str(package), str(Path(folder, "root"))], check=True)
-            found = _read(Path(folder, "root") / INSTALLED.relative_to("/"), topics)
+            root = debian.unpacked(("fortunes", "fortunes-min"), Path(folder))
+            found = _read(root / INSTALLED.relative_to("/"), topics)
     topics_of: dict[str, set[str]] = {}
     for text, topic in found:
         topics_of.setdefault(text, set()).add(topic)

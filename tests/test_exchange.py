@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from appliance.operations import jobs, pipeline
 from appliance.registry import exchange
 from appliance.store import Store, anchor, audit, blobs
 from appliance.train import engine
+from tests import debian
 from tests.daemon import TINY, Daemon, submit
 from tests.test_pipeline import FAST
 
@@ -32,6 +34,11 @@ def snippet(name: str) -> str:
     found = re.search(rf"<!-- {name} -->\n```python\n(.*?)```", README.read_text(), re.DOTALL)
     assert found, f"the README has no {name} snippet"
     return found.group(1)
+
+
+def age_tool(tmp_path: Path) -> str:
+    """The reference age command (Go), installed or unpacked from Debian's package: what a recipient runs."""
+    return shutil.which("age") or str(debian.unpacked(("age",), tmp_path / "age-deb") / "usr" / "bin" / "age")
 
 
 def run_outside(code: str, folder: Path) -> list[list[float]]:
@@ -60,7 +67,8 @@ def served_logits(opened: Store, version: registry.ModelVersion, variant: str) -
 def test_onnx_and_openvino_exports_run_as_the_readme_shows_without_the_appliance_and_predict_as_it_serves(
     opened: Store, optimised: registry.ModelVersion, tmp_path: Path
 ) -> None:
-    identity = pyrage.x25519.Identity.generate()
+    identity, age = pyrage.x25519.Identity.generate(), age_tool(tmp_path)
+    (tmp_path / "key.txt").write_text(f"# created: by age-keygen\n{identity}\n")
     for fmt, code, variant in (("onnx", snippet("export-onnx"), "fp32"),
                                ("openvino", snippet("export-onnx").rsplit("logits =", 1)[0] + snippet(
                                    "export-openvino"), optimised.chosen)):
@@ -69,7 +77,9 @@ def test_onnx_and_openvino_exports_run_as_the_readme_shows_without_the_appliance
         assert exported.archive not in sealed and sealed.startswith(exchange.AGE_MAGIC)
         folder = tmp_path / fmt
         folder.mkdir()
-        (folder / "tickets.tar").write_bytes(pyrage.decrypt(sealed, [identity]))  # the recipient's side
+        (folder / "tickets.tar.age").write_bytes(sealed)
+        subprocess.run([age, "-d", "-i", str(tmp_path / "key.txt"), "-o", "tickets.tar", "tickets.tar.age"],
+                       cwd=folder, check=True, timeout=60)  # the recipient's side, as the README shows
 
         logits = np.array(run_outside(code, folder))
         assert np.allclose(logits, served_logits(opened, optimised, variant), atol=1e-3), fmt  # ONNX is the FP32
