@@ -131,6 +131,15 @@ def daemon_client() -> Iterator[client.Client | None]:
         yield api
 
 
+def say_trust(trusted: str | None, noun: str) -> None:
+    """What a signed set's check proves about who signed it (store/signed.py): the key's vouchers, or that none."""
+    if trusted:
+        click.echo(f"the key is vouched for by {trusted}")
+    else:
+        click.echo(f"note: the key is the one inside the {noun}, so this proves the {noun} is intact, not who made it;"
+                   " give --checkpoint or --public-key to check the key too")
+
+
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from appliance.cli.base import cli, json_option, opened_store, print_json
+from appliance.cli.base import cli, json_option, opened_store, print_json, say_trust
 from appliance.compliance import pack
 from appliance.core import clock
 
@@ -49,8 +49,4 @@ def compliance_verify(folder: Path, public_key: str | None, checkpoint: Path | N
     click.echo(f"pack OK: {', '.join(checked.files)} unchanged since store {checked.store_id} signed them"
                f" ({checked.generated_at})")
     click.echo(f"signing key SHA-256 {pack.anchor.fingerprint(checked.public_key)}")
-    if checked.trusted:
-        click.echo(f"the key is vouched for by {checked.trusted}")
-    else:
-        click.echo("note: the key is the one inside the pack, so this proves the pack is intact, not who made it;"
-                   " give --checkpoint or --public-key to check the key too")
+    say_trust(checked.trusted, "pack")

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from appliance.cli.base import alias, ask, cli, json_option, print_json, yes_option
+from appliance.cli.base import alias, ask, cli, json_option, print_json, say_trust, yes_option
 from appliance.cli.connect import connected
 from appliance.operations.jobspec import ExportJob
 
@@ -143,11 +143,7 @@ def models_verify(archive_file: Path, public_key: str | None, checkpoint: Path |
                f" {len(checked.files)} files unchanged since store {checked.manifest.get('store_id', '?')} signed"
                f" them ({card['exported_at']})")
     click.echo(f"archive SHA-256 {verified.sha256}; signing key SHA-256 {anchor.fingerprint(checked.public_key)}")
-    if checked.trusted:
-        click.echo(f"the key is vouched for by {checked.trusted}")
-    else:
-        click.echo("note: the key is the one inside the archive, so this proves it is intact, not who made it;"
-                   " give --checkpoint or --public-key to check the key too")
+    say_trust(checked.trusted, "archive")
 
 
 def _new_passphrase() -> str:
