@@ -83,8 +83,12 @@ def export(store: Store, ref: str, fmt: Format, protection: Protection, actor: s
     version = registry.get(store, ref)
     with audit.operation(store, "model.export", version.ref, actor=actor, format=fmt,
                          protection=protection) as details:
-        files, variant = _model_files(store, version, fmt)
-        card = model_card(store, version, fmt, variant, files)
+        if version.task != "text-classification":
+            raise RegistryError(f"{version.ref} is an {version.task} model; only text classifiers can be exported"
+                                " yet")
+        bundle = archive.unpack(blobs.read(store, version.variants[TORCH].blob_id))
+        files, variant = _model_files(store, version, bundle, fmt)
+        card = model_card(store, version, bundle, fmt, variant, files)
         contents = {f"model/{name}": data for name, data in sorted(files.items())}
         contents["card.json"] = json.dumps(card, indent=2, sort_keys=True).encode() + b"\n"
         public_key = anchor.public_key(store)
@@ -200,10 +204,10 @@ def _identity_line(text: str) -> str:
     raise RegistryError("no AGE-SECRET-KEY line in the identity file", hint="give a file that age-keygen wrote")
 
 
-def model_card(store: Store, version: registry.ModelVersion, fmt: Format, variant: str,
+def model_card(store: Store, version: registry.ModelVersion, bundle: dict[str, bytes], fmt: Format, variant: str,
                files: dict[str, bytes]) -> dict[str, Any]:
-    """What a user of the exported model needs to know about it, and where it came from."""
-    bundle = archive.unpack(blobs.read(store, version.variants[TORCH].blob_id))
+    """What a user of the exported model needs to know about it, and where it came from (bundle: the version's
+    torch bundle, unpacked)."""
     manifest = json.loads(bundle["appliance.json"])
     run = runs.get(store, version.run_id)
     dataset = datasets.get(store, run.dataset_id)
@@ -216,7 +220,7 @@ def model_card(store: Store, version: registry.ModelVersion, fmt: Format, varian
         "base_model": {"path": run.base_model, "licence": base_licence(Path(run.base_model))},
         "dataset": {"ref": dataset.ref, "sha256": dataset.blob_id, "examples": dataset.examples},
         "trained_on": run.trained_on or "this appliance",
-        "metrics": {"validation": version.variants[variant].metrics if variant in version.variants else {},
+        "metrics": {"validation": version.variants[variant].metrics,
                     "validation_fp32": version.variants[TORCH].metrics},
         "guard": {"chosen": version.chosen, "reason": version.reason},
         "params": run.params,
@@ -244,11 +248,9 @@ def base_licence(base_dir: Path) -> str:
     return found.group(1) if found else "unknown: the base model's card states none"
 
 
-def _model_files(store: Store, version: registry.ModelVersion, fmt: Format) -> tuple[dict[str, bytes], str]:
+def _model_files(store: Store, version: registry.ModelVersion, bundle: dict[str, bytes],
+                 fmt: Format) -> tuple[dict[str, bytes], str]:
     """The model's files in the format, and which variant they are."""
-    if version.task != "text-classification":
-        raise RegistryError(f"{version.ref} is an {version.task} model; only text classifiers can be exported yet")
-    bundle = archive.unpack(blobs.read(store, version.variants[TORCH].blob_id))
     tokenizer = {name: data for name, data in bundle.items()
                  if name not in FOREIGN_FILES and name not in ("config.json", "model.safetensors")}
     if fmt == "hf":
