@@ -72,6 +72,11 @@ def read_openvino(artifact: Artifact) -> ov.Model:
     return _core().read_model(model=artifact.xml, weights=weights)
 
 
+def read_onnx(graph: bytes) -> ov.Model:
+    """An ONNX graph that holds its weights, as an ov.Model, read from bytes."""
+    return _core().read_model(model=graph)
+
+
 def compile_openvino(
     model: Artifact | ov.Model, device: str = "CPU", config: dict[str, Any] | None = None
 ) -> ov.CompiledModel:

@@ -25,7 +25,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +181,25 @@ def guard(
 # -- the whole step ------------------------------------------------------------------------
 
 
-def optimize(
-    bundle: bytes,
+def export_bundle(files: Mapping[str, bytes]) -> tuple[Artifact, tokenizers.Tokenizer, dict[str, Any]]:
+    """A trained bundle's FP32 IR, with its tokenizer and manifest (labels in logit order, max_length)."""
+    model, tokenizer, manifest = load_text_classifier(files)
+    return export_openvino(model, manifest["max_length"]), tokenizer, manifest
+
+
+def optimize(bundle: bytes, **options: Any) -> Outcome:
+    """optimize_ir on the FP32 IR of a trained bundle (the export is timed as `export`)."""
+    started = time.monotonic()
+    fp32, tokenizer, manifest = export_bundle(archive.unpack(bundle))
+    exported = time.monotonic() - started
+    outcome = optimize_ir(fp32, tokenizer, manifest["labels"], **options)
+    return replace(outcome, seconds={"export": exported, **outcome.seconds})
+
+
+def optimize_ir(
+    fp32: Artifact,
+    tokenizer: tokenizers.Tokenizer,
+    label_names: Sequence[str],
     *,
     calibration_texts: Sequence[str],
     texts: Sequence[str],
@@ -194,10 +211,11 @@ def optimize(
     int8: bool = True,
     config: dict[str, Any] | None = None,
 ) -> Outcome:
-    """Export, score FP32, then INT8 and (only if needed) the gentler INT8, and let the guard choose.
+    """Score FP32, then INT8 and (only if needed) the gentler INT8, and let the guard choose.
 
     Calibrate on training texts and score on the validation split, so the guard judges on
     data the quantiser never saw. Each variant is scored from its serialised IR, as served.
+    An FP32 IR from elsewhere (an imported model) starts here; its logits follow label_names.
     """
     clock, seconds = time.monotonic(), {}
 
@@ -205,24 +223,22 @@ def optimize(
         nonlocal clock
         seconds[name], clock = time.monotonic() - clock, time.monotonic()
 
-    model, tokenizer, manifest = load_text_classifier(archive.unpack(bundle))
-    index = {name: i for i, name in enumerate(manifest["labels"])}
+    index = {name: i for i, name in enumerate(label_names)}
     targets = [index[label] for label in labels]
-    artifacts = {FP32: export_openvino(model, manifest["max_length"])}
-    del model
-    lap("export")
-    fp32 = inference.evaluate(inference.compile_openvino(artifacts[FP32], config=config), tokenizer, texts, targets)
+    artifacts = {FP32: fp32}
+    fp32_scores = inference.evaluate(inference.compile_openvino(fp32, config=config), tokenizer, texts, targets)
     lap("evaluate_fp32")
     fix, scored = overflow_fix_for(hardware), {}
-    decision = guard(fp32, {}, max_accuracy_drop, metric)
+    decision = guard(fp32_scores, {}, max_accuracy_drop, metric)
     for name, gentle in ((INT8, False), (INT8_GENTLE, True)) if int8 else ():
-        quantized = quantize_int8(inference.read_openvino(artifacts[FP32]), calibration_texts, tokenizer,
+        quantized = quantize_int8(inference.read_openvino(fp32), calibration_texts, tokenizer,
                                   overflow_fix=fix, subset_size=subset_size, keep_head_fp32=gentle)
         artifacts[name] = serialize(quantized)
         lap(f"quantize_{name}")
-        scored[name] = inference.evaluate(inference.compile_openvino(artifacts[name], config=config), tokenizer, texts, targets)
+        scored[name] = inference.evaluate(inference.compile_openvino(artifacts[name], config=config), tokenizer, texts,
+                                          targets)
         lap(f"evaluate_{name}")
-        decision = guard(fp32, scored, max_accuracy_drop, metric)
+        decision = guard(fp32_scores, scored, max_accuracy_drop, metric)
         if decision.variant != FP32:
             break
     return Outcome(decision, artifacts, seconds)

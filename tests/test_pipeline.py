@@ -115,11 +115,12 @@ def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
     assert version.chosen == fastest_within_a_point_of_fp32(version)
 
 
-def test_a_version_without_a_torch_bundle_cannot_be_optimised(opened: Store, registered: registry.ModelVersion) -> None:
-    ir_only = registry.Variant("fp32", "openvino-ir", registered.variants["torch"].blob_id, 1, {})
+def test_a_version_with_neither_torch_bundle_nor_fp32_ir_cannot_be_optimised(
+        opened: Store, registered: registry.ModelVersion) -> None:
+    int8_only = registry.Variant("int8", "openvino-ir", registered.variants["torch"].blob_id, 1, {})
     exported = registry.register(opened, "exported", run_id=registered.run_id, task=registered.task,
-                                 variants=[ir_only], chosen="fp32", reason="imported")
-    with pytest.raises(RegistryError, match="exported:1 has no torch bundle"):
+                                 variants=[int8_only], chosen="int8", reason="quantised elsewhere")
+    with pytest.raises(RegistryError, match="exported:1 has neither a torch bundle nor an FP32 IR"):
         pipeline.optimize_version(opened, exported.ref)
 
 

@@ -9,7 +9,7 @@ same questions in the same shapes, so a command is written once, whichever it ge
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +28,8 @@ class Appliance(Protocol):
     """What a command may ask, of the daemon or of the store; jobs come back as the control API shows them."""
 
     def import_data(self, path: Path, options: dict[str, Any]) -> tuple[str, bool]: ...
+    def import_model(self, path: Path, content: bytes | None, options: dict[str, Any]) -> dict[str, Any]:
+        """The model at path (or content read from it: a decrypted archive) checked and stored; its version."""
     def datasets(self) -> list[dict[str, Any]]: ...
     def dataset(self, ref: str) -> dict[str, Any]: ...
     def models(self) -> list[dict[str, Any]]: ...
@@ -66,17 +68,24 @@ class Remote:
         self.api = api
 
     def import_data(self, path: Path, options: dict[str, Any]) -> tuple[str, bool]:
-        total = sources.LocalPath(path).size()
+        answer = self._send(path, None, options, client.DATASETS, "checking")
+        return f"{answer['name']}:{answer['version']}", answer["unchanged"]
+
+    def import_model(self, path: Path, content: bytes | None, options: dict[str, Any]) -> dict[str, Any]:
+        return self._send(path, content, options, client.MODELS, "checking and measuring")
+
+    def _send(self, path: Path, content: bytes | None, options: dict[str, Any], to: str, then: str) -> Any:
+        """An upload on a progress bar, which says `then` once every byte is sent and the daemon is at work."""
+        total = len(content) if content is not None else sources.LocalPath(path).size()
         with progress_bar(f"sending {path.name}") as progress:
             done = 0
 
             def sent(size: int) -> None:
                 nonlocal done
                 done += size
-                progress(done, total, "checking" if done >= total else None)
+                progress(done, total, then if done >= total else None)
 
-            answer = self.api.upload(path, options, sent)
-        return f"{answer['name']}:{answer['version']}", answer["unchanged"]
+            return self.api.upload(path, options, sent, to=to, content=content)
 
     def datasets(self) -> list[dict[str, Any]]:
         return self.api.get("/v1/datasets")
@@ -195,6 +204,15 @@ class Local:
         with progress_bar(f"reading {path.name}") as progress:
             version = datasets.import_file(self.store, path, progress=progress, **options)
         return version.ref, version.id in known
+
+    def import_model(self, path: Path, content: bytes | None, options: dict[str, Any]) -> dict[str, Any]:
+        from appliance.operations import imports  # torch and OpenVINO load for an import only
+
+        source = sources.LocalPath(path) if content is None else sources.Upload(path.name, content, folder=False)
+        with progress_bar(f"importing {path.name}") as progress:
+            version = imports.import_model(lambda: nullcontext(self.store), source, **options, progress=progress,
+                                           actor=audit.default_actor())
+        return registry.describe(self.store, version.ref)
 
     def datasets(self) -> list[dict[str, Any]]:
         return [version.summary() for version in datasets.list_versions(self.store)]

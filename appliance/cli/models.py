@@ -1,4 +1,5 @@
-"""`appliance models`: the registry's versions, their variants, lineage and aliases; deleting one."""
+"""`appliance models`: the registry's versions, their variants, lineage and aliases; deleting, exporting,
+verifying and importing one."""
 
 from __future__ import annotations
 
@@ -129,11 +130,7 @@ def models_verify(archive_file: Path, public_key: str | None, checkpoint: Path |
     from appliance.store import anchor
 
     data = archive_file.read_bytes()
-    passphrase = None
-    if data.startswith(exchange.AGE_MAGIC) and identity is None:
-        passphrase = os.environ.get(PASSPHRASE_ENV) or click.prompt("Passphrase", hide_input=True)
-    verified = exchange.verify(data, identity=identity.read_text() if identity else None, passphrase=passphrase,
-                               public_key=public_key, checkpoint=checkpoint)
+    verified = exchange.verify(data, **_opening(data, identity), public_key=public_key, checkpoint=checkpoint)
     card, checked = verified.card, verified.checked
     if as_json:
         print_json({"ok": True, "sha256": verified.sha256, "encrypted": verified.encrypted, "files": checked.files,
@@ -144,6 +141,59 @@ def models_verify(archive_file: Path, public_key: str | None, checkpoint: Path |
                f" them ({card['exported_at']})")
     click.echo(f"archive SHA-256 {verified.sha256}; signing key SHA-256 {anchor.fingerprint(checked.public_key)}")
     say_trust(checked.trusted, "archive")
+
+
+@models_group.command("import")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--name", required=True, help="The model's name; the import becomes its next version.")
+@click.option("--dataset", required=True,
+              help="The text dataset (NAME or NAME:VERSION) to measure it on; its labels must be among the model's.")
+@click.option("--labels", help="The model's labels in logit order, comma-separated, where its config.json does not "
+                               "name them.")
+@click.option("--public-key", help="An export archive must be signed by this key (hex, or its SHA-256).")
+@click.option("--identity", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The age identity file an encrypted export archive was exported to.")
+def models_import(path: Path, name: str, dataset: str, labels: str | None, public_key: str | None,
+                  identity: Path | None) -> None:
+    """Import a model trained elsewhere as a new version of NAME.
+
+    PATH is a Hugging Face folder (config.json and model.safetensors; pickled weights are refused), a folder with an
+    ONNX graph or an OpenVINO IR beside config.json and the tokenizer's files, or an appliance's export archive
+    (its signature must verify; an encrypted one is opened here with --identity or its passphrase). The model is
+    checked, measured on the dataset's validation split and stored encrypted; its FP32 OpenVINO IR serves, and
+    'appliance optimize' quantises it under the accuracy guard like a trained model.
+    """
+    from appliance.registry import exchange
+
+    content = None
+    if path.is_file():
+        data = path.read_bytes()
+        if data.startswith(exchange.AGE_MAGIC):  # only this user can open it: the daemon gets the archive inside
+            content = exchange.decrypt(data, **_opening(data, identity))
+    options: dict[str, Any] = {"name": name, "dataset": dataset,
+                               "labels": [label.strip() for label in labels.split(",")] if labels else []}
+    if public_key:
+        options["public_key"] = public_key
+    with connected() as appliance:
+        version = appliance.import_model(path, content, options)
+    imported = version["lineage"]["trained_on"]
+    click.echo(f"imported as {version['model']}:{version['version']} ({imported})")
+    click.echo(f"{version['reason']}")
+    click.echo(f"next: 'appliance deploy {version['model']}:{version['version']}' serves it as it is; 'appliance "
+               f"optimize {version['model']}:{version['version']}' makes a faster version first")
+
+
+def _opening(data: bytes, identity: Path | None) -> dict[str, str | None]:
+    """What opens an archive if it is encrypted: the identity file given, else the passphrase (from the
+    environment, else asked for)."""
+    from appliance.registry import exchange
+
+    if not data.startswith(exchange.AGE_MAGIC):
+        return {"identity": None, "passphrase": None}
+    if identity is not None:
+        return {"identity": identity.read_text(), "passphrase": None}
+    return {"identity": None, "passphrase": os.environ.get(PASSPHRASE_ENV) or click.prompt("Passphrase",
+                                                                                        hide_input=True)}
 
 
 def _new_passphrase() -> str:

@@ -79,7 +79,7 @@ class DaemonSettings:
     tcp_host: str = "127.0.0.1"
     memory_max: str = "80%"  # systemd's MemoryMax= for the service (install.sh applies it): 12G, 80%, infinity
     import_dir: Path | None = None  # the one folder the daemon imports named files from (set by root); None: uploads only
-    max_upload_mb: float = 2048.0  # a dataset uploaded through the control API may be this large
+    max_upload_mb: float = 2048.0  # a dataset or model uploaded through the control API may be this large
 
     def allows_jobs_at(self, moment: dt.time) -> bool:
         """Whether jobs may run at this time of day (a window may wrap past midnight)."""

@@ -25,6 +25,7 @@ from appliance.data import sources
 TIMEOUT_S = 30.0
 UPLOAD_TIMEOUT_S = 3600.0  # the daemon checks a large upload (every image decoded) before it answers
 UPLOAD_CHUNK = 1 << 20
+DATASETS, MODELS = "/v1/datasets", "/v1/models:import"  # the upload routes
 KEEPALIVE_S = 1.0  # how long an idle connection to the daemon is kept for the next request
 EVENTS_SILENCE_S = 10.0  # the daemon sends a keep-alive every half second: this much silence means it is gone
 
@@ -64,10 +65,12 @@ class Client:
         """A GET whose answer is bytes (an export archive), not JSON."""
         return self._request("GET", path, raw=True)
 
-    def upload(self, path: Path, options: dict[str, Any], sent: Callable[[int], None] = lambda size: None) -> Any:
-        """Import a local file (or image folder) by sending its bytes: the daemon never opens a path of ours."""
-        params, chunks = _upload(path, options, sent)
-        return self._request("POST", "/v1/datasets", params=params, content=chunks,
+    def upload(self, path: Path, options: dict[str, Any], sent: Callable[[int], None] = lambda size: None, *,
+               to: str = DATASETS, content: bytes | None = None) -> Any:
+        """Import a local file (or folder) by sending its bytes, or content read from it (a decrypted archive), to
+        an upload route: the daemon never opens a path of ours."""
+        params, chunks = _upload(path, options, sent, content)
+        return self._request("POST", to, params=params, content=chunks,
                              headers={"Content-Type": "application/octet-stream"}, timeout=UPLOAD_TIMEOUT_S)
 
     def events(self, after: int = 0, subject: str | None = None) -> Iterator[dict[str, Any]]:
@@ -127,13 +130,13 @@ class AsyncClient:
 
     async def upload(self, path: Path, options: dict[str, Any]) -> Any:
         """Client.upload, with the file read off the event loop."""
-        params, chunks = _upload(path, options, lambda size: None)
+        params, chunks = _upload(path, options, lambda size: None, None)
 
         async def body() -> AsyncIterator[bytes]:
             while chunk := await asyncio.to_thread(next, chunks, b""):
                 yield chunk
 
-        return await self._request("POST", "/v1/datasets", params=params, content=body(),
+        return await self._request("POST", DATASETS, params=params, content=body(),
                                    headers={"Content-Type": "application/octet-stream"}, timeout=UPLOAD_TIMEOUT_S)
 
     async def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]:
@@ -187,8 +190,13 @@ def _options(token: str | None) -> dict[str, Any]:
             "limits": httpx.Limits(keepalive_expiry=KEEPALIVE_S)}
 
 
-def _upload(path: Path, options: dict[str, Any], sent: Callable[[int], None]) -> tuple[dict[str, Any], Iterator[bytes]]:
-    """The upload's query (the options and the file's name) and its body: the file, or the folder as a tar."""
+def _upload(path: Path, options: dict[str, Any], sent: Callable[[int], None],
+            content: bytes | None) -> tuple[dict[str, Any], Iterator[bytes]]:
+    """The upload's query (the options and the file's name) and its body: the file (or content read from it), or
+    the folder as a tar."""
+    if content is not None:
+        sent(len(content))
+        return {**options, "filename": path.name}, iter([content])
     if path.is_dir():
         return {**options, "filename": path.name + sources.TAR_SUFFIX}, sources.tar_stream(path, sent)
 

@@ -562,7 +562,7 @@ def _read_images(source: sources.Source, collector: _Collector, progress: Progre
     """Every image in the class subfolders of the source, labelled by its subfolder and checked."""
     done, total = 0, source.size() if progress else 0
     stray: list[str] = []
-    for image in source.images():
+    for image in source.files():
         where = f"{source.name}/{image.entry}"
         label, slash, _rest = image.entry.partition("/")
         if not slash:

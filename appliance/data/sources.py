@@ -1,15 +1,15 @@
-"""Where a dataset import reads its bytes: never from a path an API client chose.
+"""Where an import (a dataset's, a model's) reads its bytes: never from a path an API client chose.
 
     LocalPath(path)              a file or folder the calling user named (the CLI without a daemon)
     ImportDir(settings, name)    a name inside daemon.import_dir, the one folder root lets the daemon read
     Upload(filename, data, ...)  bytes a client sent through the control API (a folder comes as a tar)
 
 A text dataset is one CSV or JSONL file; an image dataset is a folder with a subfolder per
-class, or, uploaded, an uncompressed tar of that folder, which tar_stream() makes on the fly
-on the client's side. A tar is only read, never unpacked onto the disk: its regular files
-become examples in memory, and every other kind of member (links, devices) is refused.
-Constructing a source touches nothing; the first look (is_folder) may fail, inside the
-import, so a refusal is audited like any failed import.
+class; a model is a folder or one archive. Uploaded, a folder is an uncompressed tar, which
+tar_stream() makes on the fly on the client's side. A tar is only read, never unpacked onto
+the disk: its regular files are read into memory, and every other kind of member (links,
+devices) is refused. Constructing a source touches nothing; the first look (is_folder) may
+fail, inside the import, so a refusal is audited like any failed import.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ _PLAIN = set(string.ascii_letters + string.digits + "._- ()+,@")
 
 
 @dataclass(frozen=True)
-class ImageFile:
-    """One file of an image dataset: its place under the dataset's root (label/.../file) and its bytes."""
+class FolderFile:
+    """One file of a folder (an image dataset's, a model's): its place under the folder (label/.../file), its size
+    and its bytes, read only when asked."""
 
     entry: str
     size: int
@@ -55,8 +56,8 @@ class Source(Protocol):
     def open(self) -> BinaryIO:
         """A text dataset's file."""
 
-    def images(self) -> Iterator[ImageFile]:
-        """An image dataset's files, sorted by entry."""
+    def files(self) -> Iterator[FolderFile]:
+        """A folder's files, sorted by entry."""
 
 
 class LocalPath:
@@ -77,9 +78,9 @@ class LocalPath:
     def open(self) -> BinaryIO:
         return self.path.open("rb")
 
-    def images(self) -> Iterator[ImageFile]:
+    def files(self) -> Iterator[FolderFile]:
         for file in self._files():
-            yield ImageFile(file.relative_to(self.path).as_posix(), file.stat().st_size, file.read_bytes)
+            yield FolderFile(file.relative_to(self.path).as_posix(), file.stat().st_size, file.read_bytes)
 
     def _files(self) -> list[Path]:
         return [file for file in sorted(self.path.rglob("*"))
@@ -110,13 +111,13 @@ class ImportDir:
     def open(self) -> BinaryIO:
         return self._folder.open_file(self._name)
 
-    def images(self) -> Iterator[ImageFile]:
+    def files(self) -> Iterator[FolderFile]:
         for entry, file in self._folder.files(self._name):
-            yield ImageFile(entry, os.fstat(file.fileno()).st_size, file.read)
+            yield FolderFile(entry, os.fstat(file.fileno()).st_size, file.read)
 
 
 class Upload:
-    """Bytes a client sent: a text file, or (folder=True) an uncompressed tar of an image folder."""
+    """Bytes a client sent: a text file, or (folder=True) an uncompressed tar of a folder (images, a model)."""
 
     def __init__(self, filename: str, data: bytes, *, folder: bool) -> None:
         shown = safe_filename(filename)
@@ -133,17 +134,17 @@ class Upload:
     def open(self) -> BinaryIO:
         return io.BytesIO(self._data)
 
-    def images(self) -> Iterator[ImageFile]:
+    def files(self) -> Iterator[FolderFile]:
         try:
             with tarfile.open(fileobj=io.BytesIO(self._data), mode="r:") as tar:
                 for member in sorted(tar.getmembers(), key=lambda found: found.name):
-                    image = _member(tar, member, self.name)
-                    if image is not None:
-                        yield image
+                    file = _member(tar, member, self.name)
+                    if file is not None:
+                        yield file
         except tarfile.TarError as exc:
-            raise DatasetError(f"{self.name}: the upload is not an uncompressed tar of the image folder"
+            raise DatasetError(f"{self.name}: the upload is not an uncompressed tar of a folder"
                                f" ({type(exc).__name__})",
-                               hint="'appliance data import FOLDER' packs and uploads a folder") from None
+                               hint="the CLI packs and uploads a folder ('appliance data import FOLDER', 'appliance models import FOLDER')") from None
 
 
 def safe_filename(filename: str) -> str:
@@ -154,7 +155,7 @@ def safe_filename(filename: str) -> str:
 
 
 def tar_stream(folder: Path, sent: Callable[[int], None] = lambda size: None) -> Iterator[bytes]:
-    """An image folder as an uncompressed tar, made a member at a time (for an upload); hidden entries and
+    """A folder as an uncompressed tar, made a member at a time (for an upload); hidden entries and
     anything but plain files and folders are left out. `sent` hears each file's size as it goes."""
     buffer = _Chunks()
     with tarfile.open(fileobj=buffer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -171,18 +172,27 @@ def tar_stream(folder: Path, sent: Callable[[int], None] = lambda size: None) ->
     yield from buffer.drain()
 
 
-def _member(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> ImageFile | None:
-    """A regular file of the tar as an image file; folders and hidden entries are skipped, anything else refused."""
+def _member(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> FolderFile | None:
+    """A regular file of the tar as a folder's file; folders and hidden entries are skipped, anything else refused."""
     if member.isdir():
         return None
     entry = PurePosixPath(member.name)
     if not member.isreg() or entry.is_absolute() or ".." in entry.parts:
         raise DatasetError(f"{name}: the upload holds an entry that is not a plain file inside the folder",
-                           hint="upload a folder of image files only; links and devices are refused")
+                           hint="upload a folder of plain files only; links and devices are refused")
     parts = [part for part in entry.parts if part not in ("", ".")]
     if any(part.startswith(".") for part in parts):
         return None
-    return ImageFile("/".join(parts), member.size, lambda: tar.extractfile(member).read())
+    shown = "/".join(parts)
+
+    def read() -> bytes:
+        try:
+            return tar.extractfile(member).read()  # type: ignore[union-attr]  # a regular file has content
+        except tarfile.TarError as exc:
+            raise DatasetError(f"{name}/{shown}: the upload is cut short ({exc})",
+                               hint="send it again; a copy may have been cut off on the way") from None
+
+    return FolderFile(shown, member.size, read)
 
 
 class _Chunks(io.RawIOBase):

@@ -8,6 +8,7 @@ variant measured on this box that keeps the accuracy within the allowed drop.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,9 +22,13 @@ from appliance.store import Store, blobs
 from appliance.train import runs
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from appliance.inference import Artifact
     from appliance.optimize import Outcome
 
 TORCH = "torch"  # the training bundle: safetensors + config + tokenizer, the source of every other variant
+FP32 = "fp32"  # the IR exported from it, or the one an import brought (optimize.FP32)
 STUDENT = "student-"
 Progress = Callable[[int, int, str], None]  # (done, total, what is happening now)
 
@@ -54,6 +59,55 @@ def register_run(store: Store, run_id: str, model: str, actor: str | None = None
                              reason="fine-tuned, not optimised yet", actor=actor)
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """What a model is measured on here: the validation split of its dataset, and a sample of the training split
+    for INT8 calibration and the drift reference (never scored on, so the guard judges on unseen texts)."""
+
+    texts: list[str]
+    labels: list[str]
+    calibration: list[str]
+    calibration_labels: list[str]
+
+
+def held_out(store: Store, dataset_id: str, calibration_size: int = 300, seed: int = 0) -> HeldOut:
+    data = datasets.load(store, datasets.get(store, dataset_id))
+    train = list(data.train)
+    random.Random(seed).shuffle(train)
+    return HeldOut([data.texts[i] for i in data.validation], [data.labels[i] for i in data.validation],
+                   [data.texts[i] for i in train[:calibration_size]], [data.labels[i] for i in train[:calibration_size]])
+
+
+@dataclass(frozen=True)
+class ServableIr:
+    """An IR packed as the server loads it (tokenizer, labels, drift reference), with its scores and its speed on
+    this box, ready to store as a variant."""
+
+    name: str
+    packed: bytes
+    metrics: dict[str, float]
+
+    def stored(self, store: Store) -> registry.Variant:
+        return registry.Variant(self.name, "openvino-ir", blobs.put(store, self.packed), len(self.packed),
+                                self.metrics)
+
+
+def servable_ir(artifact: Artifact, files: dict[str, bytes], name: str, held: HeldOut,
+                scores: dict[str, float]) -> ServableIr:
+    """Pack an IR with its drift reference (from held's calibration sample and validation confidence) and measure
+    its speed beside its scores."""
+    from appliance import inference
+    from appliance.serve import drift
+
+    servable = inference.load_ir(inference.pack_ir(artifact, files, name))
+    baseline = drift.reference(servable.tokenizer, held.calibration,
+                               [servable.labels.index(label) for label in held.calibration_labels],
+                               drift.softmax(inference.predict(servable.compiled, servable.tokenizer, held.texts)))
+    names, infer = inference.bind(servable.compiled)
+    speed = inference.speed(infer, names, servable.tokenizer, held.texts, min_seconds=0.5)
+    return ServableIr(name, inference.pack_ir(artifact, files, name, baseline.to_json()), scores | speed)
+
+
 def optimize_version(
     store: Store,
     ref: str,
@@ -62,70 +116,102 @@ def optimize_version(
     progress: Progress | None = None,
     actor: str | None = None,
 ) -> registry.ModelVersion:
-    """Export, quantise and (if asked) distil a version's torch bundle into a new version.
+    """Quantise and (if asked) distil a version into a new version, starting from its FP32 IR: exported from its
+    torch bundle where it has one, else the one it was imported with.
 
     Calibration uses a sample of the training split and every score the validation split,
     so the guard judges on texts the quantiser never saw.
     """
-    from appliance import inference, optimize  # openvino, nncf and torch load only for this step
-    from appliance.serve import drift
+    from appliance import optimize  # openvino, nncf and torch load only for this step
 
     report = progress or (lambda done, total, label: None)
     source = registry.get(store, ref)
-    if TORCH not in source.variants:
-        raise RegistryError(f"{source.ref} has no torch bundle to optimise",
-                            hint="optimise the version that training registered")
     if source.task != "text-classification":
         raise RegistryError(f"{source.ref} is an {source.task} model; only text classifiers can be optimised yet")
-    data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))
-    texts, labels = [data.texts[i] for i in data.validation], [data.labels[i] for i in data.validation]
-    train = list(data.train)
-    random.Random(options.seed).shuffle(train)
-    calibration = [data.texts[i] for i in train[: options.calibration_size]]
-    calibration_labels = [data.label_names.index(data.labels[i]) for i in train[: options.calibration_size]]
+    if TORCH not in source.variants and FP32 not in source.variants:
+        raise RegistryError(f"{source.ref} has neither a torch bundle nor an FP32 IR to optimise",
+                            hint="optimise the version that training or an import registered")
+    if options.distill_layers and TORCH not in source.variants:
+        raise RegistryError(f"{source.ref} was imported without its torch weights, so it cannot be distilled",
+                            hint="import the model as a Hugging Face folder (safetensors) to distil it")
+    held = held_out(store, runs.get(store, source.run_id).dataset_id, options.calibration_size, options.seed)
     machine = hardware.detect()
-    bundle = blobs.read(store, source.variants[TORCH].blob_id)
     steps = 3 + (2 if options.distill_layers else 0)
 
     def step(done: int, label: str) -> None:
         report(done, steps, label)
 
-    def optimise(model_bundle: bytes) -> Outcome:
-        return optimize.optimize(model_bundle, calibration_texts=calibration, texts=texts, labels=labels,
-                                 hardware=machine, max_accuracy_drop=options.max_accuracy_drop,
-                                 metric=options.metric, subset_size=options.calibration_size, int8=options.int8)
+    def optimise(start: Start) -> Outcome:
+        return optimize.optimize_ir(start.fp32, start.tokenizer, start.labels, calibration_texts=held.calibration,
+                                    texts=held.texts, labels=held.labels, hardware=machine,
+                                    max_accuracy_drop=options.max_accuracy_drop, metric=options.metric,
+                                    subset_size=options.calibration_size, int8=options.int8)
 
     step(0, "export to OpenVINO" + (" and quantise to INT8" if options.int8 else ""))
-    bundles, outcomes = {"": bundle}, {"": optimise(bundle)}
+    starts = {"": _starting_point(store, source)}
+    outcomes = {"": optimise(starts[""])}
     if options.distill_layers:
         from appliance.train import distill
 
         step(1, f"distil a {options.distill_layers}-layer student")
-        bundles[STUDENT] = distill.distill(bundle, data, distill.DistillParams(layers=options.distill_layers)).bundle
+        teacher = blobs.read(store, source.variants[TORCH].blob_id)
+        data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))
+        student = distill.distill(teacher, data, distill.DistillParams(layers=options.distill_layers)).bundle
+        starts[STUDENT] = Start.exported(archive.unpack(student))
         step(2, "export and quantise the student")
-        outcomes[STUDENT] = optimise(bundles[STUDENT])
+        outcomes[STUDENT] = optimise(starts[STUDENT])
     step(steps - 2, "measure speed on this box")
-    variants, metrics = [source.variants[TORCH]], {}
+    variants = [variant for name, variant in source.variants.items() if name == TORCH]
+    metrics = {}
     for prefix, outcome in outcomes.items():
-        files = archive.unpack(bundles[prefix])
         for own_name, artifact in outcome.artifacts.items():
-            name = prefix + own_name
-            servable = inference.load_ir(inference.pack_ir(artifact, files, name))
-            baseline = drift.reference(servable.tokenizer, calibration, calibration_labels,
-                                       drift.softmax(inference.predict(servable.compiled, servable.tokenizer, texts)))
-            packed = inference.pack_ir(artifact, files, name, baseline.to_json())
-            names, infer = inference.bind(servable.compiled)
-            speed = inference.speed(infer, names, servable.tokenizer, texts, min_seconds=0.5)
-            metrics[name] = outcome.decision.scores[own_name] | speed
-            variants.append(registry.Variant(name, "openvino-ir", blobs.put(store, packed), len(packed), metrics[name]))
+            variant = servable_ir(artifact, starts[prefix].files, prefix + own_name, held,
+                                  outcome.decision.scores[own_name]).stored(store)
+            metrics[variant.name] = variant.metrics
+            variants.append(variant)
     for values in metrics.values():
-        values["speedup_b16"] = values["throughput_b16"] / metrics["fp32"]["throughput_b16"]
+        values["speedup_b16"] = values["throughput_b16"] / metrics[FP32]["throughput_b16"]
     step(steps - 1, "choose and register")
     chosen, reason = _choose(outcomes, metrics, options)
     version = registry.register(store, source.model, run_id=source.run_id, task=source.task, variants=variants,
                                 chosen=chosen, reason=reason, actor=actor)
     step(steps, f"registered {version.ref}")
     return version
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where optimising a model starts: its FP32 IR, its tokenizer, its labels in logit order, and the files
+    (tokenizer's, appliance.json) its variants are packed with."""
+
+    fp32: Artifact
+    tokenizer: Tokenizer
+    labels: list[str]
+    files: dict[str, bytes]
+
+    @classmethod
+    def exported(cls, bundle: dict[str, bytes]) -> Start:
+        """From a torch bundle's files: its IR exported here."""
+        from appliance import optimize
+
+        fp32, tokenizer, manifest = optimize.export_bundle(bundle)
+        return cls(fp32, tokenizer, manifest["labels"], bundle)
+
+    @classmethod
+    def packed(cls, files: dict[str, bytes]) -> Start:
+        """From a packed IR's files (an imported version's FP32 variant)."""
+        from appliance import inference
+
+        manifest = json.loads(files["appliance.json"])
+        return cls(inference.Artifact(files["model.xml"], files["model.bin"]),
+                   inference.load_tokenizer(files, manifest["max_length"]), manifest["labels"], files)
+
+
+def _starting_point(store: Store, source: registry.ModelVersion) -> Start:
+    """A version's torch bundle, exported, or where it has none (an import), its FP32 IR."""
+    if TORCH in source.variants:
+        return Start.exported(archive.unpack(blobs.read(store, source.variants[TORCH].blob_id)))
+    return Start.packed(archive.unpack(blobs.read(store, source.variants[FP32].blob_id)))
 
 
 def _choose(outcomes: dict[str, Outcome], metrics: dict[str, dict[str, float]], options: OptimizeOptions) -> tuple[str, str]:

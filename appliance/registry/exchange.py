@@ -44,7 +44,9 @@ Protection = Literal["passphrase", "recipient", "plaintext"]
 AGE_MAGIC = b"age-encryption.org/v1\n"
 MIN_PASSPHRASE = 12  # characters; age stretches it with scrypt
 TORCH = "torch"  # the variant every version holds: the trained bundle (operations.pipeline.TORCH)
+FP32 = "fp32"  # an imported version's own IR, where it came without torch weights (operations.imports)
 FOREIGN_FILES = ("appliance.json",)  # the bundle's own manifest: its facts go to the card instead
+MODEL_FILES = ("config.json", "model.safetensors", "model.xml", "model.bin")  # a bundle's or IR's, not the tokenizer's
 
 README = """Model {ref} ({task}), exported {exported_at} by appliance store {store_id} as {format}.
 
@@ -86,7 +88,8 @@ def export(store: Store, ref: str, fmt: Format, protection: Protection, actor: s
         if version.task != "text-classification":
             raise RegistryError(f"{version.ref} is an {version.task} model; only text classifiers can be exported"
                                 " yet")
-        bundle = archive.unpack(blobs.read(store, version.variants[TORCH].blob_id))
+        source = version.variants.get(TORCH) or version.variants[FP32]  # an import may come without torch weights
+        bundle = archive.unpack(blobs.read(store, source.blob_id))
         files, variant = _model_files(store, version, bundle, fmt)
         card = model_card(store, version, bundle, fmt, variant, files)
         contents = {f"model/{name}": data for name, data in sorted(files.items())}
@@ -168,20 +171,28 @@ def verify(data: bytes, *, identity: str | None = None, passphrase: str | None =
     """Check an archive (decrypted first with an age identity or a passphrase where it is encrypted): its signature
     and every file; RegistryError naming what fails."""
     encrypted = data.startswith(AGE_MAGIC)
-    packed = _decrypt(data, identity, passphrase) if encrypted else data
+    packed = decrypt(data, identity, passphrase) if encrypted else data
     try:
         files = archive.unpack(packed)
     except ArtifactError as exc:
         raise RegistryError(f"the archive is not a readable tar: {exc.message.split(': ', 1)[-1]}",
                             hint="it may be cut short: copy it again, or export again") from exc
+    checked, card = check_files(files, public_key=public_key, checkpoint=checkpoint)
+    return Verified(checked, card, hashlib.sha256(packed).hexdigest(), encrypted)
+
+
+def check_files(files: dict[str, bytes], *, public_key: str | None = None,
+                checkpoint: Path | None = None) -> tuple[signed.Checked, dict[str, Any]]:
+    """An unpacked archive's signature and every file checked, and its card."""
     checked = signed.check(files, kind=FORMAT, noun="archive", error=RegistryError, public_key=public_key,
                            checkpoint=checkpoint, again="export the model again from the appliance")
     if "card.json" not in checked.manifest["files"]:
         raise RegistryError("the archive has no model card (card.json)", hint="it is not an appliance model export")
-    return Verified(checked, json.loads(files["card.json"]), hashlib.sha256(packed).hexdigest(), encrypted)
+    return checked, json.loads(files["card.json"])
 
 
-def _decrypt(data: bytes, identity: str | None, passphrase: str | None) -> bytes:
+def decrypt(data: bytes, identity: str | None, passphrase: str | None) -> bytes:
+    """An age-encrypted archive opened with an identity (the file age-keygen wrote) or a passphrase."""
     import pyrage
 
     try:
@@ -207,21 +218,23 @@ def _identity_line(text: str) -> str:
 def model_card(store: Store, version: registry.ModelVersion, bundle: dict[str, bytes], fmt: Format, variant: str,
                files: dict[str, bytes]) -> dict[str, Any]:
     """What a user of the exported model needs to know about it, and where it came from (bundle: the version's
-    torch bundle, unpacked)."""
+    torch bundle, or an import's FP32 IR, unpacked)."""
     manifest = json.loads(bundle["appliance.json"])
     run = runs.get(store, version.run_id)
     dataset = datasets.get(store, run.dataset_id)
+    imported = run.params.get("imported", {})
     return {
         "model": version.ref, "task": version.task, "format": fmt, "variant": variant,
         "exported_at": clock.stamp(),
         "labels": manifest["labels"], "max_length": manifest["max_length"],
         "inputs": graph_inputs(fmt, files),
         "outputs": ["logits"], "probabilities": "softmax over logits; label i is labels[i]",
-        "base_model": {"path": run.base_model, "licence": base_licence(Path(run.base_model))},
+        "base_model": {"path": run.base_model,
+                       "licence": imported.get("licence") or base_licence(Path(run.base_model))},
         "dataset": {"ref": dataset.ref, "sha256": dataset.blob_id, "examples": dataset.examples},
         "trained_on": run.trained_on or "this appliance",
         "metrics": {"validation": version.variants[variant].metrics,
-                    "validation_fp32": version.variants[TORCH].metrics},
+                    "validation_fp32": (version.variants.get(TORCH) or version.variants[FP32]).metrics},
         "guard": {"chosen": version.chosen, "reason": version.reason},
         "params": run.params,
     }
@@ -243,16 +256,23 @@ def base_licence(base_dir: Path) -> str:
         text = (base_dir / "README.md").read_text(errors="replace")[:20_000]
     except OSError:
         return "unknown: the base model's folder has no README.md here"
-    front = text.split("---", 2)[1] if text.startswith("---") else ""
+    return stated_licence(text) or "unknown: the base model's card states none"
+
+
+def stated_licence(card: str) -> str | None:
+    """The licence a Hugging Face model card (README.md) states in its front matter."""
+    front = card.split("---", 2)[1] if card.startswith("---") else ""
     found = re.search(r"^licen[cs]e:\s*(\S+)", front, re.MULTILINE)
-    return found.group(1) if found else "unknown: the base model's card states none"
+    return found.group(1) if found else None
 
 
 def _model_files(store: Store, version: registry.ModelVersion, bundle: dict[str, bytes],
                  fmt: Format) -> tuple[dict[str, bytes], str]:
     """The model's files in the format, and which variant they are."""
-    tokenizer = {name: data for name, data in bundle.items()
-                 if name not in FOREIGN_FILES and name not in ("config.json", "model.safetensors")}
+    tokenizer = {name: data for name, data in bundle.items() if name not in FOREIGN_FILES + MODEL_FILES}
+    if TORCH not in version.variants and (fmt != "openvino" or not version.servable):
+        raise RegistryError(f"{version.ref} was imported without torch weights, so it can be exported as openvino"
+                            " only", hint=f"'appliance models export {version.ref} --format openvino'")
     if fmt == "hf":
         if "architecture" in json.loads(bundle["appliance.json"]):
             raise RegistryError(f"{version.ref} is a fast-mode model (a linear head on a frozen encoder), which has "

@@ -46,6 +46,20 @@ def create(store: Store, *, dataset_id: str, base_model: str, task: str, params:
     return run_id
 
 
+def imported(store: Store, *, dataset_id: str, base_model: str, task: str, params: dict, trained_on: str,
+             model_blob: str | None, metrics: dict) -> str:
+    """A run for a model that trained elsewhere (operations/imports.py): finished as it arrives, its metrics
+    measured here on dataset_id, trained_on saying where it came from; audited by the import around it."""
+    run_id, now = uuid.uuid4().hex[:12], clock.stamp()
+    store.db.execute(
+        "INSERT INTO runs (id, dataset_id, base_model, task, params, plan, status, model_blob, metrics, created_at,"
+        " finished_at, trained_on) VALUES (?, ?, ?, ?, ?, '{}', 'finished', ?, ?, ?, ?, ?)",
+        (run_id, dataset_id, base_model, task, json.dumps(params), model_blob, json.dumps(metrics), now, now,
+         trained_on),
+    )
+    return run_id
+
+
 @dataclass(frozen=True)
 class Epoch:
     """One epoch's record: validation metrics, throughput and when it was reached."""

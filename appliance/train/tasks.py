@@ -24,7 +24,7 @@ from appliance.core.errors import JobError
 from appliance.data.datasets import LoadedDataset
 
 # Files of a Hugging Face model directory that travel with the model (weights excluded).
-_TOKENIZER_FILES = (
+TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -139,7 +139,7 @@ class TextClassification:
             "appliance.json": _manifest(self.kind, self.label_names, max_length=self.max_length,
                                         **({"architecture": self.architecture} if self.architecture else {})),
         }
-        for name in _TOKENIZER_FILES:
+        for name in TOKENIZER_FILES:
             if (self.base_dir / name).is_file():
                 files[name] = (self.base_dir / name).read_bytes()
         return archive.pack(sorted(files.items()))

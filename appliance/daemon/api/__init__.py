@@ -45,8 +45,9 @@ from appliance.serve.metrics import Metrics, TrafficWindow
 from appliance.serve.runtime import Runtime
 from appliance.serve.web import EXCEPTION_HANDLERS, BodyLimit, document_errors, error_answers, error_response
 
-MAX_JSON_BYTES = 1 << 20  # every body but a dataset upload
-UPLOAD_BODY_TIMEOUT_S = 3600.0  # a dataset of daemon.max_upload_mb may take a while to arrive; heads are as quick
+MAX_JSON_BYTES = 1 << 20  # every body but an upload
+UPLOAD_BODY_TIMEOUT_S = 3600.0  # an upload of daemon.max_upload_mb may take a while to arrive; heads are as quick
+UPLOAD_PATHS = (datasets.UPLOAD_PATH, models.UPLOAD_PATH)  # a dataset's, a model's
 _ROUTERS = (health.router, events.router, jobs.router, datasets.router, models.router, serving.router, alerts.router,
             audit.router, users.router, usage.router, privacy.router)
 _ERRORS = error_answers({
@@ -68,9 +69,9 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
     settings = shared.store.settings
     upload_limit = int(settings.daemon.max_upload_mb * 2**20)
     app.add_middleware(BodyLimit,
-                       limit=lambda scope: upload_limit if scope["path"] == datasets.UPLOAD_PATH else MAX_JSON_BYTES,
-                       hint=f"a dataset may be up to daemon.max_upload_mb ({settings.daemon.max_upload_mb:g} MiB);"
-                            " any other request at most 1 MiB")
+                       limit=lambda scope: upload_limit if scope["path"] in UPLOAD_PATHS else MAX_JSON_BYTES,
+                       hint=f"a dataset or a model may be up to daemon.max_upload_mb"
+                            f" ({settings.daemon.max_upload_mb:g} MiB); any other request at most 1 MiB")
     system.load(settings.state_dir)  # primes the CPU share, which is measured between calls
     app.state.shared, app.state.status, app.state.runtime = shared, status, runtime
     app.state.traffic = TrafficWindow(runtime.metrics if runtime else Metrics())

@@ -12,13 +12,21 @@ from pydantic import Field
 from appliance import operations
 from appliance.access import users
 from appliance.core import schema
-from appliance.daemon.api.deps import Admin, Operator, Settings, Shared, SharedStore, Viewer, actor
+from appliance.daemon.api.deps import (
+    UPLOAD_BODY,
+    Admin,
+    Operator,
+    Settings,
+    Shared,
+    SharedStore,
+    Viewer,
+    actor,
+    received,
+)
 from appliance.data import datasets, sources
 from appliance.serve.web import Body
 
 UPLOAD_PATH = "/v1/datasets"
-_UPLOAD_BODY = {"requestBody": {"required": True, "content": {
-    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 
 router = APIRouter()
 
@@ -69,16 +77,13 @@ def dataset_detail(ref: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
         return operations.describe_dataset(store, ref)
 
 
-@router.post(UPLOAD_PATH, status_code=201, openapi_extra=_UPLOAD_BODY)
+@router.post(UPLOAD_PATH, status_code=201, openapi_extra=UPLOAD_BODY)
 async def upload_dataset(
     request: Request, user: Operator, options: Annotated[UploadOptions, Query()], shared: Shared
 ) -> dict[str, Any]:
     """Check and store the file in the body (a folder of images as a tar); an unchanged file answers with
     the version it already is. The daemon reads nothing but the bytes sent."""
-    data = bytearray()
-    async for chunk in request.stream():  # BodyLimit stops it at daemon.max_upload_mb
-        data += chunk
-    source = sources.Upload(options.filename, bytes(data), folder=options.task == datasets.IMAGE)
+    source = sources.Upload(options.filename, await received(request), folder=options.task == datasets.IMAGE)
     return await asyncio.to_thread(_import, shared, source, options, user)
 
 

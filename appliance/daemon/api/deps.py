@@ -20,6 +20,8 @@ from appliance.core.errors import AuthError, BadRequest, DaemonError
 from appliance.serve.runtime import Runtime
 from appliance.store import Store, audit
 
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {  # an upload route's OpenAPI body: raw bytes
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 READ_AUDIT_S = 600.0
 REFUSALS_WINDOW_S = 60.0  # refusals of one source and caller are written once, then counted for this long
 REFUSALS_TRACKED = 10_000  # sources and callers tracked at once; more are counted together
@@ -168,3 +170,11 @@ Since = Annotated[datetime | None, Depends(_since)]
 Viewer = Annotated[users.User, Depends(_caller("viewer"))]
 Operator = Annotated[users.User, Depends(_caller("operator"))]
 Admin = Annotated[users.User, Depends(_caller("admin"))]
+
+
+async def received(request: Request) -> bytes:
+    """An upload's whole body; BodyLimit stops it at daemon.max_upload_mb."""
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+    return bytes(data)

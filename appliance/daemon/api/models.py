@@ -1,23 +1,90 @@
-"""Model versions: listed, deployed (with a canary share), rolled back, deleted."""
+"""Model versions: imported (an upload, or a name in daemon.import_dir), listed, deployed (with a canary share),
+rolled back, deleted."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import Field
 
 from appliance import operations, registry
-from appliance.daemon.api.deps import Admin, Operator, Shared, Viewer, actor
+from appliance.access import users
+from appliance.core import schema
+from appliance.daemon.api.deps import (
+    UPLOAD_BODY,
+    Admin,
+    Operator,
+    Settings,
+    Shared,
+    SharedStore,
+    Viewer,
+    actor,
+    received,
+)
+from appliance.data import sources
 from appliance.serve.web import Body
 
+UPLOAD_PATH = "/v1/models:import"
 router = APIRouter()
 
 
 class DeployRequest(Body):
     version: int | None = Field(None, ge=1, description="default: the newest version")
     canary_percent: float | None = Field(None, gt=0, le=100)
+
+
+class ImportOptions(Body):
+    """What to call an imported model and what to measure it on; the model comes as the body or from
+    daemon.import_dir (operations/imports.py says which forms are taken)."""
+
+    name: str = Field(pattern=schema.NAME.pattern, description="the model's name; the import is its next version")
+    dataset: str = Field(min_length=1, max_length=200, description=(
+        "the text dataset (name, name:version or id) it is measured on; its labels must be among the model's"))
+    # Bounded so that an upload's query, percent-encoded, stays well inside what the HTTP parser takes (about 80 KB):
+    # a model with more labels names them in its config.json.
+    labels: list[Annotated[str, Field(min_length=1, max_length=48)]] = Field(
+        default_factory=list, max_length=64,
+        description="the model's labels in logit order, where its config.json or card does not name them")
+    public_key: str | None = Field(None, min_length=1, max_length=128,
+                                   description="an export archive must be signed by this key (hex, or its SHA-256)")
+
+
+class ModelUploadOptions(ImportOptions):
+    filename: str = Field(min_length=1, max_length=255, description=(
+        "the model's name as sent: a folder comes as an uncompressed tar of its files, an export archive as itself"))
+
+
+class ModelImportDirRequest(ImportOptions):
+    file: str = Field(min_length=1, max_length=255, description=(
+        "a model folder or an export archive inside daemon.import_dir, by its name there; links are refused"))
+
+
+@router.post(UPLOAD_PATH, status_code=201, openapi_extra=UPLOAD_BODY)
+async def upload_model(request: Request, user: Operator, options: Annotated[ModelUploadOptions, Query()],
+                       shared: Shared) -> dict[str, Any]:
+    """Check the model in the body, measure it on the dataset and store it as a new version; the daemon reads
+    nothing but the bytes sent."""
+    source = sources.Upload(options.filename, await received(request), folder=False)
+    return await asyncio.to_thread(_import, shared, source, options, user)
+
+
+@router.post("/v1/models:import-dir", status_code=201)
+def import_model_from_dir(body: ModelImportDirRequest, user: Operator, shared: Shared,
+                          settings: Settings) -> dict[str, Any]:
+    """Check and store a model folder or export archive that root put in daemon.import_dir."""
+    return _import(shared, sources.ImportDir(settings, body.file), body, user)
+
+
+def _import(shared: SharedStore, source: sources.Source, options: ImportOptions, user: users.User) -> dict[str, Any]:
+    from appliance.operations import imports  # torch and OpenVINO load for an import only
+
+    version = imports.import_model(shared.use, source, name=options.name, dataset=options.dataset,
+                                   labels=options.labels, public_key=options.public_key, actor=actor(user))
+    with shared.use() as store:
+        return registry.describe(store, version.ref)
 
 
 @router.get("/v1/models")
