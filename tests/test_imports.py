@@ -19,7 +19,7 @@ from appliance.core.errors import RegistryError
 from appliance.data import sources
 from appliance.operations import imports, pipeline
 from appliance.registry import exchange
-from appliance.store import Store, audit, blobs
+from appliance.store import Store, audit, blobs, signed
 from appliance.train import bundle as bundles
 from appliance.train import runs
 from tests.conftest import Trained
@@ -199,7 +199,20 @@ def test_bad_models_are_refused_saying_what_and_how_to_fix_with_nothing_stored(
                                ["cats", "dogs", "birds"])
     lone = tmp_path / "lone.onnx"
     lone.write_bytes((images / "model.onnx").read_bytes())
+    vast = shutil.copytree(hf, tmp_path / "vast")  # a config claiming a model far larger than its weights
+    config = json.loads((vast / "config.json").read_text())
+    (vast / "config.json").write_text(json.dumps(config | {"hidden_size": 65536, "num_hidden_layers": 400}))
+    garbled = shutil.copytree(hf, tmp_path / "garbled")
+    (garbled / "tokenizer.json").write_text('{"model": "not one"}')
+    cardless = tmp_path / "cardless.tar"  # signed, but by whoever made it: the card is still checked
+    contents = {"card.json": json.dumps({"format": "onnx"}).encode(),
+                "model/model.onnx": (images / "model.onnx").read_bytes()}
+    contents |= signed.sign(opened, contents, format=exchange.FORMAT)
+    cardless.write_bytes(archive.pack(sorted(contents.items())))
     cases = [
+        (vast, "the weights do not fit config.json", {}),
+        (garbled, "tokenizer.json is not a tokenizer", {}),
+        (cardless, "the archive's card lacks 'labels'", {}),
         (lone, "neither a model folder nor a whole export archive", {}),
         (pickled, "are pickles, which run code when loaded", {}),
         (images, "the graph takes pixel_values", {}),
@@ -266,3 +279,6 @@ def test_through_the_daemon_an_import_is_uploaded_or_named_in_the_import_folder_
     pickled = daemon.cli("models", "import", str(tmp_path / "pickled"), "--name", "p", "--dataset", "tickets")
     assert pickled.returncode == 1 and "are pickles, which run code when loaded" in pickled.stderr
     assert "Traceback" not in pickled.stderr
+    images = daemon.cli("models", "import", str(folder), "--name", "i", "--dataset", "tickets",
+                        "--task", "image-classification")
+    assert images.returncode == 2 and "only text classifiers can be imported yet" in images.stderr

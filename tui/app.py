@@ -52,7 +52,8 @@ class Daemon(Protocol):
 
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Any: ...
 
-    async def upload(self, path: Path, options: dict[str, Any]) -> Any: ...
+    async def upload(self, path: Path, options: dict[str, Any], *, to: str = client.DATASETS,
+                     content: bytes | None = None) -> Any: ...
 
     def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
 
@@ -113,9 +114,11 @@ class ApplianceApp(App[None]):
                   "DELETE": lambda: self.daemon.delete(path)}[method]
         return await self._asked(asking())
 
-    async def upload(self, path: Path, options: dict[str, Any]) -> Any:
-        """Send a local file (or image folder) for import: the daemon reads only the bytes it is sent."""
-        return await self._asked(self.daemon.upload(path, options))
+    async def upload(self, path: Path, options: dict[str, Any], *, to: str = client.DATASETS,
+                     content: bytes | None = None) -> Any:
+        """Send a local file or folder (or content read from it) for import, to the dataset or model upload route:
+        the daemon reads only the bytes it is sent."""
+        return await self._asked(self.daemon.upload(path, options, to=to, content=content))
 
     async def download(self, path: str) -> bytes:
         """Bytes the daemon hands over (an export archive), for this program to write where its user chose."""

@@ -9,13 +9,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Input, Label, Log, Sparkline, Static
+from textual.widgets import DataTable, DirectoryTree, Input, Label, Log, Sparkline, Static
 
 from appliance.core import clock
 from appliance.core.text import counted
@@ -158,6 +159,22 @@ def _ordinal(cell: str) -> tuple[int, float, str]:
         return (0, float(number), "")
     except ValueError:
         return (1, 0.0, cell.lower())
+
+
+class Files(DirectoryTree):
+    """Folders, and the files with one of `suffixes` (what an import takes); plain-text icons, for any terminal."""
+
+    ICON_NODE_EXPANDED = "- "
+    ICON_NODE = "+ "
+    ICON_FILE = "  "
+
+    def __init__(self, path: Path, suffixes: Iterable[str], **options: Any) -> None:
+        self.suffixes = tuple(suffixes)  # before the tree first lists a folder
+        super().__init__(path, **options)
+
+    def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
+        return [path for path in paths if not path.name.startswith(".")
+                and (path.is_dir() or path.suffix.lower() in self.suffixes)]
 
 
 class TailLog(Log):

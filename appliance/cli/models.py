@@ -148,12 +148,15 @@ def models_verify(archive_file: Path, public_key: str | None, checkpoint: Path |
 @click.option("--name", required=True, help="The model's name; the import becomes its next version.")
 @click.option("--dataset", required=True,
               help="The text dataset (NAME or NAME:VERSION) to measure it on; its labels must be among the model's.")
+@click.option("--task", type=click.Choice(["text-classification", "image-classification"]),
+              default="text-classification", show_default=True,
+              help="What the model does; image classifiers cannot be imported yet (they cannot be served).")
 @click.option("--labels", help="The model's labels in logit order, comma-separated, where its config.json does not "
                                "name them.")
 @click.option("--public-key", help="An export archive must be signed by this key (hex, or its SHA-256).")
 @click.option("--identity", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The age identity file an encrypted export archive was exported to.")
-def models_import(path: Path, name: str, dataset: str, labels: str | None, public_key: str | None,
+def models_import(path: Path, name: str, dataset: str, task: str, labels: str | None, public_key: str | None,
                   identity: Path | None) -> None:
     """Import a model trained elsewhere as a new version of NAME.
 
@@ -163,6 +166,9 @@ def models_import(path: Path, name: str, dataset: str, labels: str | None, publi
     checked, measured on the dataset's validation split and stored encrypted; its FP32 OpenVINO IR serves, and
     'appliance optimize' quantises it under the accuracy guard like a trained model.
     """
+    if task != "text-classification":
+        raise click.BadParameter("only text classifiers can be imported yet: the appliance serves text models only",
+                                 param_hint="--task")
     from appliance.registry import exchange
 
     content = None

@@ -128,15 +128,16 @@ class AsyncClient:
     async def download(self, path: str) -> bytes:
         return await self._request("GET", path, raw=True)
 
-    async def upload(self, path: Path, options: dict[str, Any]) -> Any:
+    async def upload(self, path: Path, options: dict[str, Any], *, to: str = DATASETS,
+                     content: bytes | None = None) -> Any:
         """Client.upload, with the file read off the event loop."""
-        params, chunks = _upload(path, options, lambda size: None, None)
+        params, chunks = _upload(path, options, lambda size: None, content)
 
         async def body() -> AsyncIterator[bytes]:
             while chunk := await asyncio.to_thread(next, chunks, b""):
                 yield chunk
 
-        return await self._request("POST", DATASETS, params=params, content=body(),
+        return await self._request("POST", to, params=params, content=body(),
                                    headers={"Content-Type": "application/octet-stream"}, timeout=UPLOAD_TIMEOUT_S)
 
     async def events(self, after: int = 0, subject: str | None = None) -> AsyncIterator[dict[str, Any]]:

@@ -233,8 +233,8 @@ def prepare(incoming: Incoming, labels: list[str], public_key: str | None = None
     if fmt == "archive":
         checked, card = exchange.check_files(files, public_key=public_key)
         files = {name.removeprefix("model/"): data for name, data in files.items() if name.startswith("model/")}
-        fmt, labels, max_length = card["format"], labels or card["labels"], card["max_length"]
-        base_model, licence = card["base_model"]["path"], card["base_model"]["licence"]
+        fmt, card_labels, max_length, base_model, licence = _card_fields(card)
+        labels = labels or card_labels
         provenance = {"card": card, "licence": licence, "signed_by": checked.public_key,
                       "vouched_by": checked.trusted or "its own key only"}
     config = _json(files, "config.json") if "config.json" in files else {}
@@ -246,8 +246,13 @@ def prepare(incoming: Incoming, labels: list[str], public_key: str | None = None
         raise RegistryError("the model comes without tokenizer.json, so its texts cannot be tokenized as it was"
                             " trained", hint="save the tokenizer beside it: tokenizer.save_pretrained(folder)")
     max_length = max_length or _max_length(files, config)
-    manifest = {"task": datasets.TEXT, "labels": labels, "max_length": max_length, "imported_from": fmt}
     tokenizer_files = {name: files[name] for name in TOKENIZER_FILES if name in files}
+    try:
+        inference.load_tokenizer(tokenizer_files, max_length)
+    except Exception as exc:  # tokenizers raises its own Exception for any malformed file
+        raise RegistryError(f"tokenizer.json is not a tokenizer the tokenizers library reads: {_said(exc)}",
+                            hint="save it with a fast tokenizer: tokenizer.save_pretrained(folder)") from exc
+    manifest = {"task": datasets.TEXT, "labels": labels, "max_length": max_length, "imported_from": fmt}
     packed_files = tokenizer_files | {"appliance.json": json.dumps(manifest, indent=2).encode()}
     torch_bundle = None
     if fmt == "hf":
@@ -329,16 +334,62 @@ def _hf_bundle(files: dict[str, bytes], config: dict[str, Any], labels: list[str
 
 
 def _from_torch(bundle: dict[str, bytes]) -> inference.Artifact:
-    from appliance import optimize
-    from appliance.core.errors import OptimizeError
+    """The Hugging Face model's FP32 IR, once its config has been shown to describe exactly the weights given: a
+    config is built first without memory (torch's meta device), so one claiming a vast model costs nothing."""
+    import torch
+    from transformers import CONFIG_MAPPING, AutoModelForSequenceClassification
 
+    from appliance import optimize
+
+    hint = "import a model saved by AutoModelForSequenceClassification.save_pretrained"
+    try:
+        config_dict = json.loads(bundle["config.json"])
+        with torch.device("meta"):
+            shell = AutoModelForSequenceClassification.from_config(
+                CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict))
+        expected = {name: list(tensor.shape) for name, tensor in shell.state_dict().items()}
+    except Exception as exc:  # transformers raises many types for a config it cannot build
+        raise RegistryError(f"config.json does not describe a sequence classifier transformers builds: {_said(exc)}",
+                            hint=hint) from exc
+    given = _safetensors_shapes(bundle["model.safetensors"])
+    differ = sorted(name for name in expected.keys() | given.keys() if expected.get(name) != given.get(name))
+    if differ:
+        raise RegistryError(f"the weights do not fit config.json: {len(differ)} tensors differ or are missing, such as"
+                            f" {', '.join(differ[:3])}", hint=hint + ", with the labels it was trained with")
     try:
         fp32, _tokenizer, _manifest = optimize.export_bundle(bundle)
-    except (OptimizeError, KeyError, ValueError, RuntimeError) as exc:
+    except Exception as exc:  # loading and converting raise many types; all mean the model cannot be used
         raise RegistryError(f"the Hugging Face model cannot be loaded as a sequence classifier: {_said(exc)}",
-                            hint="import a model saved by AutoModelForSequenceClassification.save_pretrained"
-                            ) from exc
+                            hint=hint) from exc
     return fp32
+
+
+def _safetensors_shapes(weights: bytes) -> dict[str, list[int]]:
+    """Each tensor's shape from a safetensors header (8 bytes of length, then JSON), reading no tensor."""
+    try:
+        size = int.from_bytes(weights[:8], "little")
+        header = json.loads(weights[8:8 + size])
+        return {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise RegistryError("the weights are not a readable safetensors file",
+                            hint="the file may be cut short: copy it again") from exc
+
+
+def _card_fields(card: dict[str, Any]) -> tuple[str, list[str], int, str, str]:
+    """An archive card's format, labels, max_length, base model and licence, checked: a signature proves only
+    that the card is as its signer wrote it."""
+    try:
+        fields = (card["format"], card["labels"], card["max_length"], card["base_model"]["path"],
+                  card["base_model"]["licence"])
+    except (KeyError, TypeError) as exc:
+        raise RegistryError(f"the archive's card lacks {exc}", hint="export the model again from the appliance"
+                            ) from None
+    fmt, labels, max_length, base_model, licence = fields
+    if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels) and isinstance(max_length, int)
+            and 0 < max_length <= 8192 and all(isinstance(text, str) for text in (fmt, base_model, licence))):
+        raise RegistryError("the archive's card names its format, labels, max_length or base model wrongly",
+                            hint="export the model again from the appliance")
+    return fmt, labels, max_length, base_model, licence
 
 
 def _read_onnx(files: dict[str, bytes]) -> Any:

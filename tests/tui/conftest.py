@@ -84,7 +84,7 @@ class RecordedDaemon:
     async def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return self._answer(f"POST {path}")
 
-    async def upload(self, path: Path, options: dict[str, Any]) -> Any:
+    async def upload(self, path: Path, options: dict[str, Any], **_route: Any) -> Any:
         raise ApplianceError("tickets.csv: 2 problems\n  tickets.csv line 3: empty text\n  tickets.csv line 7: 1"
                              " field, but the header has 2", hint="fix them and import again; nothing was stored")
 

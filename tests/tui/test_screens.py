@@ -18,7 +18,9 @@ from appliance.access import users
 from appliance.data import datasets
 from appliance.store import alerts, blobs
 from appliance.train import runs
+from tests.conftest import Trained
 from tests.daemon import TINY, Daemon, submit
+from tests.test_imports import hf_folder
 from tests.tui.conftest import RECORDED_STUDY, SIZE, RecordedDaemon, settle, text
 from tui.app import ApplianceApp
 from tui.widgets import Connection, Table
@@ -291,6 +293,32 @@ async def test_a_version_is_exported_from_the_models_screen_encrypted_to_a_recip
     verified = exchange.verify(out.read_bytes(), identity=str(identity))
     assert verified.encrypted and verified.card["model"] == production and verified.card["format"] == "openvino"
     assert out.stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_model_trained_elsewhere_is_imported_from_the_models_screen(
+    served: Daemon, trained: Trained, tmp_path: Path
+) -> None:
+    folder = hf_folder(trained, tmp_path / "vendor")
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4", "i")
+        dialog = app.screen
+        await settle(pilot, lambda: isinstance(dialog.query_one("#dataset").value, str), message="no datasets offered")
+        dialog.query_one("#path").value = str(folder)
+        await pilot.click("#submit")
+        await settle(pilot, lambda: "give it a name" in text(app, "#problem"))
+        dialog.query_one("#name").value = "vendor"
+        dialog.query_one("#dataset").value = "tickets:1"
+        dialog.query_one("#labels").value = "a,a,b"
+        await pilot.click("#submit")
+        await settle(pilot, lambda: "repeat or leave one empty" in text(app, "#problem"), seconds=60)
+        assert app.screen is dialog
+        dialog.query_one("#labels").value = ""
+        await pilot.click("#submit")
+        await settle(pilot, lambda: app.screen is not dialog or "sending" not in text(app, "#problem"), seconds=120)
+        assert app.screen is not dialog, text(app, "#problem")
+        await settle(pilot, lambda: "vendor:1" in rows(app, "#models"), message="the imported model is not listed")
+        assert "imported as vendor:1" in notices(app) and rows(app, "#models")["vendor:1"][3] == "fp32"
 
 
 async def test_serving_shows_the_endpoints_and_tries_a_prediction(served: Daemon) -> None:

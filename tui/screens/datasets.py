@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,7 +16,7 @@ from appliance.core.text import counted
 from appliance.data import datasets
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog, fields
-from tui.widgets import Table, ago
+from tui.widgets import Files, Table, ago
 
 
 class DatasetsScreen(ApplianceScreen):
@@ -96,18 +95,6 @@ def _detail(version: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-class _Files(DirectoryTree):
-    """Folders, and the files a dataset can be imported from; plain-text icons, for any terminal."""
-
-    ICON_NODE_EXPANDED = "- "
-    ICON_NODE = "+ "
-    ICON_FILE = "  "
-
-    def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
-        return [path for path in paths if not path.name.startswith(".")
-                and (path.is_dir() or path.suffix.lower() in datasets.TEXT_SUFFIXES)]
-
-
 class ImportDialog(FormDialog[dict[str, Any]]):
     """Pick a file (or an image folder), name it, send it; the daemon checks every line and says where."""
 
@@ -115,7 +102,7 @@ class ImportDialog(FormDialog[dict[str, Any]]):
         super().__init__("Import a dataset", "Import", wide=True)
 
     def compose_fields(self) -> ComposeResult:
-        yield _Files(Path.cwd(), id="files")
+        yield Files(Path.cwd(), datasets.TEXT_SUFFIXES, id="files")
         yield fields(("File", Input(placeholder="a .csv or .jsonl file, or a folder of images", id="path")))
         with Horizontal(classes="row"):
             yield Label("Name", classes="field")

@@ -10,8 +10,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widget import Widget
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Input, Label, Select, Static
 from textual.worker import Worker
+
+from appliance.core.errors import ApplianceError
 
 if TYPE_CHECKING:
     from tui.app import ApplianceApp
@@ -86,6 +88,23 @@ class FormDialog(Dialog[T]):
     def submit(self) -> None:
         """Check the fields and act on them; a problem goes to show_problem and the form stays open."""
         raise NotImplementedError
+
+    async def offer_datasets(self, task: str | None = None) -> None:
+        """The dataset versions (of one task) in the form's #dataset select, newest first and chosen; where there
+        are none, the form says how to get one."""
+        try:
+            found = await self.app.request("GET", "/v1/datasets")
+        except ApplianceError as exc:
+            self.show_problem(exc.message)
+            return
+        select = self.query_one("#dataset", Select)
+        newest = sorted((version for version in found if version["erased_at"] is None and task in (None, version["task"])),
+                        key=lambda version: version["created_at"], reverse=True)
+        select.set_options((f"{v['ref']} ({v['examples']} examples)", v["ref"]) for v in newest)
+        if newest:
+            select.value = newest[0]["ref"]
+        else:
+            self.show_problem("no datasets yet: import one on the Datasets screen (2, then i)")
 
 
 class Confirm(Dialog[bool]):

@@ -267,23 +267,7 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self._fill_datasets()
-
-    @work(exit_on_error=False)
-    async def _fill_datasets(self) -> None:
-        try:
-            found = await self.app.request("GET", "/v1/datasets")
-        except ApplianceError as exc:
-            self.show_problem(exc.message)
-            return
-        select = self.query_one("#dataset", Select)
-        newest = sorted((version for version in found if version["erased_at"] is None),
-                        key=lambda version: version["created_at"], reverse=True)
-        select.set_options((f"{v['ref']} ({v['examples']} examples)", v["ref"]) for v in newest)
-        if newest:
-            select.value = newest[0]["ref"]
-        else:
-            self.show_problem("no datasets yet: import one on the Datasets screen (2, then i)")
+        self.run_worker(self.offer_datasets(), exit_on_error=False)
 
     @work(exclusive=True, exit_on_error=False)
     async def submit(self) -> None:

@@ -1,4 +1,5 @@
-"""Models: every registered version with its variants side by side; optimise, deploy, canary and rollback."""
+"""Models: every registered version with its variants side by side; optimise, deploy, canary, rollback, delete,
+export to a file and import one trained elsewhere."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, Input, Label, Select, Static, Switch
+from textual.widgets import Button, Collapsible, DataTable, DirectoryTree, Input, Label, Select, Static, Switch
 
 from appliance.core.errors import ApplianceError
+from appliance.daemon import client
 from appliance.operations import jobs
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog, fields
-from tui.widgets import Table, ago, number, percent
+from tui.widgets import Files, Table, ago, number, percent
 
+ARCHIVE_SUFFIXES = (".tar", ".age")  # an export archive, plain or encrypted; a model otherwise is a folder
 # The variant metrics worth comparing, as (metric, column title, format).
 VARIANT_COLUMNS = (("accuracy", "acc", "{:.1%}"), ("macro_f1", "F1", "{:.3f}"), ("latency_ms_p50", "p50 ms", "{:.2f}"),
                    ("throughput_b16", "texts/s", "{:.0f}"), ("speedup_b16", "x fp32", "{:.2f}"))
@@ -33,10 +36,13 @@ class ModelsScreen(ApplianceScreen):
             "a canary share of traffic to it, r rolls back (a running canary stops first, else production returns "
             "to the version before), x deletes a version that never served; each asks before it acts. e exports "
             "a version to a file in an open format (ONNX, OpenVINO, Hugging Face), signed, encrypted with age to a "
-            "recipient or a passphrase unless plaintext is switched on; admin only.")
+            "recipient or a passphrase unless plaintext is switched on; admin only. i imports a model trained "
+            "elsewhere (a Hugging Face folder, an ONNX or OpenVINO folder, an export archive), measured on a "
+            "dataset of its labels before it is stored.")
     BINDINGS: ClassVar = [Binding("o", "optimise", "Optimise"), Binding("d", "deploy", "Deploy"),
                           Binding("k", "canary", "Canary"), Binding("r", "rollback", "Rollback"),
-                          Binding("x", "delete", "Delete"), Binding("e", "export", "Export")]
+                          Binding("x", "delete", "Delete"), Binding("e", "export", "Export"),
+                          Binding("i", "import", "Import")]
 
     def compose_body(self) -> ComposeResult:
         yield Table("version", "aliases", "traffic", "serves", "accuracy", "registered", id="models")
@@ -206,6 +212,15 @@ class ModelsScreen(ApplianceScreen):
             return
         self.notify(f"{ref} written to {chosen.path} ({chosen.protection}); 'appliance models verify' checks it")
 
+    def action_import(self) -> None:
+        def imported(version: dict[str, Any] | None) -> None:
+            if version is not None:
+                self.notify(f"imported as {version['model']}:{version['version']}: {version['reason']}",
+                            title="model", timeout=10)
+                self.reload()
+
+        self.app.push_screen(ModelImportDialog(), imported)
+
     def _deployable(self) -> dict[str, Any] | None:
         """The selected version, if the server can run it; else None, and the operator is told why and what to do."""
         version = self._selected()
@@ -300,3 +315,65 @@ class ExportDialog(FormDialog[Export]):
             return
         self.dismiss(Export(str(self.query_one("#format", Select).value), path, text["recipient"] or None,
                             passphrase))
+
+
+class ModelImportDialog(FormDialog[dict[str, Any]]):
+    """A model trained elsewhere: a folder (Hugging Face, ONNX, OpenVINO) or an export archive picked from the disk,
+    its name, the dataset it is measured on; an encrypted archive is opened here with its passphrase."""
+
+    def __init__(self) -> None:
+        super().__init__("Import a model", "Import", wide=True)
+
+    def compose_fields(self) -> ComposeResult:
+        yield Files(Path.cwd(), ARCHIVE_SUFFIXES, id="files")
+        yield fields(("Model", Input(placeholder="a model folder, or an export archive (.tar, .age)", id="path")))
+        yield fields(("Name", Input(placeholder="e.g. vendor", id="name")),
+                     ("Dataset", Select([], prompt="measured on", id="dataset")))
+        with Collapsible(title="Advanced: labels, passphrase", collapsed=True):
+            yield fields(("Labels", Input(placeholder="in logit order, where config.json names none: a,b,c",
+                                          id="labels")))
+            yield fields(("Passphrase", Input(password=True, placeholder="of an encrypted archive", id="passphrase")))
+        yield Label("From a shell: appliance models import PATH --name NAME --dataset DATASET", classes="command")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.run_worker(self.offer_datasets("text-classification"), exit_on_error=False)
+
+    @on(DirectoryTree.FileSelected)
+    @on(DirectoryTree.DirectorySelected)
+    def _picked(self, event: DirectoryTree.FileSelected | DirectoryTree.DirectorySelected) -> None:
+        self.query_one("#path", Input).value = str(event.path.resolve())
+        name = self.query_one("#name", Input)
+        if not name.value:
+            name.value = event.path.name.split(".")[0]
+
+    @work(exclusive=True, exit_on_error=False)
+    async def submit(self) -> None:
+        from appliance.registry import exchange
+
+        path, name = self.query_one("#path", Input).value.strip(), self.query_one("#name", Input).value.strip()
+        dataset = self.query_one("#dataset", Select).value
+        if not path or not name or not isinstance(dataset, str):
+            self.show_problem("pick a model folder or archive, give it a name, and choose the dataset to measure it on")
+            return
+        chosen = Path(path).expanduser()
+        if not chosen.exists():
+            self.show_problem(f"{chosen}: no such file or folder")
+            return
+        labels = [label.strip() for label in self.query_one("#labels", Input).value.split(",") if label.strip()]
+        options = {"name": name, "dataset": dataset, "labels": labels}
+        self.query_one("#submit", Button).disabled = True
+        try:
+            content = None
+            if chosen.is_file() and (data := await asyncio.to_thread(chosen.read_bytes)).startswith(exchange.AGE_MAGIC):
+                self.show_problem("opening the archive…")
+                passphrase = self.query_one("#passphrase", Input).value or None
+                content = await asyncio.to_thread(exchange.decrypt, data, None, passphrase)
+            self.show_problem("sending, checking and measuring… the model runs on every validation text")
+            answer = await self.app.upload(chosen, options, to=client.MODELS, content=content)
+        except ApplianceError as exc:
+            self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
+            return
+        finally:
+            self.query_one("#submit", Button).disabled = False
+        self.dismiss(answer)
