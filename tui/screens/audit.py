@@ -171,7 +171,7 @@ class ExportDialog(FormDialog[str]):
         try:
             text = await self.app.request("GET", "/v1/audit/export", **self.filters)
         except ApplianceError as exc:
-            self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
+            self.show_error(exc)
             return
         try:
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

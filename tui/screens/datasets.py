@@ -153,7 +153,7 @@ class ImportDialog(FormDialog[dict[str, Any]]):
         try:
             answer = await self.app.upload(chosen, options)
         except ApplianceError as exc:
-            self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
+            self.show_error(exc)
             return
         finally:
             self.query_one("#submit", Button).disabled = False

@@ -37,6 +37,10 @@ class Dialog(ModalScreen[T]):
         problem.update(text)
         problem.display = bool(text)
 
+    def show_error(self, exc: ApplianceError) -> None:
+        """An error's message and hint in the problem box."""
+        self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         self.app.on_worker_state_changed(event)
 

@@ -279,7 +279,7 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
         try:
             job = await self.app.request("POST", "/v1/jobs", request)
         except ApplianceError as exc:
-            self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
+            self.show_error(exc)
             return
         self.dismiss(job)
 

@@ -372,7 +372,7 @@ class ModelImportDialog(FormDialog[dict[str, Any]]):
             self.show_problem("sending, checking and measuring… the model runs on every validation text")
             answer = await self.app.upload(chosen, options, to=client.MODELS, content=content)
         except ApplianceError as exc:
-            self.show_problem(exc.message + (f"\n{exc.hint}" if exc.hint else ""))
+            self.show_error(exc)
             return
         finally:
             self.query_one("#submit", Button).disabled = False
