@@ -36,6 +36,12 @@ pip install --upgrade pip setuptools wheel
 pip install "$torch_pin"
 pip install --constraint "$constraints" -e ".[dev,burst]"
 pip uninstall -y torchvision >/dev/null 2>&1 || true
+# For the tests only: optimum's ONNX exporter, which pins a transformers older than the appliance's, goes into a
+# folder of its own that tests/test_imports.py puts on one subprocess's path, to export a checkpoint to ONNX the
+# way a partner would (the venv's torch, onnx and tokenizers serve it too).
+rm -rf "$venv/optimum-onnx"
+pip install --target "$venv/optimum-onnx" --no-deps optimum-onnx==0.1.0 optimum==2.1.0 transformers==4.57.6 \
+    huggingface_hub==0.36.2
 
 "$venv/bin/python" - "$torch_pin" <<'PY'
 import sys

@@ -4,7 +4,10 @@ archives, checked, measured on a dataset here and stored like trained versions; 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,22 @@ def optimum_ir(hf: Path, folder: Path) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         if (hf / name).exists():
             shutil.copy(hf / name, folder / name)
+    return folder
+
+
+OPTIMUM_ONNX = Path(sys.prefix) / "optimum-onnx"  # optimum's ONNX exporter, in a folder of its own (installer/venv.sh)
+
+
+def optimum_onnx(hf: Path, folder: Path) -> Path:
+    """The checkpoint exported to ONNX by optimum's exporter, in a process of its own (it pins an older
+    transformers), as its documentation shows: model.onnx with config.json and the tokenizer's files."""
+    assert OPTIMUM_ONNX.is_dir(), f"{OPTIMUM_ONNX} is missing: run installer/venv.sh"
+    code = ("import sys; from optimum.exporters.onnx import main_export; "
+            "main_export(sys.argv[1], output=sys.argv[2], task='text-classification', do_validation=False)")
+    done = subprocess.run([sys.executable, "-c", code, str(hf), str(folder)], capture_output=True, text=True,
+                          timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(OPTIMUM_ONNX), "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
     return folder
 
 
@@ -231,23 +250,23 @@ def test_bad_models_are_refused_saying_what_and_how_to_fix_with_nothing_stored(
     assert len(failed_imports(opened)) == len(cases)
 
 
-def test_through_the_daemon_an_import_is_uploaded_or_named_in_the_import_folder_then_optimised_and_served(
+def test_an_onnx_export_by_optimum_is_uploaded_or_named_in_the_import_folder_then_optimised_and_served(
         daemon: Daemon, trained: Trained, tmp_path: Path) -> None:
     assert daemon.cli("data", "import", str(tmp_path / "tickets.csv"), "--name", "tickets").returncode == 0
-    folder = optimum_ir(hf_folder(trained, tmp_path / "hf"), tmp_path / "ir")
+    folder = optimum_onnx(hf_folder(trained, tmp_path / "hf"), tmp_path / "onnx")
     done = daemon.cli("models", "import", str(folder), "--name", "vendor", "--dataset", "tickets")
     assert done.returncode == 0, done.stderr
     assert "imported as vendor:1 (imported from sha256:" in done.stdout
 
-    shutil.copytree(folder, daemon.settings.daemon.import_dir / "ir")
+    shutil.copytree(folder, daemon.settings.daemon.import_dir / "onnx")
     token = daemon.cli("users", "add", "viewer", "--role", "viewer").stdout.strip()
     with daemon.api() as api:
-        answer = api.post("/v1/models:import-dir", json={"file": "ir", "name": "vendor", "dataset": "tickets"})
+        answer = api.post("/v1/models:import-dir", json={"file": "onnx", "name": "vendor", "dataset": "tickets"})
         assert answer.status_code == 201 and answer.json()["version"] == 2, answer.text
         outside = api.post("/v1/models:import-dir", json={"file": "../var", "name": "x", "dataset": "tickets"})
         assert outside.status_code == 400 and "not a name inside daemon.import_dir" in outside.json()["error"]
     with daemon.api(token) as viewer:
-        assert viewer.post("/v1/models:import-dir", json={"file": "ir", "name": "v", "dataset": "tickets"}
+        assert viewer.post("/v1/models:import-dir", json={"file": "onnx", "name": "v", "dataset": "tickets"}
                            ).status_code == 403
 
     optimised = daemon.cli("optimize", "vendor:1")
