@@ -283,6 +283,10 @@ def test_an_onnx_export_by_optimum_is_uploaded_or_named_in_the_import_folder_the
 
     answer = daemon.wait(predicted, 60, "the imported model was not served")
     assert answer["model_version"] == "3" and answer["predictions"][0]["label"] in ("billing", "shipping", "technical")
+    canary = daemon.cli("deploy", "vendor:2", "--canary", "50")  # the other import, as a trained version would be
+    assert canary.returncode == 0, canary.stderr
+    daemon.wait(lambda: {"2", "3"} <= {(predicted() or {}).get("model_version") for _ in range(20)}, 60,
+                "no canary traffic")
 
     # An encrypted export goes back in through the CLI, which opens it with the passphrase before sending it.
     daemon.env["APPLIANCE_EXPORT_PASSPHRASE"] = "correct horse battery staple"
