@@ -9,9 +9,8 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import Button, Collapsible, DataTable, DirectoryTree, Input, Label, Select, Static
+from textual.widgets import Collapsible, DataTable, DirectoryTree, Input, Label, Select, Static
 
-from appliance.core.errors import ApplianceError
 from appliance.core.text import counted
 from appliance.data import datasets
 from tui.screens.base import ApplianceScreen
@@ -149,12 +148,4 @@ class ImportDialog(FormDialog[dict[str, Any]]):
             self.show_problem(f"{chosen}: no such file or folder")
             return
         self.show_problem("sending and importing… the daemon checks every line")
-        self.query_one("#submit", Button).disabled = True
-        try:
-            answer = await self.app.upload(chosen, options)
-        except ApplianceError as exc:
-            self.show_error(exc)
-            return
-        finally:
-            self.query_one("#submit", Button).disabled = False
-        self.dismiss(answer)
+        await self.send_and_dismiss(self.app.upload(chosen, options))

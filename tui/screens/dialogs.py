@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from textual import on
@@ -92,6 +93,20 @@ class FormDialog(Dialog[T]):
     def submit(self) -> None:
         """Check the fields and act on them; a problem goes to show_problem and the form stays open."""
         raise NotImplementedError
+
+    async def send_and_dismiss(self, sending: Awaitable[T]) -> None:
+        """Await what the form sends with its button off: dismissed with the answer, or the error shown and the form
+        left open with what was typed."""
+        button = self.query_one("#submit", Button)
+        button.disabled = True
+        try:
+            answer = await sending
+        except ApplianceError as exc:
+            self.show_error(exc)
+            return
+        finally:
+            button.disabled = False
+        self.dismiss(answer)
 
     async def offer_datasets(self, task: str | None = None) -> None:
         """The dataset versions (of one task) in the form's #dataset select, newest first and chosen; where there

@@ -12,7 +12,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Button, Collapsible, DataTable, DirectoryTree, Input, Label, Select, Static, Switch
+from textual.widgets import Collapsible, DataTable, DirectoryTree, Input, Label, Select, Static, Switch
 
 from appliance.core.errors import ApplianceError
 from appliance.daemon import client
@@ -362,18 +362,14 @@ class ModelImportDialog(FormDialog[dict[str, Any]]):
             return
         labels = [label.strip() for label in self.query_one("#labels", Input).value.split(",") if label.strip()]
         options = {"name": name, "dataset": dataset, "labels": labels}
-        self.query_one("#submit", Button).disabled = True
-        try:
+
+        async def send() -> dict[str, Any]:
             content = None
             if chosen.is_file() and (data := await asyncio.to_thread(chosen.read_bytes)).startswith(exchange.AGE_MAGIC):
                 self.show_problem("opening the archive…")
                 passphrase = self.query_one("#passphrase", Input).value or None
                 content = await asyncio.to_thread(exchange.decrypt, data, None, passphrase)
             self.show_problem("sending, checking and measuring… the model runs on every validation text")
-            answer = await self.app.upload(chosen, options, to=client.MODELS, content=content)
-        except ApplianceError as exc:
-            self.show_error(exc)
-            return
-        finally:
-            self.query_one("#submit", Button).disabled = False
-        self.dismiss(answer)
+            return await self.app.upload(chosen, options, to=client.MODELS, content=content)
+
+        await self.send_and_dismiss(send())
