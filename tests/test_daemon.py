@@ -36,6 +36,13 @@ def _events(daemon: Daemon, job_id: str) -> list[events.Event]:
         return events.after(opened, 0, job_id, 100_000)
 
 
+def _logged(daemon: Daemon, job_id: str) -> list[str]:
+    """The job's log lines once complete: its process's own lines reach the log after the job is recorded as ended,
+    and `exited` closes the log after them."""
+    ended = daemon.wait(lambda: (found := _events(daemon, job_id))[-1].kind == "exited" and found, 10, "no exited")
+    return [event.data["line"] for event in ended if event.kind == "log"]
+
+
 def _steps_done(daemon: Daemon, job_id: str) -> int:
     steps = [event.data.get("step", 0) for event in _events(daemon, job_id) if event.kind == "progress"]
     return max(steps, default=0)
@@ -49,9 +56,7 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
     assert [e.data["stage"] for e in _events(daemon, job_id) if e.kind == "stage"] == \
         ["import", "train", "optimize", "deploy"]
     assert job["result"]["version"] == "tickets:2"
-    # The process's own lines reach the log after it recorded the job finished: `exited` closes the log after them.
-    ended = daemon.wait(lambda: (found := _events(daemon, job_id))[-1].kind == "exited" and found, 10, "no exited")
-    logged = [e.data["line"] for e in ended if e.kind == "log"]
+    logged = _logged(daemon, job_id)
     assert "tickets:2: production (nothing served tickets yet)" in logged and logged[-1] == "finished"
     assert not [line for line in logged if "Warning" in line]  # the libraries' notes to their developers stay out
     assert job["result"]["deployed"] == {"how": "production", "reason": "nothing served tickets yet"}
@@ -76,8 +81,7 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
     # With a model served, the next training leaves it cores and runs at lower priority.
     retrain = submit(daemon, "train", {"dataset": "tickets", "params": TINY})
     assert daemon.ended(retrain)["status"] == "finished"
-    with daemon.api() as api:
-        assert any("training uses at most" in line for line in api.get(f"/v1/jobs/{retrain}/logs").json())
+    assert any("training uses at most" in line for line in _logged(daemon, retrain))
 
 
 def test_kill_9_mid_training_then_restart_resumes_from_the_checkpoint(daemon: Daemon) -> None:
