@@ -38,7 +38,8 @@ texts, one text per request:
                          rests on that
   in-process batcher     baseline b: the same OpenVINO variant in this process, driven
                          through appliance.serve.batching.Batcher with the server's batching
-                         settings: the server minus HTTP, auth and JSON, hence the reference
+                         settings and, as the REST endpoints ask, inline inference of a lone
+                         text on an idle model: the server minus HTTP, auth and JSON, hence the reference
                          for "at least 85 % of in-process" (inprocess_share_c64)
   in-process threads     also b, without batching: one OpenVINO infer request per client
                          thread, one text per call; it shows what batching buys here
@@ -597,11 +598,12 @@ def shared_session(classify: Classify) -> Session:
 
 
 def batcher_classify(batcher: Any, labels: list[str]) -> Classify:
-    """What the server's endpoint does once past HTTP: batch, softmax, the top label."""
+    """What the server's endpoint does once past HTTP: batch (inline on an idle model, as for a REST request),
+    softmax, the top label."""
     from appliance.serve import drift
 
     async def classify(text: str) -> str:
-        probabilities = drift.softmax((await batcher.infer([text])).logits)
+        probabilities = drift.softmax((await batcher.infer([text], inline=True)).logits)
         return labels[int(probabilities[0].argmax())]
 
     return classify

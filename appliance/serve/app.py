@@ -32,12 +32,13 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from pydantic import BaseModel, Field, StrictStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from appliance.access import auth
 from appliance.core.config import ServeSettings, Settings
 from appliance.core.errors import ApplianceError, Forbidden, RequestTimeout
-from appliance.serve import grpc_api, oip, tls
+from appliance.serve import grpc_api, lean, oip, tls
 from appliance.serve import metrics as serve_metrics
 from appliance.serve.access import AccessLog
 from appliance.serve.rates import KeyRates
@@ -90,6 +91,11 @@ BearerHeader = Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)]
 
 def _token(api_key: str | None, bearer: HTTPAuthorizationCredentials | None) -> str | None:
     return api_key or (bearer.credentials if bearer else None)
+
+
+async def _token_of(request: Request) -> str | None:
+    """The key a request carries, read by the same schemes as the routes' dependencies (for `lean` routes)."""
+    return _token(await _API_KEY(request), await _BEARER(request))
 
 
 async def _model_key(request: Request, name: str, api_key: ApiKeyHeader, bearer: BearerHeader) -> auth.ApiKey:
@@ -183,7 +189,7 @@ _INFERRED = {
                                     "schema": {"type": "integer"}}}}
 
 
-def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
+def create_app(settings: Settings, runtime: Runtime) -> ASGIApp:
     """The ASGI app; the runtime loads models in the background, so health answers at once."""
 
     @contextlib.asynccontextmanager
@@ -198,13 +204,9 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         await runtime.stop()
 
     # The docs pages load scripts from a CDN (the box is offline); the OpenAPI document is for key holders.
+    handlers = {kind: _counted(handler, runtime) for kind, handler in EXCEPTION_HANDLERS.items()}
     app = FastAPI(title="appliance inference", version=metadata.version("appliance"), lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None,
-                  exception_handlers={kind: _counted(handler) for kind, handler in EXCEPTION_HANDLERS.items()})
-    app.add_middleware(BodyLimit, limit=lambda _scope: settings.serve.max_body_bytes,
-                       hint="send fewer or shorter texts per request")
-    if settings.serve.access_log:
-        app.add_middleware(AccessLog)  # outermost: a refusal of the body's size gets its line too
+                  docs_url=None, redoc_url=None, openapi_url=None, exception_handlers=handlers)
     metrics = runtime.metrics
     rates = KeyRates(settings.serve.rate_limit_per_s, settings.serve.rate_limit_burst)
 
@@ -238,7 +240,9 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         ok = runtime.model_ready(name, version)
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else _UNREADY)
 
-    async def infer(name: str, key: auth.ApiKey, request: Request, version: int | None = None) -> Response:
+    async def infer(request: Request) -> Response:
+        name, version = request.path_params["name"], request.path_params.get("version")
+        key = runtime.authorize(await _token_of(request), name)
         rates.admit(key)
         runtime.require(name, version, key.may_call)
         raw = await _body(request)
@@ -247,18 +251,34 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         except ValidationError as exc:
             raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
         rates.charge(key, len(ask.texts))
-        answer = await runtime.predict(name, ask.texts, f"key:{key.name}", key.may_call, version)
+        answer = await runtime.predict(name, ask.texts, f"key:{key.name}", key.may_call, version, inline=True)
         content, header_length = oip.answer_rest(name, answer, ask)
         if header_length is None:
             return Response(content, media_type="application/json")
         return Response(content, media_type=oip.BINARY_TYPE, headers={oip.BINARY_HEADER: str(header_length)})
 
+    async def predict(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+        key = runtime.authorize(await _token_of(request), name)
+        rates.admit(key)
+        runtime.route(name, key.may_call)
+        body = await _json(request, PredictRequest)
+        rates.charge(key, len(body.instances))
+        answer = await runtime.predict(name, body.instances, f"key:{key.name}", key.may_call, inline=True)
+        return JSONResponse({"model": name, "model_version": str(answer.loaded.version),
+                             "predictions": label_scores(answer)})
+
+    # Each route of the protocol twice: the model's own, and one version of it by number (one that serves now).
+    # The routes that infer are lean (see `lean`): no FastAPI on their way.
+    refusals = _answers(400, 401, 403, 404, 408, 413, 429, 503)  # 400: also a version that is not a number
+    lean_routes = [
+        lean.LeanRoute("model_infer", "/v2/models/{name}/infer", infer, refusals | {200: _INFERRED}, _INFER_BODY),
+        lean.LeanRoute("version_infer", "/v2/models/{name}/versions/{version}/infer", infer,
+                       refusals | {200: _INFERRED}, _INFER_BODY),
+        lean.LeanRoute("predict", "/v1/models/{name}:predict", predict, refusals, _body_of(PredictRequest)),
+    ]
     metadata_answers = _answers(400, 401, 403, 404)  # 400: a version that is not a number
     ready_answers = _answers(400, 401, 403, 404, unready=True)
-    inference = _answers(400, 401, 403, 404, 408, 413, 429, 503) | {200: _INFERRED}
-    # Each route of the protocol twice: the model's own, and one version of it by number (one that serves now).
-    # The inference routes answer with a Response built here: a returned dict would be validated and encoded
-    # again through a response model on every request, which costs more CPU than the HTTP parsing.
 
     @app.get("/v2/models/{name}", responses=metadata_answers)
     async def get_model_metadata(name: str, key: ModelKey) -> dict[str, Any]:
@@ -285,26 +305,6 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     async def get_version_ready(name: str, version: int, key: ModelKey) -> JSONResponse:
         return model_ready(name, key, version)
 
-    @app.post("/v2/models/{name}/infer", response_class=Response, responses=inference, openapi_extra=_INFER_BODY)
-    async def model_infer(name: str, key: ModelKey, request: Request) -> Response:
-        return await infer(name, key, request)
-
-    @app.post("/v2/models/{name}/versions/{version}/infer", response_class=Response, responses=inference,
-              openapi_extra=_INFER_BODY)
-    async def version_infer(name: str, version: int, key: ModelKey, request: Request) -> Response:
-        return await infer(name, key, request, version)
-
-    @app.post("/v1/models/{name}:predict", response_class=JSONResponse,
-              responses=_answers(400, 401, 403, 404, 408, 413, 429, 503), openapi_extra=_body_of(PredictRequest))
-    async def predict(name: str, key: ModelKey, request: Request) -> JSONResponse:
-        rates.admit(key)
-        runtime.route(name, key.may_call)
-        body = await _json(request, PredictRequest)
-        rates.charge(key, len(body.instances))
-        answer = await runtime.predict(name, body.instances, f"key:{key.name}", key.may_call)
-        return JSONResponse({"model": name, "model_version": str(answer.loaded.version),
-                             "predictions": label_scores(answer)})
-
     @app.post("/v1/feedback", responses=_answers(400, 401, 403, 404, 408, 413, 429, 503),
               openapi_extra=_body_of(FeedbackRequest))
     async def post_feedback(key: AnyKey, request: Request) -> dict[str, Any]:
@@ -330,18 +330,25 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         """This document: the routes, their keys, limits and answers."""
         return JSONResponse(app.openapi())
 
-    document_errors(app, amend=lambda document: _describe_bodies(document, settings.serve))
-    return app
+    def amend(document: dict[str, Any]) -> None:
+        lean.document(lean_routes, document)
+        _describe_bodies(document, settings.serve)
+
+    document_errors(app, amend)
+    # The body limit outside the lean routes, and the access log outermost: a refusal of the body's size gets its
+    # line too.
+    limited = BodyLimit(lean.Lean(app, lean_routes, handlers), limit=lambda _scope: settings.serve.max_body_bytes,
+                        hint="send fewer or shorter texts per request")
+    return AccessLog(limited) if settings.serve.access_log else limited
 
 
-def _counted(handler: Handler) -> Handler:
+def _counted(handler: Handler, runtime: Runtime) -> Handler:
     """`handler`, also counting the refusal in the metrics: under its model when that model serves, else under one
     label, so no caller adds series. A version's own failure the runtime counted already."""
 
     async def answer(request: Request, exc: Exception) -> JSONResponse:
         response = await handler(request, exc)
         if not getattr(exc, "counted", False):
-            runtime: Runtime = request.app.state.runtime
             name = request.path_params.get("name")
             runtime.metrics.request(name if name in runtime.routes else serve_metrics.OTHER, None,
                                     response.status_code)

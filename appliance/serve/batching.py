@@ -9,7 +9,14 @@ under load batches grow on their own instead of queueing small. The batch is sor
 length and cut where lengths jump (so short texts are not padded to a long one); a
 dispatcher thread tokenises each piece and starts it on one of OpenVINO's asynchronous
 infer requests. Results come back on OpenVINO's threads and are handed to the event
-loop, which never waits on inference.
+loop, which does not wait on inference, with one exception: a batch of at most
+`INLINE_TEXTS` texts, all from requests that reached the server whole (`inline`: HTTP),
+is inferred on the event loop itself when the model is idle, as a hand-built server does
+with every request. At one client the hand-offs to the dispatcher thread and back from
+OpenVINO's cost a tenth of a request's time; under load, the requests that arrive while
+the loop infers are read together when it returns and make the next batch. A gRPC call
+reaches the batcher over several turns of the loop, so blocking it would serialise the
+calls: they never go inline.
 
 One text never fails the others: a piece whose tokenisation or inference fails is tried
 again text by text, so only the guilty request fails (400 when its text would not
@@ -17,6 +24,8 @@ tokenise, 503 when the model failed on it alone). And a text's CPU is bounded by
 the model can see: the tail that truncation would drop anyway is cut before tokenising
 (`tail_cut`), so a long text costs no more than one the length of the model's window.
 Each answer says which texts the model saw only the beginning of (`Inferred.truncated`).
+OpenVINO's threads hold the GIL no longer than it takes to hand the logits over: the batch
+is recorded (`on_batch`: metrics, drift) on the event loop once its answers have gone out.
 
 A burst of large batches leaves OpenVINO holding buffers sized for them (tens of MB per
 infer request); once the model has been quiet for `RELEASE_AFTER_S`, the collector hands
@@ -47,6 +56,7 @@ log = logging.getLogger(__name__)
 SPLIT_RATIO = 2.0  # start a new piece when a text is this much longer than the piece's shortest...
 SPLIT_FLOOR = 256  # ...and this long (characters, ~64 tokens): below it, one more inference costs more than padding
 _WORDY = re.compile(r"\w[^ ]*+")  # from a word character to the end of its chunk between spaces; never backtracks
+INLINE_TEXTS = 4  # an idle model's batch of up to this many texts may be inferred on the event loop
 RELEASE_AFTER_S = 5.0  # quiet this long, the model's intermediate buffers go back; the next batch makes them again
 
 
@@ -63,6 +73,7 @@ class _Request:
 
     texts: list[str]
     future: asyncio.Future[Inferred]
+    inline: bool = False
     rows: list[np.ndarray | None] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     remaining: int = 0
@@ -95,7 +106,7 @@ class _Failure:
 
 @dataclass(frozen=True)
 class Batch:
-    """One finished inference, for the metrics and the drift monitor (called on an OpenVINO thread)."""
+    """One finished inference, for the metrics and the drift monitor (on the event loop, after its answers)."""
 
     encodings: list[tokenizers.Encoding]
     logits: np.ndarray
@@ -126,6 +137,7 @@ class Batcher:
         self._compiled = compiled
         self._infer = ov.AsyncInferQueue(compiled, slots)
         self._infer.set_callback(self._done)
+        self._inline = compiled.create_infer_request()
         self._slots = asyncio.Semaphore(slots)  # batches in flight; made here, used only on the event loop
         self._pending: list[Item] = []
         self._arrived = asyncio.Event()
@@ -145,14 +157,15 @@ class Batcher:
         self._collector = self._loop.create_task(self._collect())
         self._thread.start()
 
-    async def infer(self, texts: list[str]) -> Inferred:
-        """The logits of texts, in order, and which were truncated; Overloaded when the queue is full, BadRequest naming a text that would not
-        tokenise, ServeError when the model failed on one."""
+    async def infer(self, texts: list[str], inline: bool = False) -> Inferred:
+        """The logits of texts, in order, and which were truncated; Overloaded when the queue is full, BadRequest
+        naming a text that would not tokenise, ServeError when the model failed on one. `inline`: the caller's
+        request reached the server whole, so it may be inferred on the event loop when the model is idle."""
         if self.depth + len(texts) > self._max_queue:
             raise Overloaded(f"the queue holds {self.depth} texts; {len(texts)} more would pass {self._max_queue}")
         if self._chunks is not None:
             texts = [cut_tail(text, self._chunks) for text in texts]
-        request = _Request(texts, asyncio.get_running_loop().create_future(), [None] * len(texts),
+        request = _Request(texts, asyncio.get_running_loop().create_future(), inline, [None] * len(texts),
                            [False] * len(texts), len(texts))
         self._pending.extend((request, index) for index in range(len(texts)))
         self._arrived.set()
@@ -190,11 +203,15 @@ class Batcher:
             await self._slots.acquire()  # texts that arrive meanwhile join this batch
             holding = True
             batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+            idle = not self._in_flight
             self._in_flight += len(batch)
             if not self._pending:
                 self._arrived.clear()
             pieces = _pieces(batch)
             flight = _Flight(len(pieces))
+            if idle and len(pieces) == 1 and len(batch) <= INLINE_TEXTS and all(r.inline for r, _ in batch):
+                self._run_inline(flight, pieces[0])
+                continue
             for piece in pieces:
                 self._work.put((flight, piece))
 
@@ -213,35 +230,69 @@ class Batcher:
         """The dispatcher thread: tokenise a piece and start it; blocks while every infer request is busy."""
         while (work := self._work.get()) is not None:
             flight, piece = work
-            try:
-                encodings = self._tokenizer.encode_batch([request.texts[index] for request, index in piece])
-            except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
-                self._answer(flight, piece, None, _Failure(exc, input_fault=True))
+            if (encoded := self._encode(flight, piece)) is None:
                 continue
+            encodings, feeds = encoded
             try:
-                feeds = inference.feeds(encodings, self._names)
-                self._infer.start_async(feeds, (flight, piece, encodings, feeds["input_ids"].size))
-            except Exception as exc:  # noqa: BLE001
+                # Shared, not copied: the arrays are this piece's alone and live in its userdata until it is done.
+                self._infer.start_async(feeds, (flight, piece, encodings, feeds), share_inputs=True)
+            except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
                 self._answer(flight, piece, None, _Failure(exc, input_fault=False))
 
+    def _run_inline(self, flight: _Flight, piece: list[Item]) -> None:
+        """Infer a small piece right here, on the event loop, while the model is idle (see the module's notes)."""
+        if (encoded := self._encode(flight, piece)) is None:
+            return
+        encodings, feeds = encoded
+        started = time.perf_counter()
+        try:
+            self._inline.infer(feeds, share_inputs=True)
+            logits = self._inline.get_output_tensor(0).data.copy()
+        except Exception as exc:  # noqa: BLE001
+            self._answer(flight, piece, None, _Failure(exc, input_fault=False))
+            return
+        rows = _Rows(logits, [bool(encoding.overflowing) for encoding in encodings])
+        self._deliver(flight, piece, rows, None, Batch(encodings, logits, feeds["input_ids"].size,
+                                                       time.perf_counter() - started))
+
+    def _encode(self, flight: _Flight, piece: list[Item]) -> tuple[list[tokenizers.Encoding],
+                                                                    dict[str, np.ndarray]] | None:
+        """A piece's encodings and the model's inputs, or None when they fail (its callers are answered)."""
+        try:
+            encodings = self._tokenizer.encode_batch([request.texts[index] for request, index in piece])
+        except Exception as exc:  # noqa: BLE001
+            self._answer(flight, piece, None, _Failure(exc, input_fault=True))
+            return None
+        try:
+            return encodings, inference.feeds(encodings, self._names)
+        except Exception as exc:  # noqa: BLE001
+            self._answer(flight, piece, None, _Failure(exc, input_fault=False))
+            return None
+
     def _done(self, request: ov.InferRequest, userdata: tuple) -> None:
-        flight, piece, encodings, padded = userdata
+        flight, piece, encodings, feeds = userdata
         try:
             logits = request.get_output_tensor(0).data.copy()
         except Exception as exc:  # noqa: BLE001  on OpenVINO's thread: the callers hear of it, the thread goes on
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return
-        self._answer(flight, piece, _Rows(logits, [bool(encoding.overflowing) for encoding in encodings]), None)
+        rows = _Rows(logits, [bool(encoding.overflowing) for encoding in encodings])
+        batch = Batch(encodings, logits, feeds["input_ids"].size, request.latency / 1000)  # device time, not queueing
+        self._answer(flight, piece, rows, None, batch)
+
+    def _answer(self, flight: _Flight, piece: list[Item], rows: _Rows | None, failure: _Failure | None,
+                batch: Batch | None = None) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._deliver, flight, piece, rows, failure, batch)
+
+    def _observe(self, batch: Batch) -> None:
         try:
-            self.on_batch(Batch(encodings, logits, padded, request.latency / 1000))  # device time, not queueing
+            self.on_batch(batch)
         except Exception:
             log.exception("recording a batch failed")
 
-    def _answer(self, flight: _Flight, piece: list[Item], rows: _Rows | None, failure: _Failure | None) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._deliver, flight, piece, rows, failure)
-
-    def _deliver(self, flight: _Flight, piece: list[Item], rows: _Rows | None, failure: _Failure | None) -> None:
+    def _deliver(self, flight: _Flight, piece: list[Item], rows: _Rows | None, failure: _Failure | None,
+                 batch: Batch | None = None) -> None:
         if failure is not None and len(piece) > 1:  # try each text alone, so only the guilty one fails
             log.warning("a batch of %d texts failed (%s: %s); trying them one by one", len(piece),
                         type(failure.error).__name__, failure.error)
@@ -263,6 +314,8 @@ class Batcher:
             request.remaining -= 1
             if not request.remaining:
                 request.future.set_result(Inferred(np.stack(request.rows), request.truncated))
+        if batch is not None:  # after the callers' wake-ups, so that recording it is nobody's wait
+            asyncio.get_running_loop().call_soon(self._observe, batch)
 
 
 def _refusal(failure: _Failure, index: int) -> ServeError:

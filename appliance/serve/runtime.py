@@ -158,19 +158,20 @@ class Runtime:
     # -- requests ----------------------------------------------------------------------------
 
     async def predict(self, model: str, texts: list[str], caller: str = "-",
-                      allowed: Callable[[str], bool] | None = None, version: int | None = None) -> Answer:
+                      allowed: Callable[[str], bool] | None = None, version: int | None = None,
+                      inline: bool = False) -> Answer:
         """The answer to texts from the version the model's route picks (or from `version`, when it serves),
         counted in the metrics and usage.
 
         Each request is checked on its own before it joins a batch, so one bad text fails its request alone;
-        `allowed` says which models a 404's hint may name.
+        `allowed` says which models a 404's hint may name; `inline` is the batcher's (an HTTP request's texts).
         """
         check_texts(texts, self.settings.serve.max_instances, self.settings.serve.max_text_chars)
         loaded = self.route(model, allowed).pick() if version is None else self.serving(model, version, allowed)
         access.note(model=f"{model}:{loaded.version}")
         started = time.perf_counter()
         try:
-            inferred = await loaded.batcher.infer(texts)
+            inferred = await loaded.batcher.infer(texts, inline)
         except ServeError as exc:
             status = status_of(type(exc))
             if status >= 500 and not isinstance(exc, Overloaded):  # the version failed: counted against it

@@ -120,9 +120,10 @@ async def invalid_request(_request: Request, exc: RequestValidationError) -> JSO
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     """Starlette's own refusals (404 no route, 405 wrong method) as Error bodies; a 405's Allow header lists
     every method the path takes, where Starlette names only the first route's. Each method is tried against the
-    app's routes, so the routes of an included router count as well."""
+    app's routes, so the routes of an included router count as well; a 405 raised before the app's router (by
+    `lean`) names its Allow itself."""
     headers = dict(getattr(exc, "headers", None) or {})
-    if exc.status_code == 405:
+    if exc.status_code == 405 and "app" in request.scope:  # refused by the app's router, not before it
         headers["Allow"] = ", ".join(method for method in _METHODS if any(
             route.matches({**request.scope, "method": method})[0] is Match.FULL for route in request.app.routes))
     return _json_error(exc.status_code, _HTTP_TYPES.get(exc.status_code, "HTTPError"), str(exc.detail), None,

@@ -37,6 +37,29 @@ def test_concurrent_requests_share_inferences_and_get_their_own_answers(
     assert all(len(batch.encodings) <= 16 for batch in batches)
 
 
+def test_a_lone_request_on_an_idle_model_is_inferred_inline_and_a_crowd_still_shares_batches(
+    servable: inference.Servable, trained: Trained
+) -> None:
+    texts = trained.data.texts[:40]
+    expected = inference.predict(servable.compiled, servable.tokenizer, texts)
+    batches: list[batching.Batch] = []
+
+    async def scenario() -> tuple[list[batching.Inferred], list[batching.Inferred]]:
+        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=5,
+                                   on_batch=batches.append)
+        batcher.start()
+        one_by_one = [await batcher.infer([text], inline=True) for text in texts[:5]]
+        crowd = await asyncio.gather(*(batcher.infer([text], inline=True) for text in texts))
+        await batcher.close()
+        return one_by_one, crowd
+
+    one_by_one, crowd = asyncio.run(scenario())
+    np.testing.assert_allclose(np.concatenate([answer.logits for answer in one_by_one]), expected[:5], atol=1e-4)
+    np.testing.assert_allclose(np.concatenate([answer.logits for answer in crowd]), expected, atol=1e-4)
+    assert [len(batch.encodings) for batch in batches[:5]] == [1] * 5  # each recorded, on the loop
+    assert max(len(batch.encodings) for batch in batches[5:]) > batching.INLINE_TEXTS  # the crowd was batched
+
+
 def test_a_batch_is_cut_only_where_long_texts_would_pad_short_ones() -> None:
     texts = ["a" * 40, "b" * 300, "c" * 900, "d" * 60, "e" * 800, "f" * 250]
     request = batching._Request(texts, future=None)  # type: ignore[arg-type]

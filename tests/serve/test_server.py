@@ -132,10 +132,18 @@ def test_every_error_body_names_its_class(server: Server) -> None:
             "RouteNotFound": client.get("/v3/models"),
             "MethodNotAllowed": client.delete("/v2/health/live"),
         }
+        # The routes that infer are answered ahead of FastAPI (serve/lean.py): the same refusals there.
         answers["too large a body"] = client.post("/v1/models/tickets:predict", content=b"x" * 2_000_000)
+        answers["an infer route asked to GET"] = client.get("/v2/models/tickets/infer")
+        answers["a version that is no number"] = client.post("/v2/models/tickets/versions/two/infer", json={})
+        answers["a version not served"] = client.post("/v2/models/tickets/versions/-9/infer", json={})
     assert {name: answer.json()["type"] for name, answer in answers.items()} == {
-        **{name: name for name in answers}, "too large a body": "PayloadTooLarge"}
+        **{name: name for name in answers}, "too large a body": "PayloadTooLarge",
+        "an infer route asked to GET": "MethodNotAllowed", "a version that is no number": "ValidationError",
+        "a version not served": "ModelNotFound"}
     assert answers["MethodNotAllowed"].headers["Allow"] == "GET"
+    assert answers["an infer route asked to GET"].headers["Allow"] == "POST"
+    assert "path.version" in answers["a version that is no number"].json()["error"]
 
 
 def test_every_request_has_an_access_line_that_holds_none_of_what_was_sent(server: Server) -> None:
