@@ -26,6 +26,12 @@ texts, one text per request:
                          batching, metrics, logging or drift. Targets: the appliance at least
                          its throughput and no worse p50 at 1 client (peer_ratio_c1, p50_c1_ms),
                          2.5x its throughput at 64 (peer_ratio_c64)
+  ray serve              the serving framework one would pick instead: Ray Serve on a local
+                         Ray cluster of this machine's CPUs, one replica with the same chosen
+                         OpenVINO variant behind `@serve.batch`, `max_ongoing_requests` raised so
+                         batches can form; at each concurrency its batch size and wait are swept
+                         (RAY_BATCHING) and the best point kept. Its cluster is up only for its
+                         own turn, after the others; its CPU and memory are its processes' sum
   naive fastapi+torch    baseline a, what one writes first: FastAPI + uvicorn in a
                          subprocess, an `async def` endpoint running one PyTorch eager
                          forward pass per request under torch.no_grad, torch's default
@@ -115,7 +121,9 @@ TARGET_INPROCESS_SHARE = 0.85  # of the same variant's in-process batcher, at 64
 TARGET_RSS_GROWTH_MB = 20  # over the soak (--soak)
 OURS, NAIVE, NAIVE_1T = "appliance serve", "naive fastapi+torch", "naive, 1 torch thread"
 PEER = "fastapi+openvino"  # hand-built, as an engineer would: one inference per request
-PEERS = (PEER, NAIVE, NAIVE_1T)
+RAY = "ray serve"  # the serving framework one would pick instead, up only for its own turn
+PEERS = (PEER, RAY, NAIVE, NAIVE_1T)
+RAY_BATCHING = ((4, 0.001), (8, 0.002), (16, 0.005), (32, 0.005), (32, 0.01), (64, 0.01))  # size, wait_s
 OURS_OIP = "appliance serve OIP"  # the process of OURS, its Open Inference Protocol REST endpoint
 OURS_GRPC = "appliance serve gRPC"  # a second `appliance serve`, with its gRPC port on
 BATCHER, THREADS = "in-process batcher", "in-process threads"
@@ -209,12 +217,16 @@ def main() -> None:
     parser.add_argument("--naive-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--naive-threads", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--peer-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--ray-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.naive_server is not None:
         naive_server(args.naive_server, args.naive_threads)
         return
     if args.peer_server is not None:
         peer_server(args.peer_server)
+        return
+    if args.ray_server is not None:
+        ray_server(args.ray_server)
         return
     if args.quick:
         args.epochs, args.seconds, args.warmup = 1, 3.0, 0.5
@@ -466,6 +478,91 @@ def peer_server(port: int) -> None:
     hand_built(port, version, servable.labels, probabilities)
 
 
+# -- the framework peer: Ray Serve ---------------------------------------------------------------------------
+
+
+def ray_server(port: int) -> None:
+    """Ray Serve: a local Ray cluster of this machine's CPUs, one replica holding the deployed version's chosen
+    OpenVINO variant compiled as the appliance compiles it, texts batched by `@serve.batch`. Its size and wait are
+    set between points through POST /configure (Ray Serve's guide: tune both against the load), and
+    `max_ongoing_requests` is raised so that batches can form. The plain endpoint's JSON in and out, the API key
+    (from stdin) compared in the handler, as in the hand-built peer."""
+    import ray
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    token = sys.stdin.readline().strip()
+    ray.init(include_dashboard=False, logging_level="warning", log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+
+    @serve.deployment(max_ongoing_requests=256)
+    class Classifier:
+        def __init__(self) -> None:
+            from appliance import inference
+
+            self.servable, self.version, _origin = load_served()
+            self.names, self.infer = inference.bind(self.servable.compiled)
+
+        @serve.batch(max_batch_size=RAY_BATCHING[0][0], batch_wait_timeout_s=RAY_BATCHING[0][1])
+        async def probabilities(self, texts: list[str]) -> list[list[float]]:
+            from appliance import inference
+
+            logits = self.infer(inference.feeds(self.servable.tokenizer.encode_batch(texts), self.names))
+            shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+            return (shifted / shifted.sum(axis=1, keepdims=True)).tolist()
+
+        async def __call__(self, request: Request) -> Any:
+            if request.url.path == "/v2/health/ready":
+                return JSONResponse({"ready": True})
+            if request.headers.get("x-api-key") != token:
+                return JSONResponse({"error": "unauthorized"}, status_code=401)
+            body = await request.json()
+            if request.url.path == "/configure":
+                self.probabilities.set_max_batch_size(body["max_batch_size"])
+                self.probabilities.set_batch_wait_timeout_s(body["batch_wait_timeout_s"])
+                return JSONResponse(body)
+            labels = self.servable.labels
+            rows = await asyncio.gather(*(self.probabilities(text) for text in body["instances"]))
+            return JSONResponse({"model": MODEL, "model_version": str(self.version), "predictions": [
+                {"label": labels[int(np.argmax(row))], "scores": dict(zip(labels, row, strict=True))} for row in rows]})
+
+    serve.run(Classifier.bind(), route_prefix="/")
+    while True:  # until `stop` signals the process group, Ray's processes with it
+        time.sleep(3600)
+
+
+async def ray_points(servers: Servers, token: str, texts: Sequence[str], validation: Validation,
+                     concurrency: Sequence[int], warmup: float, seconds: float
+                     ) -> tuple[list[Point], float, Memory, str]:
+    """Ray Serve in its own turn, after the others (its cluster's processes would load the box meanwhile): at each
+    concurrency every batching setting of RAY_BATCHING, the best kept; its accuracy; its memory at rest."""
+    from appliance.serve.batching import RELEASE_AFTER_S
+
+    servers.start(RAY, [sys.executable, str(Path(__file__).resolve()), "--ray-server"], [])
+    try:
+        servers.wait_ready(RAY)
+        system = System(RAY, raw_session(servers.url(RAY), token), servers.pid(RAY))
+        accuracy = await score(system, validation)
+        points, chosen = [], []
+        for clients in concurrency:
+            tried = []
+            for size, wait in RAY_BATCHING:
+                async with httpx.AsyncClient(headers={"X-API-Key": token}, timeout=30) as control:
+                    answer = await control.post(f"{servers.url(RAY)}/configure",
+                                                json={"max_batch_size": size, "batch_wait_timeout_s": wait})
+                answer.raise_for_status()
+                tried.append(((size, wait), await measure(system, texts, clients, warmup, seconds)))
+            (size, wait), best = max(tried, key=lambda found: found[1].throughput)
+            points.append(best)
+            chosen.append(f"{clients}: {size}/{wait * 1000:g} ms")
+        await asyncio.sleep(RELEASE_AFTER_S + 2)
+        memory = at_rest(system.pid)
+    finally:
+        stop(servers.processes.pop(RAY))
+    return points, accuracy, memory, "ray serve's best batch size/wait per clients: " + ", ".join(chosen)
+
+
 # -- the systems as the client sees them ------------------------------------------------------------------
 
 
@@ -666,7 +763,8 @@ async def run(
     batcher.start()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(concurrency), thread_name_prefix="client")
     connect = http_session if client == "httpx" else raw_session
-    systems = [System(name, connect(servers.url(name), token), servers.pid(name)) for name in (*PEERS, OURS)]
+    systems = [System(name, connect(servers.url(name), token), servers.pid(name))
+               for name in (*PEERS, OURS) if name != RAY]
     systems.append(System(OURS_OIP, raw_session(servers.url(OURS), token, oip=True), servers.pid(OURS)))
     systems.append(System(OURS_GRPC, grpc_session(f"127.0.0.1:{servers.grpc_port}", token), servers.pid(OURS_GRPC)))
     systems += [
@@ -681,10 +779,12 @@ async def run(
         idle = {system.name: at_rest(system.pid) for system in systems if system.pid and system.name != OURS_OIP}
         growth = await soaked(next(system for system in systems if system.name == OURS), validation.texts,
                               soak) if soak else None
+        ray, accuracy[RAY], idle[RAY], chosen = await ray_points(servers, token, validation.texts, validation,
+                                                                 concurrency, warmup, seconds)
     finally:
         await batcher.close()
         pool.shutdown(wait=True)
-    return Results(points, accuracy, notes, len(validation.texts), idle, soak, growth)
+    return Results(points + ray, accuracy, [*notes, chosen], len(validation.texts), idle, soak, growth)
 
 
 async def soaked(system: System, texts: Sequence[str], seconds: float) -> float:
@@ -742,7 +842,7 @@ async def measure(system: System, texts: Sequence[str], clients: int, warmup: fl
     usage = asyncio.create_task(cpu_usage(system.pid, window_start, window_end))
     await asyncio.gather(*(client() for _ in range(clients)))
     server_cpu, client_cpu, others = await usage
-    rss = psutil.Process(system.pid).memory_info().rss / 2**20 if system.pid else None
+    rss = sum(process.memory_info().rss for process in _tree(psutil.Process(system.pid))) / 2**20 if system.pid else None
     point = Point(system.name, clients, seconds, latencies, errors.total(), server_cpu, client_cpu, others, rss)
     for error, count in errors.items():
         log(f"{system.name}, {clients} clients: {count} x {error}")
@@ -764,9 +864,14 @@ async def cpu_usage(pid: int | None, start: float, end: float) -> tuple[float, f
 
 
 def at_rest(pid: int) -> Memory:
-    process = psutil.Process(pid)
-    mapped = Path(f"/proc/{pid}/maps").read_text()
-    return Memory(process.memory_info().rss / 2**20, "libtorch" in mapped)
+    """The server's processes (Ray's cluster is several) at rest: resident memory summed, libtorch in any."""
+    tree = _tree(psutil.Process(pid))
+    mapped = any("libtorch" in Path(f"/proc/{process.pid}/maps").read_text() for process in tree)
+    return Memory(sum(process.memory_info().rss for process in tree) / 2**20, mapped)
+
+
+def _tree(process: psutil.Process) -> list[psutil.Process]:
+    return [process, *process.children(recursive=True)]
 
 
 def cpu_readings(server: psutil.Process | None) -> tuple[float, float, float, float]:
@@ -775,8 +880,12 @@ def cpu_readings(server: psutil.Process | None) -> tuple[float, float, float, fl
     not_busy = ("idle", "iowait", "guest", "guest_nice")  # guest time is already counted in user time
     busy = sum(machine) - sum(getattr(machine, name, 0.0) for name in not_busy)
     own = psutil.Process().cpu_times()
-    served = server.cpu_times() if server else None
-    return time.perf_counter(), busy, own.user + own.system, served.user + served.system if served else 0.0
+    served = 0.0
+    for process in _tree(server) if server else []:
+        with contextlib.suppress(psutil.NoSuchProcess):  # a worker that ended meanwhile
+            times = process.cpu_times()
+            served += times.user + times.system
+    return time.perf_counter(), busy, own.user + own.system, served
 
 
 # -- the report --------------------------------------------------------------------------------------------

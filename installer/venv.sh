@@ -34,7 +34,7 @@ pip() {
 }
 pip install --upgrade pip setuptools wheel
 pip install "$torch_pin"
-pip install --constraint "$constraints" -e ".[dev,burst]"
+pip install --constraint "$constraints" -e ".[dev,burst,bench]"
 pip uninstall -y torchvision >/dev/null 2>&1 || true
 # For the tests only: optimum's ONNX exporter, which pins a transformers older than the appliance's, goes into a
 # folder of its own that tests/test_imports.py puts on one subprocess's path, to export a checkpoint to ONNX the
