@@ -466,14 +466,13 @@ def peer_server(port: int) -> None:
     server does; it spares the thread hand-off a `def` endpoint would pay per request.
     """
     from appliance import inference
+    from appliance.serve import drift
 
     servable, version, _origin = load_served()
     names, infer = inference.bind(servable.compiled)
 
     def probabilities(texts: list[str]) -> list[list[float]]:
-        logits = infer(inference.feeds(servable.tokenizer.encode_batch(texts), names))
-        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return (shifted / shifted.sum(axis=1, keepdims=True)).tolist()
+        return drift.softmax(infer(inference.feeds(servable.tokenizer.encode_batch(texts), names))).tolist()
 
     hand_built(port, version, servable.labels, probabilities)
 
@@ -507,10 +506,10 @@ def ray_server(port: int) -> None:
         @serve.batch(max_batch_size=RAY_BATCHING[0][0], batch_wait_timeout_s=RAY_BATCHING[0][1])
         async def probabilities(self, texts: list[str]) -> list[list[float]]:
             from appliance import inference
+            from appliance.serve import drift
 
             logits = self.infer(inference.feeds(self.servable.tokenizer.encode_batch(texts), self.names))
-            shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-            return (shifted / shifted.sum(axis=1, keepdims=True)).tolist()
+            return drift.softmax(logits).tolist()
 
         async def __call__(self, request: Request) -> Any:
             if request.url.path == "/v2/health/ready":
@@ -532,9 +531,8 @@ def ray_server(port: int) -> None:
         time.sleep(3600)
 
 
-async def ray_points(servers: Servers, token: str, texts: Sequence[str], validation: Validation,
-                     concurrency: Sequence[int], warmup: float, seconds: float
-                     ) -> tuple[list[Point], float, Memory, str]:
+async def ray_points(servers: Servers, token: str, validation: Validation, concurrency: Sequence[int],
+                     warmup: float, seconds: float) -> tuple[list[Point], float, Memory, str]:
     """Ray Serve in its own turn, after the others (its cluster's processes would load the box meanwhile): at each
     concurrency every batching setting of RAY_BATCHING, the best kept; its accuracy; its memory at rest."""
     from appliance.serve.batching import RELEASE_AFTER_S
@@ -552,7 +550,7 @@ async def ray_points(servers: Servers, token: str, texts: Sequence[str], validat
                     answer = await control.post(f"{servers.url(RAY)}/configure",
                                                 json={"max_batch_size": size, "batch_wait_timeout_s": wait})
                 answer.raise_for_status()
-                tried.append(((size, wait), await measure(system, texts, clients, warmup, seconds)))
+                tried.append(((size, wait), await measure(system, validation.texts, clients, warmup, seconds)))
             (size, wait), best = max(tried, key=lambda found: found[1].throughput)
             points.append(best)
             chosen.append(f"{clients}: {size}/{wait * 1000:g} ms")
@@ -779,8 +777,8 @@ async def run(
         idle = {system.name: at_rest(system.pid) for system in systems if system.pid and system.name != OURS_OIP}
         growth = await soaked(next(system for system in systems if system.name == OURS), validation.texts,
                               soak) if soak else None
-        ray, accuracy[RAY], idle[RAY], chosen = await ray_points(servers, token, validation.texts, validation,
-                                                                 concurrency, warmup, seconds)
+        ray, accuracy[RAY], idle[RAY], chosen = await ray_points(servers, token, validation, concurrency, warmup,
+                                                                 seconds)
     finally:
         await batcher.close()
         pool.shutdown(wait=True)
@@ -842,7 +840,7 @@ async def measure(system: System, texts: Sequence[str], clients: int, warmup: fl
     usage = asyncio.create_task(cpu_usage(system.pid, window_start, window_end))
     await asyncio.gather(*(client() for _ in range(clients)))
     server_cpu, client_cpu, others = await usage
-    rss = sum(process.memory_info().rss for process in _tree(psutil.Process(system.pid))) / 2**20 if system.pid else None
+    rss = _resident_mib(_tree(psutil.Process(system.pid))) if system.pid else None
     point = Point(system.name, clients, seconds, latencies, errors.total(), server_cpu, client_cpu, others, rss)
     for error, count in errors.items():
         log(f"{system.name}, {clients} clients: {count} x {error}")
@@ -867,11 +865,15 @@ def at_rest(pid: int) -> Memory:
     """The server's processes (Ray's cluster is several) at rest: resident memory summed, libtorch in any."""
     tree = _tree(psutil.Process(pid))
     mapped = any("libtorch" in Path(f"/proc/{process.pid}/maps").read_text() for process in tree)
-    return Memory(sum(process.memory_info().rss for process in tree) / 2**20, mapped)
+    return Memory(_resident_mib(tree), mapped)
 
 
 def _tree(process: psutil.Process) -> list[psutil.Process]:
     return [process, *process.children(recursive=True)]
+
+
+def _resident_mib(processes: list[psutil.Process]) -> float:
+    return sum(process.memory_info().rss for process in processes) / 2**20
 
 
 def cpu_readings(server: psutil.Process | None) -> tuple[float, float, float, float]:
