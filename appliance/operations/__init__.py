@@ -335,7 +335,7 @@ def run(ctx: Context, spec: Spec, study_id: str | None = None, base: Path | None
     if isinstance(spec, ExportJob):
         return export(ctx, spec)
     dataset = _between(ctx, import_dataset(ctx, spec) if isinstance(spec, PipelineJob) else _dataset(ctx, spec))
-    base = base or base_dir(spec.base, ctx.store.settings)
+    base = base or base_dir(spec.base, ctx.store.settings, datasets.get(ctx.store, dataset).task)
     if isinstance(spec, TuneJob):
         run_id, summary = tune(ctx, spec, dataset, base, study_id), {}
     else:

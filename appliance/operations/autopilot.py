@@ -238,8 +238,8 @@ def _trigger(store: Store, model: str, production: registry.ModelVersion, policy
 
 
 def _base_name(settings: Settings, run: runs.Run) -> str | None:
-    """The base model a retrain names: the run's own (an image model has none to name)."""
-    return None if run.task == datasets.IMAGE else jobspec.base_name(Path(run.base_model), settings)
+    """The base model a retrain names: the run's own."""
+    return jobspec.base_name(Path(run.base_model), settings)
 
 
 def _age(stamp: str) -> timedelta:

@@ -86,7 +86,7 @@ class _Spec(Strict):
 class _Training(_Spec):
     dataset: Ref = Field(description="the dataset: name, name:version or id (a pipeline imports into this name)")
     base: FolderName | None = Field(None, description=f"a model folder's name in {BASE_MODELS_DIR}; default: "
-                                                      "train.base_model")
+                                                      "train.base_model, or train.image_base_model for images")
     params: TrainParams = Field(TrainParams(), description="training hyperparameters; unnamed ones keep their default")
     device: Literal["cpu", "cuda"] | None = Field(None, description="default: the best available")
     name: ModelName | None = Field(None, description="register the model under this name; default: the dataset's")
@@ -330,19 +330,20 @@ def resumed(store: Store, spec: TrainJob | TuneJob, *, confined: bool) -> str:
     return started.id
 
 
-def base_dir(base: str | None, settings: Settings) -> Path:
-    """The base model folder a job names: train.base_model when it names none, else that folder in
-    train.base_models_dir, checked to be one (not a link) now."""
+def base_dir(base: str | None, settings: Settings, task: str = datasets.TEXT) -> Path:
+    """The base model folder a job names: when it names none, train.base_model (text) or train.image_base_model
+    (images), else that folder in train.base_models_dir, checked to be one (not a link) now."""
     if base is None:
-        return settings.base_model
+        return settings.image_base_model if task == datasets.IMAGE else settings.base_model
     return _folder(Folder(settings.base_models_dir, BASE_MODELS_DIR), base, "base")
 
 
 def base_name(path: Path, settings: Settings) -> str | None:
-    """What a job names for the base model folder at path: nothing for train.base_model, its name when it lies
-    directly in train.base_models_dir; JobError for any other folder, which the daemon does not load."""
+    """What a job names for the base model folder at path: nothing for train.base_model or train.image_base_model,
+    its name when it lies directly in train.base_models_dir; JobError for any other folder, which the daemon does
+    not load."""
     folder = path.resolve()
-    if folder == settings.base_model.resolve():
+    if folder in (settings.base_model.resolve(), settings.image_base_model.resolve()):
         return None
     if settings.base_models_dir is not None and folder.parent == settings.base_models_dir.resolve():
         return folder.name

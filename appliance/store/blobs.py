@@ -18,24 +18,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from itertools import chain, islice
-from typing import TypeVar
+from collections.abc import Iterator
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from appliance.core import clock
+from appliance.core.ahead import one_ahead
 from appliance.core.errors import BlobNotFound, TamperDetected
 from appliance.store import Store, keys, seal
 from appliance.store.db import start_writeback, transaction
 
 CHUNK_SIZE = 1 << 20
 WRITEBACK_EVERY = 32  # chunks: how often a put has the kernel start writing its WAL pages out
-
-T = TypeVar("T")
-R = TypeVar("R")
-
 
 class _AlreadyStored(Exception):
     """The content was already there: roll back the chunks just written."""
@@ -60,7 +54,7 @@ def put(store: Store, source: seal.Source) -> str:
         with transaction(store.db):
             # The worker seals the next chunk while this thread writes this one, and the disk
             # writes the WAL behind them both, so the commit's fsync finds little left to do.
-            for index, (length, sealed) in enumerate(_one_ahead(seal_chunk, enumerate(seal.pieces(source, CHUNK_SIZE)))):
+            for index, (length, sealed) in enumerate(one_ahead(seal_chunk, enumerate(seal.pieces(source, CHUNK_SIZE)))):
                 size += length
                 count = index + 1
                 store.db.execute(
@@ -110,7 +104,7 @@ def get(store: Store, blob_id: str) -> Iterator[bytes]:
         return plain
 
     # This thread reads the next chunk from SQLite while the worker opens this one.
-    yield from _one_ahead(open_chunk, map(fetch, range(count)))
+    yield from one_ahead(open_chunk, map(fetch, range(count)))
     if digest.hexdigest() != blob_id:
         raise TamperDetected(f"blob {blob_id}: content does not match its id")
 
@@ -157,29 +151,6 @@ def size(store: Store, blob_id: str) -> int:
 
 def exists(store: Store, blob_id: str) -> bool:
     return store.db.execute("SELECT 1 FROM blobs WHERE id = ?", (blob_id,)).fetchone() is not None
-
-
-def _one_ahead(work: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-    """work(item) for each item in order, done in a worker thread one item ahead of the caller.
-
-    While the caller uses one result and this thread takes the next item, the worker
-    computes the following one: no more than two items are in flight, and an exception
-    from work is raised here, in order.
-    """
-    items = iter(items)
-    head = list(islice(items, 2))
-    if len(head) < 2:  # one chunk: nothing to overlap, so no thread to start
-        yield from map(work, head)
-        return
-    items = chain(head, items)
-    del head  # hold no chunk beyond those in flight
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        pending = worker.submit(work, next(items))
-        for item in items:
-            following = worker.submit(work, item)
-            yield pending.result()
-            pending = following
-        yield pending.result()
 
 
 def _chunk_aad(storage_id: bytes, index: int, last: bool) -> bytes:

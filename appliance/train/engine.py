@@ -31,7 +31,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,11 +39,12 @@ from typing import Any
 import torch
 
 from appliance.core import hardware, scoring
+from appliance.core.ahead import one_ahead
 from appliance.core.errors import JobError
 from appliance.core.text import duration
 from appliance.data import datasets
 from appliance.store import Store, blobs
-from appliance.train import checkpoint, fast, parallel, runs, tasks
+from appliance.train import checkpoint, fast, images, parallel, runs, tasks
 from appliance.train.params import TrainParams
 
 
@@ -123,6 +124,7 @@ PROBE_S = 10.0  # training measured before the run's length is estimated (or the
 PROBE_BATCHES = 3  # micro-batches of full fine-tuning timed (after one more to warm up) when mode auto decides
 GPU_PAD_TO = 32  # on a GPU, text batches are padded to a multiple of this many tokens: its first batch of each
 # new shape costs a choice and load of kernels (seconds over an epoch of every length), padding costs next to nothing
+IMAGE_LAYERS = 20  # an image model's depth as the planner counts it (_image_shape)
 PROGRESS_EVERY_S = 0.5  # between progress reports while training: each reads the loss, which waits for a GPU
 EMBED_SHARE = 0.8  # of a fast run's budget that embedding may take; the rest trains and evaluates the head
 DEFAULTS = TrainParams()  # frozen: one instance is every call's default
@@ -149,6 +151,8 @@ def create(
     began = time.monotonic()
     version = datasets.get(store, dataset)
     data = datasets.load(store, version)
+    if version.task == datasets.IMAGE:
+        params = params.for_images()
     if params.mode == "auto":
         params = _settle_mode(version.task, data, base_dir, params, device, log or (lambda _line: None))
     task = _task(version.task, data, base_dir, params)
@@ -160,7 +164,7 @@ def create(
     run_id = runs.create(
         store,
         dataset_id=version.id,
-        base_model=str(base_dir) if isinstance(task, tasks.TextClassification) else "small-cnn",
+        base_model=str(base_dir),
         task=version.task,
         params=params.model_dump(),
         plan=asdict(plan),
@@ -361,7 +365,7 @@ def _task(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: Train
         if params.mode == "fast":
             raise JobError("fast mode is for text: an image model trains whole",
                            hint="leave out --mode fast for an image dataset")
-        return tasks.ImageClassification(data)
+        return images.ImageClassification(data, images.Backbone.load(base_dir))
     if params.mode == "fast":
         return fast.FastTextClassification(data, base_dir, params.max_length)
     lora = tasks.LoraSettings(rank=params.lora_rank, alpha=2 * params.lora_rank) if params.lora else None
@@ -378,10 +382,8 @@ def _request(
             shape = hardware.ModelShape(**{**asdict(shape), "trainable_parameters": shape.parameters // 50})
         seq_len = max(len(ids) for ids in task.input_ids)
     else:
-        # A small CNN: modelled as a tiny encoder over the image's 8x8 patches.
-        count = sum(p.numel() for p in task.build_model().parameters())
-        shape = hardware.ModelShape(count, count, 128, 3, 1, 256, 0)
-        seq_len = (task.image_size // 8) ** 2
+        assert isinstance(task, images.ImageClassification)
+        shape, seq_len = _image_shape(task)
     return hardware.JobRequest(
         shape=shape,
         seq_len=seq_len,
@@ -391,6 +393,26 @@ def _request(
         workers=placed.size if placed else params.workers,
         placed=placed is not None,
     )
+
+
+def _image_shape(task: images.ImageClassification) -> tuple[hardware.ModelShape, int]:
+    """A CNN as the planner's encoder shape: the cells of its last feature map (input/32 a side) as the sequence,
+    IMAGE_LAYERS layers as wide as its features. For EfficientNet-Lite0 at 224 that is 86 MiB of activations per
+    image in fp32, as measured (88 MiB)."""
+    model = task.build_model()
+    count = sum(p.numel() for p in model.parameters())
+    features = next(module for module in reversed(list(model.modules())) if isinstance(module, torch.nn.Linear))
+    return (hardware.ModelShape(count, count, features.in_features, IMAGE_LAYERS, 0, 0, 0),
+            max(1, (task.image_size // 32) ** 2))
+
+
+def _collated(task: tasks.Task, batches: list[list[int]], start: int, group: parallel.Group,
+              seed: int) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's share of each batch from start on, collated one ahead of the step that takes it (an image batch
+    decodes while the one before trains). Augmentation is drawn from seed and the batch's index, so a resumed epoch
+    sees what the uninterrupted one would have."""
+    return one_ahead(lambda index: task.collate(batches[index][group.rank::group.size],
+                                                augment_seed=seed * 1_000_003 + index), range(start, len(batches)))
 
 
 def _train(
@@ -445,6 +467,9 @@ def _train(
                     time.monotonic() - began if began is not None else 0.0)
     if isinstance(task, tasks.TextClassification) and state is None:
         say(_window_note(task))
+    elif isinstance(task, images.ImageClassification) and state is None:
+        say(f"image backbone {task.backbone.name} at {task.image_size}x{task.image_size}; its new head learns at"
+            f" {images.HEAD_LR_FACTOR:g}x the rate; photos decoded and augmented batch by batch")
     if group.size > 1:
         say(f"data-parallel over {group.size} workers: each trains on {plan.micro_batch * plan.accumulation} of every"
             f" batch of {params.batch_size}")
@@ -507,8 +532,9 @@ def _train(
                        if len(batch) >= group.size]  # each rank takes its share: one too small for all is left out
             model.train()
             step_start = time.monotonic()
-            for index in range(position.batch, len(batches)):
-                inputs = _on(device, task.collate(batches[index][group.rank::group.size]))
+            for index, collated in enumerate(_collated(task, batches, position.batch, group, params.seed * 1009 + epoch),
+                                             start=position.batch):
+                inputs = _on(device, collated)
                 accumulating = (index + 1) % plan.accumulation and index + 1 < len(batches)
                 with trained.no_sync() if accumulating and group.size > 1 else contextlib.nullcontext():
                     with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
@@ -784,9 +810,9 @@ def evaluate(
     data-parallel run evaluates its share."""
     model.eval()
     losses, predicted, labels = [], [], []  # on the device, read once at the end
-    for batch in task.batches(indices[group.rank::group.size], plan.micro_batch * 2,
-                              torch.Generator().manual_seed(0)):
-        inputs = _on(device, task.collate(batch))
+    batches = task.batches(indices[group.rank::group.size], plan.micro_batch * 2, torch.Generator().manual_seed(0))
+    for batch, collated in zip(batches, one_ahead(task.collate, batches), strict=True):
+        inputs = _on(device, collated)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             output = model(**inputs)
         losses.append(output.loss.float() * len(batch))
@@ -803,12 +829,16 @@ def evaluate(
 
 def _optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.AdamW:
     """AdamW without weight decay on biases and norms, as is usual for transformers; on a GPU its fused kernel, one
-    launch for every tensor's update."""
-    decay, no_decay = [], []
+    launch for every tensor's update. A model that names its new head (head_prefix: an image model on a pretrained
+    backbone) has it learn at images.HEAD_LR_FACTOR times the rate."""
+    head = getattr(model, "head_prefix", None)
+    kinds: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}  # (decays, in the head): parameters
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
-            (no_decay if parameter.ndim < 2 else decay).append(parameter)
-    groups = [{"params": decay, "weight_decay": params.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            kinds.setdefault((parameter.ndim >= 2, bool(head) and name.startswith(head)), []).append(parameter)
+    groups = [{"params": parameters, "weight_decay": params.weight_decay if decays else 0.0,
+               "lr": params.learning_rate * (images.HEAD_LR_FACTOR if in_head else 1.0)}
+              for (decays, in_head), parameters in sorted(kinds.items())]
     on_gpu = next(model.parameters()).device.type == "cuda"
     return torch.optim.AdamW(groups, lr=params.learning_rate, fused=True if on_gpu else None)
 

@@ -148,7 +148,7 @@ class FastTextClassification(tasks.TextClassification):
         order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
         return [order[i : i + size] for i in range(0, len(order), size)]
 
-    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    def collate(self, indices: Sequence[int], augment_seed: int | None = None) -> dict[str, torch.Tensor]:
         assert self.features is not None, "embed() before training"
         return {"features": self.features[list(indices)], "labels": self.targets[list(indices)]}
 

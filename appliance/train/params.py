@@ -22,6 +22,10 @@ class TrainParams(Strict):
     # Where a fast run names none: a linear head on fixed vectors needs steps a hundred times larger than
     # fine-tuning's, and more passes, each a fraction of a second (train/fast.py).
     FAST_DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 3e-3, "epochs": 30, "patience": 5}
+    # Where an image run names none: a pretrained CNN (its new head at ten times the rate, train/images.py) takes a
+    # larger rate than a transformer, and more epochs and patience, since augmented epochs score noisily.
+    IMAGE_DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 5e-4, "epochs": 10, "patience": 3,
+                                                "schedule": "cosine"}
 
     epochs: int = Field(5, ge=1, le=1000)
     learning_rate: float = Field(1e-4, gt=0, le=1)
@@ -55,6 +59,10 @@ class TrainParams(Strict):
         if isinstance(values, dict) and values.get("mode") == "fast":
             return {**cls.FAST_DEFAULTS, **values}
         return values
+
+    def for_images(self) -> Self:
+        """These parameters with IMAGE_DEFAULTS where none was given."""
+        return self.parse({**self.IMAGE_DEFAULTS, **self.model_dump(exclude_unset=True)})
 
     @model_validator(mode="after")
     def _one_mode(self) -> Self:

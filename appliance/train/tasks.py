@@ -1,4 +1,4 @@
-"""Task adapters: what differs between text and image classification.
+"""Task adapters: what differs between text and image classification (images.py has the image task).
 
 The engine only sees a Task: it builds the model, cuts indices into batches, turns a
 batch into tensors, and packs the trained model into a bundle that serving can load
@@ -7,7 +7,6 @@ without the training code. Metrics are shared by every task.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from PIL import Image
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
@@ -43,7 +41,9 @@ class Task(Protocol):
 
     def build_model(self) -> nn.Module: ...
     def batches(self, indices: Sequence[int], size: int, generator: torch.Generator) -> list[list[int]]: ...
-    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]: ...
+    def collate(self, indices: Sequence[int], augment_seed: int | None = None) -> dict[str, torch.Tensor]:
+        """A batch's tensors; a training batch's augmentation (where the task has one) drawn from augment_seed."""
+        ...
     def bundle(self, model: nn.Module) -> bytes: ...
 
 
@@ -115,8 +115,8 @@ class TextClassification:
             batches += [chunk[i : i + size] for i in range(0, len(chunk), size)]
         return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
-    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Pad to the longest example of this batch only (rounded up to pad_to)."""
+    def collate(self, indices: Sequence[int], augment_seed: int | None = None) -> dict[str, torch.Tensor]:
+        """Pad to the longest example of this batch only (rounded up to pad_to); text is not augmented."""
         rows = [self.input_ids[i] for i in indices]
         width = -(-max(len(row) for row in rows) // self.pad_to) * self.pad_to
         pad = self.tokenizer.pad_token_id or 0
@@ -136,7 +136,7 @@ class TextClassification:
         files = {
             "config.json": model.config.to_json_string().encode(),
             "model.safetensors": save_safetensors({k: v.contiguous() for k, v in model.state_dict().items()}),
-            "appliance.json": _manifest(self.kind, self.label_names, max_length=self.max_length,
+            "appliance.json": manifest(self.kind, self.label_names, max_length=self.max_length,
                                         **({"architecture": self.architecture} if self.architecture else {})),
         }
         for name in TOKENIZER_FILES:
@@ -158,59 +158,5 @@ class ModelOutput:
         return cls(nn.functional.cross_entropy(logits, labels) if labels is not None else None, logits)
 
 
-class SmallCNN(nn.Module):
-    """Three conv blocks and a linear head: enough for small labelled image sets on a CPU."""
-
-    def __init__(self, num_labels: int, width: int = 32) -> None:
-        super().__init__()
-        blocks = []
-        channels = 3
-        for out in (width, width * 2, width * 4):
-            blocks += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU(), nn.MaxPool2d(2)]
-            channels = out
-        self.features = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.head = nn.Sequential(nn.Dropout(0.2), nn.Linear(channels, num_labels))
-
-    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
-        return ModelOutput.of(self.head(self.features(pixel_values)), labels)
-
-
-class ImageClassification:
-    """A small CNN trained from scratch on images decoded once into memory."""
-
-    kind = "image-classification"
-    image_size = 64
-
-    def __init__(self, data: LoadedDataset) -> None:
-        self.label_names = data.label_names
-        index = {name: i for i, name in enumerate(self.label_names)}
-        self.targets = torch.tensor([index[label] for label in data.labels])
-        self.pixels = torch.stack([_to_tensor(image, self.image_size) for image in data.images])
-
-    def build_model(self) -> nn.Module:
-        return SmallCNN(len(self.label_names))
-
-    def batches(self, indices: Sequence[int], size: int, generator: torch.Generator) -> list[list[int]]:
-        order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
-        return [order[i : i + size] for i in range(0, len(order), size)]
-
-    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        return {"pixel_values": self.pixels[list(indices)], "labels": self.targets[list(indices)]}
-
-    def bundle(self, model: nn.Module) -> bytes:
-        files = {
-            "model.safetensors": save_safetensors(dict(model.state_dict())),
-            "appliance.json": _manifest(self.kind, self.label_names, image_size=self.image_size),
-        }
-        return archive.pack(sorted(files.items()))
-
-
-def _to_tensor(image: bytes, size: int) -> torch.Tensor:
-    with Image.open(io.BytesIO(image)) as opened:
-        rgb = opened.convert("RGB").resize((size, size))
-    raw = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
-    return raw.view(size, size, 3).permute(2, 0, 1).float().div(255.0)
-
-
-def _manifest(kind: str, label_names: list[str], **extra: object) -> bytes:
+def manifest(kind: str, label_names: list[str], **extra: object) -> bytes:
     return json.dumps({"task": kind, "labels": label_names, **extra}, indent=2).encode()

@@ -95,16 +95,13 @@ def create(store: Store, request: Request, study_id: str | None = None, actor: s
         raise JobError(f"a budget of {request.budget_s:g} s leaves no time to train", hint="give e.g. --budget 30m")
     version = datasets.get(store, request.dataset)
     searched = space.narrowed(version.task, request.narrowing)
-    base_model = str(request.base_dir)
     if version.task != datasets.IMAGE:
         searched = space.cap(searched, "max_length", hardware.max_positions(request.base_dir))
-    else:
-        base_model = "small-cnn"
     if request.base_params.mode == "fast":
         raise JobError("a search tunes full fine-tuning: fast mode trains only a linear head, with little to tune",
                        hint="train in fast mode with 'appliance train --mode fast', or tune without it")
     base = request.base_params.changed(metric=request.metric, mode="full")  # each trial is measured, not auto
-    return studies.create(store, dataset_id=version.id, base_model=base_model, task=version.task,
+    return studies.create(store, dataset_id=version.id, base_model=str(request.base_dir), task=version.task,
                           metric=request.metric, sampler=request.sampler, space=searched, base_params=base.model_dump(),
                           device=request.device, budget_s=request.budget_s, study_id=study_id, actor=actor).id
 

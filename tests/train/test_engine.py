@@ -177,27 +177,6 @@ def test_a_cuda_run_checkpoints_beside_training_and_resumes_where_it_stopped(
     assert straight.metrics["accuracy"] > 0.9 and resumed.metrics["accuracy"] > 0.9
 
 
-def test_an_image_classifier_trains_on_an_image_folder(opened: Store, tmp_path: Path) -> None:
-    from PIL import Image
-
-    from appliance.data import datasets
-
-    colours = {"red": (220, 30, 30), "blue": (30, 30, 220)}
-    for label, colour in colours.items():
-        (tmp_path / "photos" / label).mkdir(parents=True)
-        for n in range(12):
-            shade = tuple(max(0, min(255, c + (n * 7) % 40 - 20)) for c in colour)
-            Image.new("RGB", (24 + n, 24), shade).save(tmp_path / "photos" / label / f"{n}.png")
-    datasets.import_file(opened, tmp_path / "photos", name="photos", task="image-classification")
-
-    params = TrainParams(epochs=6, learning_rate=3e-3, batch_size=8, seed=1)
-    result = engine.start(opened, dataset="photos", base_dir=Path("."), params=params)
-    assert result.status == "finished"
-    assert result.metrics["accuracy"] == 1.0
-    manifest = json.loads(_bundle_files(opened, result.model_blob)["appliance.json"])
-    assert manifest == {"task": "image-classification", "labels": ["blue", "red"], "image_size": 64}
-
-
 @pytest.fixture
 def many_tickets(opened: Store, tmp_path: Path) -> str:
     """A dataset whose validation split (2,400 examples) is larger than the engine evaluates after each epoch."""

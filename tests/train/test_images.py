@@ -1,0 +1,139 @@
+"""Image classification on real image files: the bundled pretrained backbone, other backbones, preprocessing."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFilter
+
+from appliance.core.config import Settings, bundled_image_base_model
+from appliance.core.errors import JobError
+from appliance.data import datasets
+from appliance.store import Store, blobs
+from appliance.train import engine, images, runs
+from appliance.train.params import TrainParams
+from tests.conftest import run_cli
+
+
+def write_shapes(folder: Path, per_class: int, seed: int = 0) -> Path:
+    """Circles, squares and triangles of any colour, size and place on blurred noise, saved as JPEG photos are."""
+    rng = random.Random(seed)
+    for label in ("circle", "square", "triangle"):
+        (folder / label).mkdir(parents=True)
+        for n in range(per_class):
+            noise = np.random.default_rng(rng.randrange(2**32)).integers(0, 256, (15, 20, 3), dtype=np.uint8)
+            image = Image.fromarray(noise).resize((160, 120), Image.Resampling.BICUBIC).filter(ImageFilter.GaussianBlur(2))
+            r = rng.randint(18, 40)
+            x, y = rng.randint(r, 160 - r), rng.randint(r, 120 - r)
+            colour = tuple(rng.randrange(256) for _ in range(3))
+            draw = ImageDraw.Draw(image)
+            if label == "circle":
+                draw.ellipse((x - r, y - r, x + r, y + r), fill=colour)
+            elif label == "square":
+                draw.rectangle((x - r, y - r, x + r, y + r), fill=colour)
+            else:
+                draw.polygon([(x, y - r), (x - r, y + r), (x + r, y + r)], fill=colour)
+            image.save(folder / label / f"{n}.jpg", quality=90)
+    return folder
+
+
+@pytest.fixture
+def shapes(opened: Store, tmp_path: Path) -> str:
+    datasets.import_file(opened, write_shapes(tmp_path / "shapes", per_class=16), name="shapes",
+                         task="image-classification")
+    return "shapes"
+
+
+def _bundle_files(opened: Store, blob_id: str) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(blobs.read(opened, blob_id))) as tar:
+        return {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
+
+
+def test_the_pretrained_backbone_learns_shapes_from_a_few_photos_where_a_cnn_from_scratch_cannot(
+        opened: Store, shapes: str, settings: Settings, tmp_path: Path) -> None:
+    """36 training photos: the ImageNet features carry the task, with the image defaults (rate, schedule)."""
+    pretrained = engine.start(opened, dataset=shapes, base_dir=settings.image_base_model,
+                              params=TrainParams(epochs=4, batch_size=8, seed=1))
+    assert pretrained.status == "finished"
+    assert pretrained.metrics["accuracy"] >= 0.9, pretrained.metrics
+    run = runs.get(opened, pretrained.run_id)
+    assert run.base_model == str(settings.image_base_model)
+    assert run.params["learning_rate"] == 5e-4 and run.params["schedule"] == "cosine"  # not text's defaults
+    manifest = json.loads(_bundle_files(opened, pretrained.model_blob)["appliance.json"])
+    assert manifest == {"task": "image-classification", "labels": ["circle", "square", "triangle"],
+                        "architecture": "efficientnet-lite0", "image_size": 224,
+                        "mean": [127 / 255] * 3, "std": [128 / 255] * 3}
+
+    (tmp_path / "cnn").mkdir()
+    (tmp_path / "cnn" / "backbone.json").write_text('{"architecture": "small-cnn", "image_size": 64}')
+    scratch = engine.start(opened, dataset=shapes, base_dir=tmp_path / "cnn",
+                           params=TrainParams(epochs=4, batch_size=8, seed=1, learning_rate=3e-3))
+    assert scratch.status == "finished"
+    assert scratch.metrics["accuracy"] < pretrained.metrics["accuracy"]
+
+
+def test_a_training_batch_is_augmented_repeatably_and_an_evaluation_batch_is_the_centre(
+        opened: Store, shapes: str, settings: Settings) -> None:
+    data = datasets.load(opened, datasets.get(opened, shapes))
+    task = images.ImageClassification(data, images.Backbone.load(settings.image_base_model))
+    first = task.collate([0, 1, 2], augment_seed=7)["pixel_values"]
+    assert first.shape == (3, 3, 224, 224)
+    assert (task.collate([0, 1, 2], augment_seed=7)["pixel_values"] == first).all()  # a resumed epoch sees the same
+    assert not (task.collate([0, 1, 2], augment_seed=8)["pixel_values"] == first).all()
+    centre = task.collate([0, 1, 2])["pixel_values"]
+    assert (task.collate([0, 1, 2])["pixel_values"] == centre).all()
+    assert -1.0 <= float(centre.min()) and float(centre.max()) <= 1.0  # (x - 127) / 128, as the Lite models take it
+
+
+def test_an_upright_photo_is_read_the_way_its_camera_says(tmp_path: Path) -> None:
+    """A phone stores a portrait photo sideways with an EXIF orientation; the model must see it upright."""
+    sideways = Image.new("RGB", (200, 100), (0, 0, 0))
+    ImageDraw.Draw(sideways).rectangle((0, 0, 99, 99), fill=(255, 255, 255))  # white on the left half
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to view
+    buffer = io.BytesIO()
+    sideways.save(buffer, "JPEG", exif=exif)
+    pixels = images.pixels_of(buffer.getvalue(), 32)
+    top, bottom = pixels[:8].mean(), pixels[-8:].mean()
+    assert top > 200 and bottom < 50  # the left half of the stored image is the top of the upright one
+
+
+def test_a_base_that_is_no_backbone_or_a_changed_bundled_file_is_refused_saying_what(
+        opened: Store, shapes: str, tmp_path: Path) -> None:
+    with pytest.raises(JobError, match="has no backbone.json") as no_description:
+        engine.start(opened, dataset=shapes, base_dir=tmp_path, params=TrainParams(epochs=1))
+    assert "bundled EfficientNet-Lite0" in (no_description.value.hint or "")
+
+    (tmp_path / "lite").mkdir()
+    (tmp_path / "lite" / "backbone.json").write_text('{"architecture": "efficientnet-lite0"}')
+    with pytest.raises(JobError, match="no model.safetensors"):
+        images.Backbone.load(tmp_path / "lite")
+    (tmp_path / "lite" / "backbone.json").write_text('{"architecture": "resnet50"}')
+    with pytest.raises(JobError, match="names architecture 'resnet50'"):
+        images.Backbone.load(tmp_path / "lite")
+
+    changed = tmp_path / "changed"
+    shutil.copytree(bundled_image_base_model(), changed)
+    weights = changed / images.BUNDLED_WEIGHTS
+    content = bytearray(weights.read_bytes())
+    content[-100] ^= 1
+    weights.write_bytes(bytes(content))
+    with pytest.raises(JobError, match="is not the EfficientNet-Lite0 weights this version ships"):
+        images.Backbone.load(changed)
+
+
+def test_an_image_folder_trains_from_the_command_line_on_the_bundled_backbone(tmp_path: Path) -> None:
+    run_cli("keys", "init", check=True)
+    write_shapes(tmp_path / "shapes", per_class=6)
+    run_cli("data", "import", str(tmp_path / "shapes"), "--name", "shapes", "--task", "image-classification",
+            check=True)
+    trained = run_cli("train", "--data", "shapes", "--epochs", "1", "--batch-size", "8", check=True)
+    assert "image backbone efficientnet-lite0 (pretrained) at 224x224" in trained.stderr
+    assert "registered as shapes:1" in trained.stdout, trained.stdout
