@@ -1,10 +1,11 @@
-"""The inference kernel: a packed model compiled from memory, its tokenizer, and texts in, logits out.
+"""The inference kernel: a packed model compiled from memory, its reader, and examples in, logits out.
 
 What serving, evaluation, the optimiser's guard and distillation share, with numpy,
-`tokenizers` and OpenVINO (or onnxruntime) only: this module imports neither torch nor
-transformers, so the inference server never maps libtorch. A runner is anything that
+`tokenizers`, Pillow and OpenVINO (or onnxruntime) only: this module imports neither torch
+nor transformers, so the inference server never maps libtorch. A runner is anything that
 answers feeds with logits: an OpenVINO CompiledModel, an onnxruntime session, or a torch
-classifier wrapped by `train.bundle.TorchRunner`.
+classifier wrapped by `train.bundle.TorchRunner`. A reader turns examples into feeds: a
+text model's tokenizer, or an image model's `pixels.Pictures`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import openvino as ov
 import tokenizers
 
+from appliance import pixels
 from appliance.core import archive, scoring
 from appliance.core.errors import ArtifactError, OptimizeError
 
@@ -27,6 +29,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what load_token
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 PAD_MULTIPLE = 8  # batches are padded to a length in these steps (see load_tokenizer)
 Runner = Any  # an openvino.CompiledModel, an onnxruntime.InferenceSession or a train.bundle.TorchRunner
+Reader = tokenizers.Tokenizer | pixels.Pictures  # a text model's examples to feeds, or an image model's
+IMAGE_TASK = "image-classification"
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class Servable:
     """A compiled variant ready to answer: what the inference server holds per model version."""
 
     compiled: ov.CompiledModel
-    tokenizer: tokenizers.Tokenizer
+    reader: Reader
     labels: list[str]
     manifest: dict[str, Any]
 
@@ -88,7 +92,8 @@ def compile_openvino(
 def pack_ir(
     artifact: Artifact, bundle_files: Mapping[str, bytes], variant: str, reference: dict[str, Any] | None = None
 ) -> bytes:
-    """One blob that serving can load without torch: the IR, the tokenizer, the label map, the drift reference."""
+    """One blob that serving can load without torch: the IR, the tokenizer (a text model's), the label map, the drift
+    reference."""
     manifest = json.loads(bundle_files["appliance.json"]) | {"variant": variant, "format": "openvino-ir"}
     if reference is not None:
         manifest["reference"] = reference
@@ -100,15 +105,17 @@ def pack_ir(
 def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = None) -> Servable:
     """Compile a packed IR from decrypted bytes: the weights go from memory to OpenVINO, never to a file."""
     files = archive.unpack(blob)
-    missing = {"model.xml", "model.bin", "tokenizer.json", "appliance.json"} - set(files)
+    manifest = json.loads(files["appliance.json"]) if "appliance.json" in files else {}
+    images = manifest.get("task") == IMAGE_TASK
+    missing = {"model.xml", "model.bin", "appliance.json", *(() if images else ("tokenizer.json",))} - set(files)
     if missing:
         raise ArtifactError(f"the OpenVINO artifact lacks {', '.join(sorted(missing))}")
-    manifest = json.loads(files["appliance.json"])
     try:
         compiled = compile_openvino(Artifact(files["model.xml"], files["model.bin"]), device, config)
     except RuntimeError as exc:
         raise ArtifactError(f"OpenVINO cannot compile the {manifest.get('variant')} artifact: {exc}") from exc
-    return Servable(compiled, load_tokenizer(files, manifest["max_length"]), manifest["labels"], manifest)
+    reader = pixels.Pictures.of(manifest) if images else load_tokenizer(files, manifest["max_length"])
+    return Servable(compiled, reader, manifest["labels"], manifest)
 
 
 def onnx_session(onnx: bytes) -> Any:
@@ -125,6 +132,13 @@ def _core() -> ov.Core:
 
 
 # -- texts in, logits out -------------------------------------------------------------------
+
+
+def encode(reader: Reader, examples: Sequence[Any], names: set[str] | Sequence[str]) -> dict[str, np.ndarray]:
+    """A model's feeds for a batch of examples: texts tokenised, or images read as their pixels."""
+    if isinstance(reader, pixels.Pictures):
+        return reader.feeds(examples)
+    return feeds(reader.encode_batch(list(examples)), names)
 
 
 def feeds(encodings: list[tokenizers.Encoding], names: set[str] | Sequence[str]) -> dict[str, np.ndarray]:
@@ -144,51 +158,53 @@ def bind(runner: Runner) -> tuple[list[str], Callable[[dict[str, np.ndarray]], n
     return [port.get_any_name() for port in runner.inputs], lambda feeds: runner(feeds)[0]
 
 
-def predict(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
-    """Logits for every text, with numpy only, in batches of similar length so padding stays small."""
+def predict(runner: Runner, reader: Reader, examples: Sequence[Any], batch_size: int = 32) -> np.ndarray:
+    """Logits for every example (a text, or an encoded image), with numpy only, in batches of similar length so a
+    text batch's padding stays small."""
     names, infer = bind(runner)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]))
     logits = np.empty((0, 0), dtype=np.float32)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        out = infer(feeds(tokenizer.encode_batch([texts[i] for i in chunk]), names))
+        out = infer(encode(reader, [examples[i] for i in chunk], names))
         if not start:
-            logits = np.empty((len(texts), out.shape[1]), dtype=np.float32)
+            logits = np.empty((len(examples), out.shape[1]), dtype=np.float32)
         logits[chunk] = out
     return logits
 
 
-def evaluate(runner: Runner, tokenizer: tokenizers.Tokenizer, texts: Sequence[str], labels: Sequence[int]) -> dict[str, float]:
+def evaluate(runner: Runner, reader: Reader, examples: Sequence[Any], labels: Sequence[int]) -> dict[str, float]:
     """Accuracy and macro-F1 of a runner, measured as training measures them."""
-    if not texts:
-        raise OptimizeError("there are no validation texts to score the model on")
-    logits = predict(runner, tokenizer, texts)
+    if not examples:
+        raise OptimizeError("there are no validation examples to score the model on")
+    logits = predict(runner, reader, examples)
     return scoring.metrics(logits.argmax(axis=1).tolist(), list(labels), logits.shape[1])
 
 
 def speed(
     infer: Callable[[dict[str, np.ndarray]], Any],
     names: Sequence[str],
-    tokenizer: tokenizers.Tokenizer,
-    texts: Sequence[str],
+    reader: Reader,
+    examples: Sequence[Any],
     *,
     min_seconds: float = 1.0,
 ) -> dict[str, float]:
-    """p50 latency of one text, and texts/s at batch 1 and 16, tokenisation included, as a client sees it.
+    """p50 latency of one example, and examples/s at batch 1 and 16, reading included (tokenising, or decoding an
+    image), as a client sees it.
 
-    Texts are taken in the order given, cycling until min_seconds have passed (and each
-    text was seen once), so every variant is timed on the same inputs.
+    Examples are taken in the order given, cycling until min_seconds have passed (and each
+    was seen once), so every variant is timed on the same inputs.
     """
     result = {}
     for batch_size in (1, 16):
-        batches = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+        batches = [list(examples[i : i + batch_size]) for i in range(0, len(examples), batch_size)]
         for batch in batches[:2]:  # warm up: first calls allocate and pick kernels
-            infer(feeds(tokenizer.encode_batch(batch), names))
+            infer(encode(reader, batch, names))
         timings, done, started = [], 0, time.perf_counter()
         while done < len(batches) or time.perf_counter() - started < min_seconds:
             batch = batches[done % len(batches)]
             tick = time.perf_counter()
-            infer(feeds(tokenizer.encode_batch(batch), names))
+            infer(encode(reader, batch, names))
             timings.append((time.perf_counter() - tick, len(batch)))
             done += 1
         result[f"throughput_b{batch_size}"] = sum(n for _, n in timings) / sum(t for t, _ in timings)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import tempfile
 import time
@@ -37,11 +38,13 @@ from appliance import inference
 from appliance.core import archive
 from appliance.core.errors import OptimizeError
 from appliance.core.hardware import Hardware
-from appliance.inference import Artifact
+from appliance.inference import Artifact, Reader
+from appliance.pixels import Pictures
 from appliance.train.bundle import convert_openvino, load_text_classifier, traceable
 
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products that cannot saturate
-HEAD_PATTERNS = [r".*(pooler|classifier).*"]  # node names of the head in the traced graph (BERT, DistilBERT, RoBERTa)
+# node names of the head in the traced graph: BERT, DistilBERT, RoBERTa; EfficientNet-Lite's _fc, the small CNN's head
+HEAD_PATTERNS = [r".*(pooler|classifier|_fc|\.head\.).*"]
 FP32, INT8, INT8_GENTLE = "fp32", "int8", "int8-gentle"
 
 
@@ -119,35 +122,39 @@ def overflow_fix_for(hardware: Hardware) -> str:
 
 def quantize_int8(
     model: ov.Model,
-    calibration_texts: Sequence[str],
-    tokenizer: tokenizers.Tokenizer,
+    calibration: Sequence[Any],
+    reader: Reader,
     *,
     overflow_fix: str,
     subset_size: int = 300,
     keep_head_fp32: bool = False,
 ) -> ov.Model:
-    """Post-training INT8 with NNCF; keep_head_fp32 is the gentler retry, leaving pooler and classifier exact.
+    """Post-training INT8 with NNCF, calibrated on examples (texts, or encoded images) as reader feeds them;
+    keep_head_fp32 is the gentler retry, leaving the classifier head exact.
 
     The head is where rounding moves logits directly, it is small (so little speed is
     lost) and skipping it costs one more calibration, not the dozens of evaluations of
     accuracy-controlled quantisation, which would also tune on the guard's own data.
+    A text model is quantised as a transformer (NNCF keeps its softmax and norms exact);
+    an image model as the CNN it is.
     """
     import logging
 
     import nncf
 
     nncf.set_log_level(logging.WARNING)  # its INFO lines list every node it skips
-    if not calibration_texts:
-        raise OptimizeError("INT8 quantisation needs calibration texts, and none were given")
+    if not calibration:
+        raise OptimizeError("INT8 quantisation needs calibration examples, and none were given")
     names = {port.get_any_name() for port in model.inputs}
-    dataset = nncf.Dataset(list(calibration_texts), lambda text: inference.feeds(tokenizer.encode_batch([text]), names))
+    dataset = nncf.Dataset(list(calibration), lambda example: inference.encode(reader, [example], names))
+    text = isinstance(reader, tokenizers.Tokenizer)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its rich progress bars would garble the caller's own
             return nncf.quantize(
                 model.clone(),
                 dataset,
-                model_type=nncf.ModelType.TRANSFORMER,
-                subset_size=min(subset_size, len(calibration_texts)),
+                model_type=nncf.ModelType.TRANSFORMER if text else None,
+                subset_size=min(subset_size, len(calibration)),
                 ignored_scope=nncf.IgnoredScope(patterns=HEAD_PATTERNS, validate=False) if keep_head_fp32 else None,
                 advanced_parameters=nncf.AdvancedQuantizationParameters(overflow_fix=nncf.OverflowFix(overflow_fix)),
             )
@@ -181,8 +188,14 @@ def guard(
 # -- the whole step ------------------------------------------------------------------------
 
 
-def export_bundle(files: Mapping[str, bytes]) -> tuple[Artifact, tokenizers.Tokenizer, dict[str, Any]]:
-    """A trained bundle's FP32 IR, with its tokenizer and manifest (labels in logit order, max_length)."""
+def export_bundle(files: Mapping[str, bytes]) -> tuple[Artifact, Reader, dict[str, Any]]:
+    """A trained bundle's FP32 IR, with its reader (a text model's tokenizer, an image model's Pictures) and its
+    manifest (labels in logit order; max_length, or the image size and normalisation)."""
+    if json.loads(files.get("appliance.json", b"{}")).get("task") == inference.IMAGE_TASK:
+        from appliance.train import images
+
+        model, manifest = images.load_image_classifier(files)
+        return serialize(images.convert_openvino(model, manifest["image_size"])), Pictures.of(manifest), manifest
     model, tokenizer, manifest = load_text_classifier(files)
     return export_openvino(model, manifest["max_length"]), tokenizer, manifest
 
@@ -190,19 +203,19 @@ def export_bundle(files: Mapping[str, bytes]) -> tuple[Artifact, tokenizers.Toke
 def optimize(bundle: bytes, **options: Any) -> Outcome:
     """optimize_ir on the FP32 IR of a trained bundle (the export is timed as `export`)."""
     started = time.monotonic()
-    fp32, tokenizer, manifest = export_bundle(archive.unpack(bundle))
+    fp32, reader, manifest = export_bundle(archive.unpack(bundle))
     exported = time.monotonic() - started
-    outcome = optimize_ir(fp32, tokenizer, manifest["labels"], **options)
+    outcome = optimize_ir(fp32, reader, manifest["labels"], **options)
     return replace(outcome, seconds={"export": exported, **outcome.seconds})
 
 
 def optimize_ir(
     fp32: Artifact,
-    tokenizer: tokenizers.Tokenizer,
+    reader: Reader,
     label_names: Sequence[str],
     *,
-    calibration_texts: Sequence[str],
-    texts: Sequence[str],
+    calibration: Sequence[Any],
+    examples: Sequence[Any],
     labels: Sequence[str],
     hardware: Hardware,
     max_accuracy_drop: float = 1.0,
@@ -213,8 +226,8 @@ def optimize_ir(
 ) -> Outcome:
     """Score FP32, then INT8 and (only if needed) the gentler INT8, and let the guard choose.
 
-    Calibrate on training texts and score on the validation split, so the guard judges on
-    data the quantiser never saw. Each variant is scored from its serialised IR, as served.
+    Calibrate on training examples (texts, or encoded images) and score on the validation
+    split, so the guard judges on data the quantiser never saw. Each variant is scored from its serialised IR, as served.
     An FP32 IR from elsewhere (an imported model) starts here; its logits follow label_names.
     """
     clock, seconds = time.monotonic(), {}
@@ -226,17 +239,18 @@ def optimize_ir(
     index = {name: i for i, name in enumerate(label_names)}
     targets = [index[label] for label in labels]
     artifacts = {FP32: fp32}
-    fp32_scores = inference.evaluate(inference.compile_openvino(fp32, config=config), tokenizer, texts, targets)
+    fp32_scores = inference.evaluate(inference.compile_openvino(fp32, config=config), reader, examples,
+                                     targets)
     lap("evaluate_fp32")
     fix, scored = overflow_fix_for(hardware), {}
     decision = guard(fp32_scores, {}, max_accuracy_drop, metric)
     for name, gentle in ((INT8, False), (INT8_GENTLE, True)) if int8 else ():
-        quantized = quantize_int8(inference.read_openvino(fp32), calibration_texts, tokenizer,
+        quantized = quantize_int8(inference.read_openvino(fp32), calibration, reader,
                                   overflow_fix=fix, subset_size=subset_size, keep_head_fp32=gentle)
         artifacts[name] = serialize(quantized)
         lap(f"quantize_{name}")
-        scored[name] = inference.evaluate(inference.compile_openvino(artifacts[name], config=config), tokenizer, texts,
-                                          targets)
+        scored[name] = inference.evaluate(inference.compile_openvino(artifacts[name], config=config), reader,
+                                          examples, targets)
         lap(f"evaluate_{name}")
         decision = guard(fp32_scores, scored, max_accuracy_drop, metric)
         if decision.variant != FP32:

@@ -234,8 +234,8 @@ def openvino_variants(prefix: str, bundle: bytes, setup: Setup, *, exact_fp32_to
     log(f"{prefix}export and quantise (optimize.optimize)")
     outcome = optimize.optimize(
         bundle,
-        calibration_texts=setup.calibration,
-        texts=setup.texts,
+        calibration=setup.calibration,
+        examples=setup.texts,
         labels=setup.labels,
         hardware=hardware.detect(),
         max_accuracy_drop=setup.max_accuracy_drop,

@@ -472,7 +472,7 @@ def peer_server(port: int) -> None:
     names, infer = inference.bind(servable.compiled)
 
     def probabilities(texts: list[str]) -> list[list[float]]:
-        return drift.softmax(infer(inference.feeds(servable.tokenizer.encode_batch(texts), names))).tolist()
+        return drift.softmax(infer(inference.feeds(servable.reader.encode_batch(texts), names))).tolist()
 
     hand_built(port, version, servable.labels, probabilities)
 
@@ -508,7 +508,7 @@ def ray_server(port: int) -> None:
             from appliance import inference
             from appliance.serve import drift
 
-            logits = self.infer(inference.feeds(self.servable.tokenizer.encode_batch(texts), self.names))
+            logits = self.infer(inference.feeds(self.servable.reader.encode_batch(texts), self.names))
             return drift.softmax(logits).tolist()
 
         async def __call__(self, request: Request) -> Any:
@@ -714,7 +714,7 @@ def threads_classify(pool: concurrent.futures.ThreadPoolExecutor, servable: Any)
     def infer(text: str) -> str:
         if not hasattr(local, "request"):
             local.request = servable.compiled.create_infer_request()
-        logits = local.request.infer(inference.feeds(servable.tokenizer.encode_batch([text]), names))[0]
+        logits = local.request.infer(inference.feeds(servable.reader.encode_batch([text]), names))[0]
         return servable.labels[int(np.argmax(logits[0]))]
 
     async def classify(text: str) -> str:
@@ -756,7 +756,7 @@ async def run(
     notes = [origin,
              (f"batching: max_batch_size {serve.max_batch_size}, max_delay_ms {serve.max_delay_ms:g} "
               "(APPLIANCE_SERVE_MAX_BATCH_SIZE / _MAX_DELAY_MS), for the server and the in-process batcher")]
-    batcher = Batcher(servable.compiled, servable.tokenizer, max_batch_size=serve.max_batch_size,
+    batcher = Batcher(servable.compiled, servable.reader, max_batch_size=serve.max_batch_size,
                       max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue)
     batcher.start()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(concurrency), thread_name_prefix="client")

@@ -61,7 +61,7 @@ def optimised(opened: Store, tickets: str, tiny_base: Path) -> registry.ModelVer
 
 def served_logits(opened: Store, version: registry.ModelVersion, variant: str) -> np.ndarray:
     servable = inference.load_ir(blobs.read(opened, version.variants[variant].blob_id))
-    return inference.predict(servable.compiled, servable.tokenizer, TEXTS)
+    return inference.predict(servable.compiled, servable.reader, TEXTS)
 
 
 def test_onnx_and_openvino_exports_run_as_the_readme_shows_without_the_appliance_and_predict_as_it_serves(

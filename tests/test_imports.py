@@ -76,7 +76,7 @@ def torch_logits(trained: Trained, texts: list[str]) -> np.ndarray:
 
 def served_logits(store: Store, version: registry.ModelVersion, texts: list[str]) -> np.ndarray:
     servable = inference.load_ir(blobs.read(store, version.serving_variant().blob_id))
-    return inference.predict(servable.compiled, servable.tokenizer, texts)
+    return inference.predict(servable.compiled, servable.reader, texts)
 
 
 def lend(store: Store) -> imports.Lend:

@@ -240,7 +240,7 @@ def test_optimize_serves_int8_when_it_keeps_the_accuracy(trained: Trained) -> No
     calibration, _ = trained.split(trained.data.train)
     texts, labels = trained.split(trained.data.validation)
     # The machine that scores the variants is the one to quantise for, as the pipeline does.
-    outcome = optimize.optimize(trained.bundle, calibration_texts=calibration, texts=texts, labels=labels,
+    outcome = optimize.optimize(trained.bundle, calibration=calibration, examples=texts, labels=labels,
                                 hardware=hardware.detect(), subset_size=64)
     assert outcome.decision.variant == "int8", outcome.decision.reason
     assert set(outcome.artifacts) == {"fp32", "int8"}  # the gentler variant was not needed
@@ -281,7 +281,7 @@ def test_export_quantise_store_and_load_write_no_weights_to_disk(
     calibration, _ = trained.split(trained.data.train)
     texts, labels = trained.split(trained.data.validation)
     # An impossible guard, so that every variant is built, serialised, scored and kept in memory.
-    outcome = optimize.optimize(blobs.read(opened, blob_id), calibration_texts=calibration, texts=texts,
+    outcome = optimize.optimize(blobs.read(opened, blob_id), calibration=calibration, examples=texts,
                                 labels=labels, hardware=machine(()), max_accuracy_drop=-1.0, subset_size=64)
     for name, artifact in outcome.artifacts.items():
         stored = blobs.put(opened, inference.pack_ir(artifact, files, name))

@@ -89,7 +89,7 @@ def test_a_stored_variant_serves_from_memory_with_its_tokenizer_and_labels(
     assert "model.safetensors" not in files  # serving needs no torch
     servable = inference.load_ir(packed)
     assert servable.labels == ["billing", "shipping", "technical"] == json.loads(files["appliance.json"])["labels"]
-    logits = inference.predict(servable.compiled, servable.tokenizer, ["refund for my invoice", "courier lost parcel"])
+    logits = inference.predict(servable.compiled, servable.reader, ["refund for my invoice", "courier lost parcel"])
     assert [servable.labels[i] for i in np.argmax(logits, axis=1)] == ["billing", "shipping"]
 
 

@@ -86,7 +86,7 @@ def predict(ref: str, texts: tuple[str, ...], as_json: bool) -> None:
     with opened_store() as opened:
         version = registry.get(opened, ref)
         servable = inference.load_ir(blobs.read(opened, version.serving_variant().blob_id))
-    probabilities = drift.softmax(inference.predict(servable.compiled, servable.tokenizer, list(texts)))
+    probabilities = drift.softmax(inference.predict(servable.compiled, servable.reader, list(texts)))
     rows = [{"text": text, "label": servable.labels[int(np.argmax(row))],
              "scores": {label: round(float(p), 4) for label, p in zip(servable.labels, row)}}
             for text, row in zip(texts, probabilities)]

@@ -88,7 +88,7 @@ def _right(store: Store, version: registry.ModelVersion, texts: list[str], label
     from appliance import inference  # openvino loads only for this step
 
     servable = inference.load_ir(blobs.read(store, version.serving_variant().blob_id))
-    logits = inference.predict(servable.compiled, servable.tokenizer, texts)
+    logits = inference.predict(servable.compiled, servable.reader, texts)
     return [servable.labels[int(row.argmax())] == label for row, label in zip(logits, labels)]
 
 

@@ -121,7 +121,7 @@ def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str,
                                params=params, trained_on=f"imported from sha256:{incoming.sha256}",
                                model_blob=torch_blob, metrics=scores)
         reason = (f"imported ({incoming.format}), not optimised yet: {scores['accuracy']:.3f} accuracy on the"
-                  f" {len(held.texts)} validation texts of {data.ref}")
+                  f" {len(held.examples)} validation texts of {data.ref}")
         version = registry.register(store, name, run_id=run_id, task=datasets.TEXT, variants=variants,
                                     chosen=pipeline.FP32, reason=reason, actor=actor)
         recorded.update(version=version.ref, run=run_id, accuracy=scores["accuracy"])
@@ -280,13 +280,13 @@ def measure(candidate: Candidate, held: pipeline.HeldOut) -> dict[str, float]:
                             " predicts, or give its labels in logit order (--labels)")
     servable = inference.load_ir(inference.pack_ir(candidate.fp32, candidate.files, pipeline.FP32))
     try:
-        logits = inference.predict(servable.compiled, servable.tokenizer, held.texts)
+        logits = inference.predict(servable.compiled, servable.reader, held.examples)
     except RuntimeError as exc:  # OpenVINO's word for a graph that cannot run on these inputs
         raise RegistryError(f"the model fails on the dataset's texts: {_said(exc)}",
                             hint="check that it is a text classifier taking this tokenizer's ids") from exc
-    if logits.shape != (len(held.texts), len(candidate.labels)) or not np.isfinite(logits).all():
+    if logits.shape != (len(held.examples), len(candidate.labels)) or not np.isfinite(logits).all():
         raise RegistryError(f"the model gave {'non-finite' if logits.shape[1:] == (len(candidate.labels),) else 'mis-shaped'}"
-                            f" logits (shape {list(logits.shape)}) for {len(held.texts)} texts",
+                            f" logits (shape {list(logits.shape)}) for {len(held.examples)} texts",
                             hint="check that it is the classifier its files say it is")
     index = {label: i for i, label in enumerate(candidate.labels)}
     from appliance.core import scoring

@@ -12,7 +12,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from appliance import registry
 from appliance.core import archive, hardware
@@ -22,9 +22,7 @@ from appliance.store import Store, blobs
 from appliance.train import runs
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-    from appliance.inference import Artifact
+    from appliance.inference import Artifact, Reader
     from appliance.optimize import Outcome
 
 TORCH = "torch"  # the training bundle: safetensors + config + tokenizer, the source of every other variant
@@ -62,11 +60,12 @@ def register_run(store: Store, run_id: str, model: str, actor: str | None = None
 @dataclass(frozen=True)
 class HeldOut:
     """What a model is measured on here: the validation split of its dataset, and a sample of the training split
-    for INT8 calibration and the drift reference (never scored on, so the guard judges on unseen texts)."""
+    for INT8 calibration and the drift reference (never scored on, so the guard judges on unseen examples). An
+    example is a text, or an image file's bytes."""
 
-    texts: list[str]
+    examples: list[Any]
     labels: list[str]
-    calibration: list[str]
+    calibration: list[Any]
     calibration_labels: list[str]
 
 
@@ -74,8 +73,9 @@ def held_out(store: Store, dataset_id: str, calibration_size: int = 300, seed: i
     data = datasets.load(store, datasets.get(store, dataset_id))
     train = list(data.train)
     random.Random(seed).shuffle(train)
-    return HeldOut([data.texts[i] for i in data.validation], [data.labels[i] for i in data.validation],
-                   [data.texts[i] for i in train[:calibration_size]], [data.labels[i] for i in train[:calibration_size]])
+    examples = data.images if data.version.task == datasets.IMAGE else data.texts
+    return HeldOut([examples[i] for i in data.validation], [data.labels[i] for i in data.validation],
+                   [examples[i] for i in train[:calibration_size]], [data.labels[i] for i in train[:calibration_size]])
 
 
 @dataclass(frozen=True)
@@ -96,16 +96,19 @@ def servable_ir(artifact: Artifact, files: dict[str, bytes], name: str, held: He
                 scores: dict[str, float]) -> ServableIr:
     """Pack an IR with its drift reference (from held's calibration sample and validation confidence) and measure
     its speed beside its scores."""
-    from appliance import inference
+    from appliance import inference, pixels
     from appliance.serve import drift
 
     servable = inference.load_ir(inference.pack_ir(artifact, files, name))
-    baseline = drift.reference(servable.tokenizer, held.calibration,
-                               [servable.labels.index(label) for label in held.calibration_labels],
-                               drift.softmax(inference.predict(servable.compiled, servable.tokenizer, held.texts)))
+    reference = None
+    if not isinstance(servable.reader, pixels.Pictures):  # no image statistics yet: image models do not serve
+        reference = drift.reference(servable.reader, held.calibration,
+                                    [servable.labels.index(label) for label in held.calibration_labels],
+                                    drift.softmax(inference.predict(servable.compiled, servable.reader,
+                                                                    held.examples))).to_json()
     names, infer = inference.bind(servable.compiled)
-    speed = inference.speed(infer, names, servable.tokenizer, held.texts, min_seconds=0.5)
-    return ServableIr(name, inference.pack_ir(artifact, files, name, baseline.to_json()), scores | speed)
+    speed = inference.speed(infer, names, servable.reader, held.examples, min_seconds=0.5)
+    return ServableIr(name, inference.pack_ir(artifact, files, name, reference), scores | speed)
 
 
 def optimize_version(
@@ -126,8 +129,9 @@ def optimize_version(
 
     report = progress or (lambda done, total, label: None)
     source = registry.get(store, ref)
-    if source.task != "text-classification":
-        raise RegistryError(f"{source.ref} is an {source.task} model; only text classifiers can be optimised yet")
+    if options.distill_layers and source.task == datasets.IMAGE:
+        raise RegistryError(f"{source.ref} is an image model: distillation takes the first layers of a text encoder",
+                            hint="optimise it without --distill-layers; INT8 is the lever for an image model")
     if TORCH not in source.variants and FP32 not in source.variants:
         raise RegistryError(f"{source.ref} has neither a torch bundle nor an FP32 IR to optimise",
                             hint="optimise the version that training or an import registered")
@@ -142,8 +146,8 @@ def optimize_version(
         report(done, steps, label)
 
     def optimise(start: Start) -> Outcome:
-        return optimize.optimize_ir(start.fp32, start.tokenizer, start.labels, calibration_texts=held.calibration,
-                                    texts=held.texts, labels=held.labels, hardware=machine,
+        return optimize.optimize_ir(start.fp32, start.reader, start.labels, calibration=held.calibration,
+                                    examples=held.examples, labels=held.labels, hardware=machine,
                                     max_accuracy_drop=options.max_accuracy_drop, metric=options.metric,
                                     subset_size=options.calibration_size, int8=options.int8)
 
@@ -172,7 +176,7 @@ def optimize_version(
     for values in metrics.values():
         values["speedup_b16"] = values["throughput_b16"] / metrics[FP32]["throughput_b16"]
     step(steps - 1, "choose and register")
-    chosen, reason = _choose(outcomes, metrics, options)
+    chosen, reason = _choose(outcomes, metrics, options, "Images" if source.task == datasets.IMAGE else "Texts")
     version = registry.register(store, source.model, run_id=source.run_id, task=source.task, variants=variants,
                                 chosen=chosen, reason=reason, actor=actor)
     step(steps, f"registered {version.ref}")
@@ -185,7 +189,7 @@ class Start:
     (tokenizer's, appliance.json) its variants are packed with."""
 
     fp32: Artifact
-    tokenizer: Tokenizer
+    reader: Reader
     labels: list[str]
     files: dict[str, bytes]
 
@@ -194,8 +198,8 @@ class Start:
         """From a torch bundle's files: its IR exported here."""
         from appliance import optimize
 
-        fp32, tokenizer, manifest = optimize.export_bundle(bundle)
-        return cls(fp32, tokenizer, manifest["labels"], bundle)
+        fp32, reader, manifest = optimize.export_bundle(bundle)
+        return cls(fp32, reader, manifest["labels"], bundle)
 
     @classmethod
     def packed(cls, files: dict[str, bytes]) -> Start:
@@ -214,7 +218,8 @@ def _starting_point(store: Store, source: registry.ModelVersion) -> Start:
     return Start.packed(archive.unpack(blobs.read(store, source.variants[FP32].blob_id)))
 
 
-def _choose(outcomes: dict[str, Outcome], metrics: dict[str, dict[str, float]], options: OptimizeOptions) -> tuple[str, str]:
+def _choose(outcomes: dict[str, Outcome], metrics: dict[str, dict[str, float]], options: OptimizeOptions,
+            examples: str) -> tuple[str, str]:
     """The fastest variant on this box that loses at most the allowed drop against the teacher's FP32."""
     from appliance import optimize
 
@@ -230,4 +235,4 @@ def _choose(outcomes: dict[str, Outcome], metrics: dict[str, dict[str, float]], 
         why = f"{final.variant} is the fastest {within}"
     else:
         why = f"fp32 serves: {'no faster variant is ' + within if faster else 'no variant is faster'}"
-    return final.variant, f"{guards}. Texts/s at batch 16: {speed}; {why}"
+    return final.variant, f"{guards}. {examples}/s at batch 16: {speed}; {why}"

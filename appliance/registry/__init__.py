@@ -20,6 +20,7 @@ from typing import Any
 
 from appliance.core import clock, schema
 from appliance.core.errors import RegistryError, VersionNotFound
+from appliance.data.datasets import IMAGE as IMAGE_TASK
 from appliance.store import Store, audit, blobs, events
 from appliance.train import runs
 
@@ -55,12 +56,17 @@ class ModelVersion:
 
     @property
     def servable(self) -> bool:
-        """Whether the server (and `appliance predict`) can run it: its chosen variant is an OpenVINO IR."""
-        return self.variants[self.chosen].format == "openvino-ir"
+        """Whether the server (and `appliance predict`) can run it: a text model whose chosen variant is an OpenVINO
+        IR (image models optimise, but do not serve yet)."""
+        return self.variants[self.chosen].format == "openvino-ir" and self.task != IMAGE_TASK
 
     def serving_variant(self) -> Variant:
         """The chosen variant, if the version is servable."""
         variant = self.variants[self.chosen]
+        if self.task == IMAGE_TASK:
+            raise RegistryError(f"{self.ref} is an image model, which the server cannot run yet",
+                                hint="'appliance optimize' measures its OpenVINO variants on this box; serving image "
+                                     "models is not built yet")
         if not self.servable:
             raise RegistryError(f"{self.ref} is not optimised, so the server cannot run it",
                                 hint=f"'appliance optimize {self.ref}' makes a version that can serve")

@@ -320,7 +320,7 @@ class Runtime:
 
     def _batcher(self, model: str, version: int, servable: inference.Servable) -> Batcher:
         serve = self.settings.serve
-        return Batcher(servable.compiled, servable.tokenizer, max_batch_size=serve.max_batch_size,
+        return Batcher(servable.compiled, servable.reader, max_batch_size=serve.max_batch_size,
                        max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue)
 
     async def _retire(self, old: Route | None, new: Route | None) -> None:
@@ -346,7 +346,7 @@ class Runtime:
         """Decrypt the chosen variant into memory, compile, warm up and check one inference."""
         entry = registry.get(self._store, f"{model}:{version}")
         servable = inference.load_ir(blobs.read(self._store, entry.serving_variant().blob_id))
-        logits = inference.predict(servable.compiled, servable.tokenizer, ["warm up", "a second, longer warm-up text"])
+        logits = inference.predict(servable.compiled, servable.reader, ["warm up", "a second, longer warm-up text"])
         if logits.shape != (2, len(servable.labels)) or not np.isfinite(logits).all():
             raise ModelNotFound(f"{entry.ref} failed its smoke inference (logits {logits.shape})")
         stored = servable.manifest.get("reference")

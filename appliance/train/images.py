@@ -14,12 +14,10 @@ them stays near chance.
 The bundled folder holds the package's weights file instead, checked against its SHA-256 and read
 with torch's weights-only loader, which builds tensors and nothing else.
 
-Preprocessing is the backbone's own input size and normalisation. Training augments as photos need
-(a random crop of 25-100% of the area at an aspect of 3/4 to 4/3, resized to the input; a horizontal
-flip); evaluation takes the centre 87.5% of the shorter side. Orientation from EXIF is applied first,
-and a JPEG much larger than the input is decoded at a reduced scale. Images stay encoded in memory:
-pixels exist only for the batch being trained and the one decoded ahead of it (the engine's
-one_ahead), decoded by a few threads (Pillow releases the GIL while it decodes and resizes).
+Preprocessing is the backbone's own input size and normalisation, read and augmented by
+appliance/pixels.py exactly as the optimiser and the server read images. Images stay encoded in
+memory: pixels exist only for the batch being trained and the one decoded ahead of it (the
+engine's one_ahead).
 
 The new classifier learns at HEAD_LR_FACTOR times the backbone's rate (discriminative rates): it
 settles within the first epoch while the pretrained features move slowly, with no separate
@@ -31,22 +29,21 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import random
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-import numpy as np
+import openvino as ov
 import torch
-from PIL import Image, ImageOps
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from appliance import pixels
 from appliance.core import archive
-from appliance.core.errors import JobError
+from appliance.core.errors import JobError, OptimizeError
 from appliance.data.datasets import LoadedDataset
 from appliance.train.tasks import ModelOutput, manifest
 
@@ -56,10 +53,6 @@ BUNDLED_WEIGHTS = "efficientnet-lite0-57934424.pth"
 BUNDLED_SHA256 = "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db"
 LITE_MEAN, LITE_STD = (127.0 / 255,) * 3, (128.0 / 255,) * 3  # TensorFlow's Lite models take (x - 127) / 128
 HEAD_LR_FACTOR = 10.0
-CROP_AREA, CROP_ASPECT = (0.25, 1.0), (3 / 4, 4 / 3)
-CENTRE = 0.875  # of the shorter side, kept at evaluation
-DECODE_THREADS = 4
-_decoders = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="decode")  # threads start on first use
 
 
 @dataclass(frozen=True)
@@ -170,11 +163,10 @@ class ImageClassification:
         self.label_names = data.label_names
         self.backbone = backbone
         self.image_size = backbone.image_size
+        self.pictures = pixels.Pictures(backbone.image_size, backbone.mean, backbone.std)
         index = {name: i for i, name in enumerate(self.label_names)}
         self.targets = torch.tensor([index[label] for label in data.labels])
         self.images = data.images  # encoded, as imported
-        self._mean = torch.tensor(backbone.mean).view(1, 3, 1, 1) * 255
-        self._std = torch.tensor(backbone.std).view(1, 3, 1, 1) * 255
 
     def build_model(self) -> nn.Module:
         if self.backbone.architecture == SMALL_CNN:
@@ -188,11 +180,9 @@ class ImageClassification:
     def collate(self, indices: Sequence[int], augment_seed: int | None = None) -> dict[str, torch.Tensor]:
         """Pixels of these images, normalised as the backbone expects; augmented, repeatably, where a seed is given
         (training), centred otherwise (evaluation)."""
-        seeds = [None if augment_seed is None else f"{augment_seed}:{n}" for n in range(len(indices))]
-        pixels = list(_decoders.map(lambda i, seed: pixels_of(self.images[i], self.image_size, seed),
-                                         indices, seeds))
-        batch = torch.from_numpy(np.stack(pixels)).permute(0, 3, 1, 2).float()
-        return {"pixel_values": (batch - self._mean) / self._std, "labels": self.targets[list(indices)]}
+        seeds = None if augment_seed is None else [f"{augment_seed}:{n}" for n in range(len(indices))]
+        feeds = self.pictures.feeds([self.images[i] for i in indices], seeds)
+        return {pixels.INPUT: torch.from_numpy(feeds[pixels.INPUT]), "labels": self.targets[list(indices)]}
 
     def bundle(self, model: nn.Module) -> bytes:
         files = {
@@ -204,36 +194,42 @@ class ImageClassification:
         return archive.pack(sorted(files.items()))
 
 
-def pixels_of(image: bytes, size: int, seed: str | None = None) -> np.ndarray:
-    """An image as size x size x 3 bytes: a random crop and flip drawn from seed, or the centre without one."""
-    with Image.open(io.BytesIO(image)) as opened:
-        if opened.format == "JPEG":  # decode at 1/2, 1/4 or 1/8 scale where that still leaves enough pixels
-            opened.draft("RGB", (size * 2, size * 2) if seed is not None else (size, size))
-        upright = ImageOps.exif_transpose(opened).convert("RGB")
-    width, height = upright.size
-    if seed is None:
-        side = min(width, height) * CENTRE
-        box = ((width - side) / 2, (height - side) / 2, (width + side) / 2, (height + side) / 2)
-        return np.asarray(upright.resize((size, size), Image.Resampling.BILINEAR, box=box))
-    rng = random.Random(seed)
-    box = _random_crop(width, height, rng)
-    resized = upright.resize((size, size), Image.Resampling.BILINEAR, box=box)
-    if rng.random() < 0.5:
-        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.asarray(resized)
+
+# -- a trained bundle back in torch, and as OpenVINO converts it -----------------------------
 
 
-def _random_crop(width: int, height: int, rng: random.Random) -> tuple[float, float, float, float]:
-    """A box of CROP_AREA of the image at an aspect in CROP_ASPECT, placed anywhere; the centre square when ten
-    draws do not fit."""
-    area = width * height
-    for _ in range(10):
-        target = area * rng.uniform(*CROP_AREA)
-        aspect = np.exp(rng.uniform(np.log(CROP_ASPECT[0]), np.log(CROP_ASPECT[1])))
-        w, h = (target * aspect) ** 0.5, (target / aspect) ** 0.5
-        if w <= width and h <= height:
-            left, top = rng.uniform(0, width - w), rng.uniform(0, height - h)
-            return left, top, left + w, top + h
-    side = min(width, height)
-    return (width - side) / 2, (height - side) / 2, (width + side) / 2, (height + side) / 2
+def load_image_classifier(files: Mapping[str, bytes]) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild the classifier of an image bundle and read its manifest, from bytes."""
+    manifest = json.loads(files["appliance.json"])
+    architecture = manifest.get("architecture")
+    if architecture not in (*EFFICIENTNET_LITE, SMALL_CNN) or "model.safetensors" not in files:
+        raise OptimizeError(f"the image bundle's architecture {architecture!r} is not one this appliance builds",
+                            hint="train it again with this appliance's version")
+    model = (SmallCNN(len(manifest["labels"])) if architecture == SMALL_CNN
+             else EfficientNetLite(architecture, len(manifest["labels"]), None))
+    model.load_state_dict(load_safetensors(files["model.safetensors"]))
+    return model.eval(), manifest
 
+
+class _Logits(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values).logits
+
+
+def convert_openvino(model: nn.Module, image_size: int) -> ov.Model:
+    """The classifier as an OpenVINO model taking float32 NCHW pixel_values (any batch) and giving "logits"."""
+    example = torch.zeros((2, 3, image_size, image_size))
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the tracer's notes on the static padding's Python arithmetic
+            converted = ov.convert_model(_Logits(model).eval(), example_input=example,
+                                         input=[ov.PartialShape([-1, 3, image_size, image_size])])
+    except Exception as exc:  # the frontend raises many types; all mean the same to an operator
+        raise OptimizeError(f"OpenVINO could not convert the model: {exc}") from exc
+    converted.inputs[0].get_tensor().set_names({pixels.INPUT})
+    converted.outputs[0].get_tensor().set_names({"logits"})
+    return converted

@@ -47,12 +47,12 @@ def run(batcher: batching.Batcher, requests: list[list[str]]) -> list[batching.I
 
 
 def test_a_text_that_will_not_tokenise_fails_its_request_alone(servable: inference.Servable) -> None:
-    spy = Spy(servable.tokenizer)
+    spy = Spy(servable.reader)
     batcher = batching.Batcher(servable.compiled, spy, max_batch_size=32, max_delay_ms=50)
     requests = [[f"{word} help" for word in WORDS[:3]], ["refund please", "poison"], ["where is my parcel"],
                 ["my login crashed", "broken"], [f"{word} again" for word in WORDS[3:]]]
     answers = run(batcher, requests)
-    expected = inference.predict(servable.compiled, servable.tokenizer, [t for r in requests for t in r])
+    expected = inference.predict(servable.compiled, servable.reader, [t for r in requests for t in r])
     assert type(answers[1]) is BadRequest  # the caller's fault: 400
     assert answers[1].message == "instance 1 cannot be tokenised"  # its index, never its text
     assert type(answers[3]) is ServeError  # the model's failure, not the caller's: 503
@@ -64,12 +64,12 @@ def test_a_text_that_will_not_tokenise_fails_its_request_alone(servable: inferen
 
 
 def test_a_long_text_is_cut_to_what_the_model_sees_before_tokenising(servable: inference.Servable) -> None:
-    window = servable.tokenizer.truncation["max_length"]
+    window = servable.reader.truncation["max_length"]
     rng = np.random.default_rng(3)
     words = [WORDS[i] for i in rng.integers(0, len(WORDS), size=400_000)]
     huge = " ".join(words)  # about 2.5 MB: whole, it takes the tokenizer seconds
     short = " ".join(words[:window])
-    spy = Spy(servable.tokenizer)
+    spy = Spy(servable.reader)
     batcher = batching.Batcher(servable.compiled, spy, max_batch_size=32, max_delay_ms=0)
     huge_answer, short_answer = run(batcher, [[huge], [short]])
     np.testing.assert_allclose(huge_answer.logits, short_answer.logits, atol=1e-5)  # the model saw the same tokens
@@ -83,7 +83,7 @@ def test_a_long_text_is_cut_to_what_the_model_sees_before_tokenising(servable: i
                 max_size=300))
 def test_the_cut_never_changes_the_encoding(servable: inference.Servable, pieces: list[str]) -> None:
     """Whitespace runs, words over WordPiece's length, marks, CJK, control characters: the tokens stay."""
-    tokenizer = servable.tokenizer
+    tokenizer = servable.reader
     text = "".join(pieces)
     cut = batching.cut_tail(text, batching.tail_cut(tokenizer))
     assert text.startswith(cut) and tokenizer.encode(cut).ids == tokenizer.encode(text).ids

@@ -17,11 +17,11 @@ def test_concurrent_requests_share_inferences_and_get_their_own_answers(
     servable: inference.Servable, trained: Trained
 ) -> None:
     texts = trained.data.texts[:60] + ["parcel", "refund " * 60]
-    expected = inference.predict(servable.compiled, servable.tokenizer, texts)
+    expected = inference.predict(servable.compiled, servable.reader, texts)
     batches: list[batching.Batch] = []
 
     async def scenario() -> list[batching.Inferred]:
-        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=20,
+        batcher = batching.Batcher(servable.compiled, servable.reader, max_batch_size=16, max_delay_ms=20,
                                    on_batch=batches.append)
         batcher.start()
         requests = [texts[i : i + 3] for i in range(0, len(texts), 3)]
@@ -41,11 +41,11 @@ def test_a_lone_request_on_an_idle_model_is_inferred_inline_and_a_crowd_still_sh
     servable: inference.Servable, trained: Trained
 ) -> None:
     texts = trained.data.texts[:40]
-    expected = inference.predict(servable.compiled, servable.tokenizer, texts)
+    expected = inference.predict(servable.compiled, servable.reader, texts)
     batches: list[batching.Batch] = []
 
     async def scenario() -> tuple[list[batching.Inferred], list[batching.Inferred]]:
-        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=5,
+        batcher = batching.Batcher(servable.compiled, servable.reader, max_batch_size=16, max_delay_ms=5,
                                    on_batch=batches.append)
         batcher.start()
         one_by_one = [await batcher.infer([text], inline=True) for text in texts[:5]]
@@ -70,7 +70,7 @@ def test_a_batch_is_cut_only_where_long_texts_would_pad_short_ones() -> None:
 
 def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: inference.Servable) -> None:
     async def scenario() -> None:
-        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=4, max_delay_ms=50,
+        batcher = batching.Batcher(servable.compiled, servable.reader, max_batch_size=4, max_delay_ms=50,
                                    max_queue=5)
         batcher.start()
         accepted = asyncio.ensure_future(batcher.infer(["one", "two", "three", "four"]))
@@ -88,7 +88,7 @@ def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: inferen
     batches: list[batching.Batch] = []
 
     async def scenario() -> list[batching.Inferred]:
-        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=0,
+        batcher = batching.Batcher(servable.compiled, servable.reader, max_batch_size=16, max_delay_ms=0,
                                    on_batch=batches.append)
         batcher.start()
         requests = []
@@ -110,7 +110,7 @@ def test_a_lone_request_does_not_wait_for_company(servable: inference.Servable) 
     """The delay is for gathering texts while the model is busy; an idle model starts a lone text at once."""
 
     async def scenario() -> batching.Inferred:
-        batcher = batching.Batcher(servable.compiled, servable.tokenizer, max_batch_size=16, max_delay_ms=30_000)
+        batcher = batching.Batcher(servable.compiled, servable.reader, max_batch_size=16, max_delay_ms=30_000)
         batcher.start()
         answer = await asyncio.wait_for(batcher.infer(["where is my parcel"]), timeout=15)
         await batcher.close()
@@ -136,7 +136,7 @@ def test_a_quiet_model_hands_back_its_buffers_and_goes_on_answering(
             servable.compiled.release_memory()
 
     async def scenario() -> list[batching.Inferred]:
-        batcher = batching.Batcher(servable.compiled, servable.tokenizer)
+        batcher = batching.Batcher(servable.compiled, servable.reader)
         batcher.start()
         answers = [await batcher.infer(["where is my parcel"] * 8)]
         await asyncio.sleep(0.5)  # quiet: released, for real
@@ -157,11 +157,11 @@ def test_batches_come_in_few_shapes_so_the_models_memory_stays_bounded(servable:
     the model's max_length, and a padded batch answers as its texts do alone."""
     max_length = servable.manifest["max_length"]
     texts = [" ".join(["parcel"] * words) for words in range(1, 3 * max_length)]
-    widths = {len(servable.tokenizer.encode(text).ids) for text in texts}
+    widths = {len(servable.reader.encode(text).ids) for text in texts}
     assert all(width % inference.PAD_MULTIPLE == 0 or width == max_length for width in widths)
     assert len(widths) <= max_length // inference.PAD_MULTIPLE + 1
-    alone = np.concatenate([inference.predict(servable.compiled, servable.tokenizer, [text]) for text in texts[:5]])
-    together = inference.predict(servable.compiled, servable.tokenizer, texts[:5])
+    alone = np.concatenate([inference.predict(servable.compiled, servable.reader, [text]) for text in texts[:5]])
+    together = inference.predict(servable.compiled, servable.reader, texts[:5])
     np.testing.assert_allclose(together, alone, atol=1e-4)
 
 
@@ -170,7 +170,7 @@ def test_an_answer_says_which_texts_the_model_saw_only_the_beginning_of(servable
     texts = ["where is my parcel", "word " * (window - 2), "word " * (window - 1), "refund " * 5000]
 
     async def scenario() -> batching.Inferred:
-        batcher = batching.Batcher(servable.compiled, servable.tokenizer)
+        batcher = batching.Batcher(servable.compiled, servable.reader)
         batcher.start()
         answer = await batcher.infer(texts)
         await batcher.close()

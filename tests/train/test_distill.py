@@ -61,8 +61,8 @@ def test_the_student_bundle_loads_and_optimises_like_a_trained_one(
                                 ram_total_bytes=2**33, ram_available_bytes=2**32, gpus=(), openvino_devices=(), notes=())
     outcome = optimize.optimize(
         student.bundle,
-        calibration_texts=[data.texts[i] for i in data.train],
-        texts=[data.texts[i] for i in data.validation],
+        calibration=[data.texts[i] for i in data.train],
+        examples=[data.texts[i] for i in data.validation],
         labels=[data.labels[i] for i in data.validation],
         hardware=machine,
         max_accuracy_drop=-1.0,  # impossible, so every INT8 variant is built and scored

@@ -83,7 +83,7 @@ def test_a_fast_model_is_optimised_guarded_and_distilled_like_any_other(
     assert {"fp32", "int8", "student-fp32"} <= set(version.variants)
     assert version.variants["fp32"].metrics["accuracy"] == pytest.approx(result.metrics["accuracy"], abs=0.05)
     servable = inference.load_ir(blobs.read(opened, version.variants[version.chosen].blob_id))
-    logits = inference.predict(servable.compiled, servable.tokenizer, ["refund for my invoice", "courier lost parcel"])
+    logits = inference.predict(servable.compiled, servable.reader, ["refund for my invoice", "courier lost parcel"])
     assert logits.shape == (2, 3)
     student = json.loads(archive.unpack(blobs.read(opened, version.variants["student-fp32"].blob_id))["appliance.json"])
     assert student["labels"] == ["billing", "shipping", "technical"]

@@ -1,0 +1,83 @@
+"""Images in, pixels out: how an image model sees a photo, the same in training, optimisation and serving.
+
+numpy and Pillow only, so the inference kernel can read images without torch. Orientation from
+EXIF is applied first (a phone stores a portrait photo sideways), and a JPEG much larger than
+the model's input is decoded at 1/2, 1/4 or 1/8 scale (Image.draft). Evaluation and serving
+take the centre CENTRE of the shorter side; training draws a random crop of CROP_AREA of the
+image at an aspect in CROP_ASPECT and a horizontal flip, from a seed, so a resumed epoch sees
+what the uninterrupted one did. A batch's images are decoded by DECODE_THREADS threads (Pillow
+releases the GIL while it decodes and resizes).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps
+
+CROP_AREA, CROP_ASPECT = (0.25, 1.0), (3 / 4, 4 / 3)
+CENTRE = 0.875
+DECODE_THREADS = 4
+INPUT = "pixel_values"  # the one input of an image model's graph
+_decoders = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="decode")  # threads start on first use
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """An image model's input: its size (a square side) and the per-channel mean and std of pixels in 0..1."""
+
+    size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def of(cls, manifest: Mapping[str, Any]) -> Pictures:
+        """What a model's manifest (appliance.json) says it takes."""
+        return cls(int(manifest["image_size"]), tuple(manifest["mean"]), tuple(manifest["std"]))
+
+    def feeds(self, images: Sequence[bytes], seeds: Sequence[str | None] | None = None) -> dict[str, np.ndarray]:
+        """The model's float32 NCHW input for encoded images: each augmented from its seed, or centred."""
+        drawn = seeds if seeds is not None else [None] * len(images)
+        decoded = np.stack(list(_decoders.map(lambda image, seed: read(image, self.size, seed), images, drawn)))
+        scale = 255 * np.asarray(self.std, dtype=np.float32)
+        normalised = (decoded.astype(np.float32) - 255 * np.asarray(self.mean, dtype=np.float32)) / scale
+        return {INPUT: np.ascontiguousarray(normalised.transpose(0, 3, 1, 2))}
+
+
+def read(image: bytes, size: int, seed: str | None = None) -> np.ndarray:
+    """An image as size x size x 3 bytes: a random crop and flip drawn from seed, or the centre without one."""
+    with Image.open(io.BytesIO(image)) as opened:
+        if opened.format == "JPEG":  # decode at 1/2, 1/4 or 1/8 scale where that still leaves enough pixels
+            opened.draft("RGB", (size * 2, size * 2) if seed is not None else (size, size))
+        upright = ImageOps.exif_transpose(opened).convert("RGB")
+    width, height = upright.size
+    if seed is None:
+        side = min(width, height) * CENTRE
+        box = ((width - side) / 2, (height - side) / 2, (width + side) / 2, (height + side) / 2)
+        return np.asarray(upright.resize((size, size), Image.Resampling.BILINEAR, box=box))
+    rng = random.Random(seed)
+    resized = upright.resize((size, size), Image.Resampling.BILINEAR, box=_random_crop(width, height, rng))
+    if rng.random() < 0.5:
+        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(resized)
+
+
+def _random_crop(width: int, height: int, rng: random.Random) -> tuple[float, float, float, float]:
+    """A box of CROP_AREA of the image at an aspect in CROP_ASPECT, placed anywhere; the centre square when ten
+    draws do not fit."""
+    for _ in range(10):
+        area = width * height * rng.uniform(*CROP_AREA)
+        aspect = math.exp(rng.uniform(math.log(CROP_ASPECT[0]), math.log(CROP_ASPECT[1])))
+        w, h = math.sqrt(area * aspect), math.sqrt(area / aspect)
+        if w <= width and h <= height:
+            left, top = rng.uniform(0, width - w), rng.uniform(0, height - h)
+            return left, top, left + w, top + h
+    side = min(width, height)
+    return (width - side) / 2, (height - side) / 2, (width + side) / 2, (height + side) / 2
