@@ -20,12 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from appliance.core.errors import BadRequest, PayloadTooLarge
 
 CROP_AREA, CROP_ASPECT = (0.25, 1.0), (3 / 4, 4 / 3)
 CENTRE = 0.875
 DECODE_THREADS = 4
 INPUT = "pixel_values"  # the one input of an image model's graph
+MAX_IMAGE_BYTES = 20 * 2**20  # an image file's size, in a dataset or a request
+MAX_PIXELS = 50_000_000  # a 50-megapixel photo: 150 MB decoded, so a small file cannot claim gigabytes
 _decoders = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="decode")  # threads start on first use
 
 
@@ -49,6 +53,34 @@ class Pictures:
         scale = 255 * np.asarray(self.std, dtype=np.float32)
         normalised = (decoded.astype(np.float32) - 255 * np.asarray(self.mean, dtype=np.float32)) / scale
         return {INPUT: np.ascontiguousarray(normalised.transpose(0, 3, 1, 2))}
+
+
+def checked(content: bytes, where: str) -> bytes:
+    """An image a caller sent, refused when it is over MAX_IMAGE_BYTES or Pillow cannot decode it."""
+    if len(content) > MAX_IMAGE_BYTES:
+        raise PayloadTooLarge(f"{where} is over the {MAX_IMAGE_BYTES // 2**20} MiB limit for an image",
+                              hint="send it smaller: the model sees it at a few hundred pixels a side")
+    if (why := problem(content)) is not None:
+        raise BadRequest(f"{where} is not a readable image ({why})",
+                         hint="send a JPEG, PNG, WebP, BMP or TIFF file as it was saved")
+    return content
+
+
+def problem(content: bytes) -> str | None:
+    """Why an image cannot be used: Pillow cannot decode it, or it claims more than MAX_PIXELS (a decompression bomb,
+    refused from its header before a pixel is decoded); None when it can be used."""
+    try:
+        with Image.open(io.BytesIO(content)) as image:
+            if image.width * image.height > MAX_PIXELS:
+                return f"{image.width}x{image.height} pixels, over the limit of {MAX_PIXELS // 10**6} megapixels"
+            image.verify()  # checks structure and checksums
+        with Image.open(io.BytesIO(content)) as image:
+            image.load()  # decodes every pixel: catches a truncated file that verify() lets through
+    except UnidentifiedImageError:
+        return "not a format Pillow knows"
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        return str(exc).split(" <")[0] or type(exc).__name__  # no object reprs
+    return None
 
 
 def read(image: bytes, size: int, seed: str | None = None) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 import click
 
@@ -73,25 +74,39 @@ def rollback(model: str) -> None:
 
 @cli.command("predict")
 @click.argument("ref", metavar="MODEL[:VERSION]")
-@click.argument("texts", nargs=-1, required=True)
+@click.argument("examples", metavar="TEXT_OR_IMAGE...", nargs=-1, required=True)
 @json_option
-def predict(ref: str, texts: tuple[str, ...], as_json: bool) -> None:
-    """Classify texts with a version's serving variant, in this process: a quick check, no server needed."""
+def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
+    """Classify texts, or image files for an image model, with a version's chosen variant, in this process: a quick
+    check, no server needed."""
     import numpy as np
 
-    from appliance import inference
+    from appliance import inference, pixels
     from appliance.serve import drift
     from appliance.store import blobs
 
     with opened_store() as opened:
         version = registry.get(opened, ref)
-        servable = inference.load_ir(blobs.read(opened, version.serving_variant().blob_id))
-    probabilities = drift.softmax(inference.predict(servable.compiled, servable.reader, list(texts)))
-    rows = [{"text": text, "label": servable.labels[int(np.argmax(row))],
+        servable = inference.load_ir(blobs.read(opened, version.runnable_variant().blob_id))
+    images = isinstance(servable.reader, pixels.Pictures)
+    inputs = [pixels.checked(_read_image(Path(name)), name) for name in examples] if images else list(examples)
+    probabilities = drift.softmax(inference.predict(servable.compiled, servable.reader, inputs))
+    rows = [{"image" if images else "text": example, "label": servable.labels[int(np.argmax(row))],
              "scores": {label: round(float(p), 4) for label, p in zip(servable.labels, row)}}
-            for text, row in zip(texts, probabilities)]
+            for example, row in zip(examples, probabilities)]
     if as_json:
         print_json({"model": version.ref, "variant": version.chosen, "predictions": rows})
         return
     for row in rows:
-        click.echo(f"{row['label']:<16} {max(row['scores'].values()):.3f}  {row['text'][:60]}")
+        click.echo(f"{row['label']:<16} {max(row['scores'].values()):.3f}  {(row.get('text') or row['image'])[:60]}")
+
+
+def _read_image(path: Path) -> bytes:
+    """An image file the user named, read up to one byte past the limit an image has (pixels.checked refuses it)."""
+    from appliance import pixels
+
+    try:
+        with path.open("rb") as file:
+            return file.read(pixels.MAX_IMAGE_BYTES + 1)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="IMAGE") from None

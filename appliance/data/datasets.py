@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from PIL import Image, UnidentifiedImageError
-
+from appliance import pixels
 from appliance.core import archive, clock, schema
 from appliance.core.errors import ConfinementError, DatasetError, DatasetNotFound
 from appliance.core.text import counted
@@ -44,7 +43,7 @@ TEXT = "text-classification"
 IMAGE = "image-classification"
 TASKS = (TEXT, IMAGE)
 TEXT_SUFFIXES = (".csv", ".jsonl", ".ndjson")
-MAX_IMAGE_BYTES = 20 * 2**20
+MAX_IMAGE_BYTES = pixels.MAX_IMAGE_BYTES
 MAX_SHOWN = 20  # problems (and dropped lines) listed one by one; the rest are counted
 PROGRESS_STEP = 256 * 1024  # bytes read between two progress reports on a text file
 ID_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")
@@ -571,7 +570,7 @@ def _read_images(source: sources.Source, collector: _Collector, progress: Progre
             collector.problem(f"{where}: {image.size / 2**20:.1f} MiB, over the {MAX_IMAGE_BYTES // 2**20} MiB limit")
         else:
             content = image.read()
-            unreadable = _image_problem(content)
+            unreadable = pixels.problem(content)
             if unreadable:
                 collector.problem(f"{where}: not a readable image ({unreadable})")
             else:
@@ -586,20 +585,6 @@ def _read_images(source: sources.Source, collector: _Collector, progress: Progre
         )
     if stray:
         collector.warnings.append(f"ignored {counted(len(stray), 'file')} outside class folders: {_listing(stray)}")
-
-
-def _image_problem(content: bytes) -> str | None:
-    """Why Pillow cannot decode the image, or None when it can."""
-    try:
-        with Image.open(io.BytesIO(content)) as image:
-            image.verify()  # checks structure and checksums
-        with Image.open(io.BytesIO(content)) as image:
-            image.load()  # decodes every pixel: catches a truncated file that verify() lets through
-    except UnidentifiedImageError:
-        return "not a format Pillow knows"
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        return str(exc).split(" <")[0] or type(exc).__name__  # no object reprs
-    return None
 
 
 # -- canonical form and split ------------------------------------------------------

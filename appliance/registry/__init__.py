@@ -60,17 +60,20 @@ class ModelVersion:
         IR (image models optimise, but do not serve yet)."""
         return self.variants[self.chosen].format == "openvino-ir" and self.task != IMAGE_TASK
 
-    def serving_variant(self) -> Variant:
-        """The chosen variant, if the version is servable."""
+    def runnable_variant(self) -> Variant:
+        """The chosen variant, if it is an OpenVINO IR (what `appliance predict` runs in its own process)."""
         variant = self.variants[self.chosen]
-        if self.task == IMAGE_TASK:
-            raise RegistryError(f"{self.ref} is an image model, which the server cannot run yet",
-                                hint="'appliance optimize' measures its OpenVINO variants on this box; serving image "
-                                     "models is not built yet")
-        if not self.servable:
+        if variant.format != "openvino-ir":
             raise RegistryError(f"{self.ref} is not optimised, so the server cannot run it",
                                 hint=f"'appliance optimize {self.ref}' makes a version that can serve")
         return variant
+
+    def serving_variant(self) -> Variant:
+        """The chosen variant, if the version is servable."""
+        if self.task == IMAGE_TASK:
+            raise RegistryError(f"{self.ref} is an image model, which the server cannot run yet",
+                                hint=f"'appliance predict {self.ref} IMAGE...' runs it in its own process")
+        return self.runnable_variant()
 
     def summary(self) -> dict[str, Any]:
         """The version as JSON (`models list --json`, the control API), with whether it can serve."""

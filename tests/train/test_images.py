@@ -16,7 +16,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from appliance import inference, pixels, registry
 from appliance.core.config import Settings, bundled_image_base_model
-from appliance.core.errors import JobError, RegistryError
+from appliance.core.errors import BadRequest, JobError, PayloadTooLarge, RegistryError
 from appliance.data import datasets
 from appliance.operations import pipeline
 from appliance.store import Store, blobs
@@ -82,6 +82,24 @@ def test_the_pretrained_backbone_learns_shapes_from_a_few_photos_where_a_cnn_fro
     assert scratch.metrics["accuracy"] < pretrained.metrics["accuracy"]
 
 
+def test_a_stopped_image_run_resumes_to_what_an_uninterrupted_one_learns(opened: Store, shapes: str,
+                                                                          tmp_path: Path) -> None:
+    """Each batch's augmentation is drawn from (seed, epoch, batch), so after a resume the batches are the ones the
+    uninterrupted run saw, crops and flips included (a small CNN, for speed: the engine does not tell them apart)."""
+    (tmp_path / "cnn").mkdir()
+    (tmp_path / "cnn" / "backbone.json").write_text('{"architecture": "small-cnn", "image_size": 48}')
+    params = TrainParams(epochs=3, batch_size=8, learning_rate=3e-3, seed=2, checkpoint_every=2)
+    straight = engine.start(opened, dataset=shapes, base_dir=tmp_path / "cnn", params=params)
+    steps = iter(range(1000))
+    stopped = engine.start(opened, dataset=shapes, base_dir=tmp_path / "cnn", params=params,
+                           should_stop=lambda: next(steps) == 6)
+    assert stopped.status == "interrupted" and stopped.steps == 7
+    resumed = engine.resume(opened, stopped.run_id)
+    assert resumed.status == "finished" and resumed.steps == straight.steps
+    for name, value in straight.metrics.items():
+        assert resumed.metrics[name] == pytest.approx(value, abs=1e-5), name
+
+
 def test_a_training_batch_is_augmented_repeatably_and_an_evaluation_batch_is_the_centre(
         opened: Store, shapes: str, settings: Settings) -> None:
     data = datasets.load(opened, datasets.get(opened, shapes))
@@ -132,7 +150,7 @@ def test_a_base_that_is_no_backbone_or_a_changed_bundled_file_is_refused_saying_
         images.Backbone.load(changed)
 
 
-def test_an_image_folder_trains_from_the_command_line_on_the_bundled_backbone(tmp_path: Path) -> None:
+def test_an_image_folder_trains_optimises_and_predicts_from_the_command_line(tmp_path: Path) -> None:
     run_cli("keys", "init", check=True)
     write_shapes(tmp_path / "shapes", per_class=6)
     run_cli("data", "import", str(tmp_path / "shapes"), "--name", "shapes", "--task", "image-classification",
@@ -140,6 +158,21 @@ def test_an_image_folder_trains_from_the_command_line_on_the_bundled_backbone(tm
     trained = run_cli("train", "--data", "shapes", "--epochs", "1", "--batch-size", "8", check=True)
     assert "image backbone efficientnet-lite0 (pretrained) at 224x224" in trained.stderr
     assert "registered as shapes:1" in trained.stdout, trained.stdout
+    optimised = run_cli("optimize", "shapes:1", "--calibration-size", "12", check=True)
+    assert "Images/s at batch 16" in optimised.stdout
+
+    photos = [str(tmp_path / "shapes" / label / "0.jpg") for label in ("circle", "square")]
+    predicted = run_cli("predict", "shapes:2", *photos, "--json", check=True)
+    rows = json.loads(predicted.stdout)["predictions"]
+    assert [row["image"] for row in rows] == photos
+    assert all(row["label"] in ("circle", "square", "triangle") and len(row["scores"]) == 3 for row in rows)
+
+    (tmp_path / "notes.jpg").write_text("not a photo")
+    refused = run_cli("predict", "shapes:2", str(tmp_path / "notes.jpg"))
+    assert refused.returncode == 1 and "notes.jpg is not a readable image" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    deploy = run_cli("deploy", "shapes:2")
+    assert deploy.returncode == 1 and "is an image model, which the server cannot run yet" in deploy.stderr
 
 
 def test_an_image_model_is_optimised_to_openvino_and_int8_under_the_guard_but_not_served_yet(
@@ -170,3 +203,21 @@ def test_an_image_model_is_optimised_to_openvino_and_int8_under_the_guard_but_no
         registry.deploy(opened, optimised.ref)
     with pytest.raises(RegistryError, match="distillation takes the first layers of a text encoder"):
         pipeline.optimize_version(opened, optimised.ref, pipeline.OptimizeOptions(distill_layers=2))
+
+
+def test_an_image_too_large_unreadable_or_a_decompression_bomb_is_refused_before_it_is_decoded() -> None:
+    bomb = io.BytesIO()
+    Image.new("1", (10_000, 6_000)).save(bomb, "PNG")  # 60 megapixels of nothing: a few kilobytes on disk
+    assert len(bomb.getvalue()) < 100_000
+    with pytest.raises(BadRequest, match="upload.png is not a readable image \\(10000x6000 pixels, over the limit"):
+        pixels.checked(bomb.getvalue(), "upload.png")
+    with pytest.raises(PayloadTooLarge, match="over the 20 MiB limit for an image"):
+        pixels.checked(b"\xff\xd8" + bytes(pixels.MAX_IMAGE_BYTES), "huge.jpg")
+    with pytest.raises(BadRequest, match="notes.txt is not a readable image \\(not a format Pillow knows\\)"):
+        pixels.checked(b"just some text", "notes.txt")
+    photo = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 10, 10)).save(photo, "JPEG")
+    truncated = photo.getvalue()[: len(photo.getvalue()) // 2]
+    with pytest.raises(BadRequest, match="cut.jpg is not a readable image"):
+        pixels.checked(truncated, "cut.jpg")
+    assert pixels.checked(photo.getvalue(), "photo.jpg") == photo.getvalue()
