@@ -28,6 +28,8 @@ from appliance.core.errors import ArtifactError, OptimizeError
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what load_tokenizer reads
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 PAD_MULTIPLE = 8  # batches are padded to a length in these steps (see load_tokenizer)
+COMPARE_ROUNDS, COMPARE_SECONDS = 5, 0.1  # interleaved rounds of compare(), and each one's time per batch size
+COMPARE_EXAMPLES = 64  # the examples compare() times on: enough for every length, few enough that a round is short
 Runner = Any  # an openvino.CompiledModel, an onnxruntime.InferenceSession or a train.bundle.TorchRunner
 Reader = tokenizers.Tokenizer | pixels.Pictures  # a text model's examples to feeds, or an image model's
 IMAGE_TASK = "image-classification"
@@ -211,3 +213,36 @@ def speed(
         if batch_size == 1:
             result["latency_ms_p50"] = float(np.median([t for t, _ in timings]) * 1000)
     return result
+
+
+def compare(
+    runners: Mapping[str, tuple[Runner, Reader]],
+    examples: Sequence[Any],
+    *,
+    rounds: int = COMPARE_ROUNDS,
+    seconds: float = COMPARE_SECONDS,
+) -> dict[str, dict[str, float]]:
+    """speed() of several runners, in interleaved rounds (the order turning each round) on the same examples, so a
+    slow spell of the machine falls on every runner alike. Per runner, each figure is the median of its rounds, and
+    `<figure>_spread` how far the rounds strayed from it: the largest relative distance (0.05: all within 5%). A
+    difference between two runners smaller than their spreads added is noise, not evidence."""
+    sample = list(examples[:COMPARE_EXAMPLES])
+    bound = {name: (bind(runner), reader) for name, (runner, reader) in runners.items()}
+    order = list(runners)
+    measured: dict[str, list[dict[str, float]]] = {name: [] for name in order}
+    for index in range(rounds):
+        turn = index % len(order)
+        for name in order[turn:] + order[:turn]:
+            (names, infer), reader = bound[name]
+            measured[name].append(speed(infer, names, reader, sample, min_seconds=seconds))
+    return {name: _median_and_spread(rows) for name, rows in measured.items()}
+
+
+def _median_and_spread(rows: list[dict[str, float]]) -> dict[str, float]:
+    summary = {}
+    for key in rows[0]:
+        values = np.asarray([row[key] for row in rows])
+        middle = float(np.median(values))
+        summary[key] = middle
+        summary[f"{key}_spread"] = float(np.abs(values - middle).max() / middle) if middle else 0.0
+    return summary

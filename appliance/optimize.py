@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import tempfile
 import time
@@ -183,6 +184,29 @@ def guard(
     against = f"against fp32 {fp32[metric]:.3f}: more than the allowed {max_accuracy_drop:g} points"
     reason = f"fp32 kept: {metric} {'; '.join(tried)} {against}" if tried else "fp32 kept: no INT8 variant was scored"
     return Decision(FP32, scores, reason)
+
+
+def faster(candidate: Mapping[str, float], baseline: Mapping[str, float]) -> bool:
+    """Whether a variant is faster than another beyond the noise of both measurements (inference.compare's spreads):
+    quicker at batch 1 (p50 latency) or at batch 16 (throughput) by more than the two spreads added, and slower at
+    neither by as much. A model serves one client at a time for much of a day and a crowd for the rest, so a variant
+    that wins one and loses the other is not faster."""
+    verdicts = [_beyond_noise(baseline["latency_ms_p50"] / candidate["latency_ms_p50"] - 1,
+                              candidate, baseline, "latency_ms_p50"),
+                _beyond_noise(candidate["throughput_b16"] / baseline["throughput_b16"] - 1,
+                              candidate, baseline, "throughput_b16")]
+    return 1 in verdicts and -1 not in verdicts
+
+
+def speedup(candidate: Mapping[str, float], baseline: Mapping[str, float]) -> float:
+    """How much faster, both ways of serving weighed alike: the geometric mean of the batch-1 and batch-16 gains."""
+    return math.sqrt(baseline["latency_ms_p50"] / candidate["latency_ms_p50"]
+                     * candidate["throughput_b16"] / baseline["throughput_b16"])
+
+
+def _beyond_noise(gain: float, candidate: Mapping[str, float], baseline: Mapping[str, float], key: str) -> int:
+    noise = candidate.get(f"{key}_spread", 0.0) + baseline.get(f"{key}_spread", 0.0)
+    return 1 if gain > noise else -1 if gain < -noise else 0
 
 
 # -- the whole step ------------------------------------------------------------------------

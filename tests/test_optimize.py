@@ -233,6 +233,23 @@ def test_the_guard_can_judge_on_macro_f1() -> None:
     assert optimize.guard(scores(0.905, macro_f1=0.80), candidates, metric="macro_f1").variant == "fp32"
 
 
+def speed(p50_ms: float, b16: float, spread: float = 0.05) -> dict[str, float]:
+    return {"latency_ms_p50": p50_ms, "latency_ms_p50_spread": spread, "throughput_b16": b16,
+            "throughput_b16_spread": spread}
+
+
+def test_a_variant_is_faster_only_beyond_the_spread_of_both_measurements_and_slower_at_neither_batch_size() -> None:
+    fp32 = speed(8.2, 101.0)
+    # 108 against 101 texts/s is within the noise of two runs that each strayed 5%; and twice as slow for one client
+    assert not optimize.faster(speed(15.2, 108.0), fp32)
+    assert not optimize.faster(speed(8.0, 108.0), fp32)  # no difference beyond the spreads either way
+    assert optimize.faster(speed(4.1, 186.0), fp32)  # clearly quicker both ways
+    assert optimize.faster(speed(8.0, 139.0), fp32)  # quicker in a crowd, the same for one client
+    assert not optimize.faster(speed(4.0, 60.0), fp32)  # quicker for one client, slower in a crowd
+    assert optimize.faster(speed(8.0, 108.0, spread=0.01), speed(8.2, 101.0, spread=0.01))  # steady figures tell
+    assert optimize.speedup(speed(4.1, 202.0), fp32) == pytest.approx(2.0, rel=0.01)
+
+
 # -- the whole step ---------------------------------------------------------------------------
 
 

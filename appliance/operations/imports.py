@@ -105,12 +105,13 @@ def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str,
         report(2, 4, f"measure it on {data.ref}")
         scores = measure(candidate, held)
         fp32 = pipeline.servable_ir(candidate.fp32, candidate.files, pipeline.FP32, held, scores)
+        speed = inference.compare({pipeline.FP32: (fp32.servable.compiled, fp32.servable.reader)}, held.examples)
     except (RegistryError, DatasetError, ConfinementError, ArtifactError):
         with lend() as store, audit.operation(store, ACTION, name, actor=actor, **details):
             raise  # operation() writes the "failed" record
     report(3, 4, "store it encrypted")
     with lend() as store, audit.operation(store, ACTION, name, actor=actor, **details) as recorded:
-        variants = [fp32.stored(store)]
+        variants = [fp32.stored(store, speed[pipeline.FP32])]
         torch_blob = None if candidate.torch_bundle is None else blobs.put(store, candidate.torch_bundle)
         if torch_blob is not None:
             variants.append(registry.Variant(pipeline.TORCH, "torch-bundle", torch_blob,

@@ -22,7 +22,7 @@ from appliance.store import Store, blobs
 from appliance.train import runs
 
 if TYPE_CHECKING:
-    from appliance.inference import Artifact, Reader
+    from appliance.inference import Artifact, Reader, Servable
     from appliance.optimize import Outcome
 
 TORCH = "torch"  # the training bundle: safetensors + config + tokenizer, the source of every other variant
@@ -80,22 +80,22 @@ def held_out(store: Store, dataset_id: str, calibration_size: int = 300, seed: i
 
 @dataclass(frozen=True)
 class ServableIr:
-    """An IR packed as the server loads it (tokenizer, labels, drift reference), with its scores and its speed on
-    this box, ready to store as a variant."""
+    """An IR packed as the server loads it (tokenizer, labels, drift reference), compiled as the server compiles it,
+    with its scores (and, once measured beside the others, its speed) on this box, ready to store as a variant."""
 
     name: str
     packed: bytes
     metrics: dict[str, float]
+    servable: Servable
 
-    def stored(self, store: Store) -> registry.Variant:
+    def stored(self, store: Store, speed: dict[str, float]) -> registry.Variant:
         return registry.Variant(self.name, "openvino-ir", blobs.put(store, self.packed), len(self.packed),
-                                self.metrics)
+                                self.metrics | speed)
 
 
 def servable_ir(artifact: Artifact, files: dict[str, bytes], name: str, held: HeldOut,
                 scores: dict[str, float]) -> ServableIr:
-    """Pack an IR with its drift reference (from held's calibration sample and validation confidence) and measure
-    its speed beside its scores."""
+    """Pack an IR with its drift reference (from held's calibration sample and validation confidence)."""
     from appliance import inference, pixels
     from appliance.serve import drift
 
@@ -106,9 +106,7 @@ def servable_ir(artifact: Artifact, files: dict[str, bytes], name: str, held: He
                                     [servable.labels.index(label) for label in held.calibration_labels],
                                     drift.softmax(inference.predict(servable.compiled, servable.reader,
                                                                     held.examples))).to_json()
-    names, infer = inference.bind(servable.compiled)
-    speed = inference.speed(infer, names, servable.reader, held.examples, min_seconds=0.5)
-    return ServableIr(name, inference.pack_ir(artifact, files, name, reference), scores | speed)
+    return ServableIr(name, inference.pack_ir(artifact, files, name, reference), scores, servable)
 
 
 def optimize_version(
@@ -125,7 +123,7 @@ def optimize_version(
     Calibration uses a sample of the training split and every score the validation split,
     so the guard judges on texts the quantiser never saw.
     """
-    from appliance import optimize  # openvino, nncf and torch load only for this step
+    from appliance import inference, optimize  # openvino, nncf and torch load only for this step
 
     report = progress or (lambda done, total, label: None)
     source = registry.get(store, ref)
@@ -165,16 +163,14 @@ def optimize_version(
         step(2, "export and quantise the student")
         outcomes[STUDENT] = optimise(starts[STUDENT])
     step(steps - 2, "measure speed on this box")
+    built = [servable_ir(artifact, starts[prefix].files, prefix + own_name, held, outcome.decision.scores[own_name])
+             for prefix, outcome in outcomes.items() for own_name, artifact in outcome.artifacts.items()]
+    speeds = inference.compare({ir.name: (ir.servable.compiled, ir.servable.reader) for ir in built}, held.examples)
+    for speed in speeds.values():
+        speed["speedup_b16"] = speed["throughput_b16"] / speeds[FP32]["throughput_b16"]
     variants = [variant for name, variant in source.variants.items() if name == TORCH]
-    metrics = {}
-    for prefix, outcome in outcomes.items():
-        for own_name, artifact in outcome.artifacts.items():
-            variant = servable_ir(artifact, starts[prefix].files, prefix + own_name, held,
-                                  outcome.decision.scores[own_name]).stored(store)
-            metrics[variant.name] = variant.metrics
-            variants.append(variant)
-    for values in metrics.values():
-        values["speedup_b16"] = values["throughput_b16"] / metrics[FP32]["throughput_b16"]
+    variants += [ir.stored(store, speeds[ir.name]) for ir in built]
+    metrics = {variant.name: variant.metrics for variant in variants if variant.name != TORCH}
     step(steps - 1, "choose and register")
     chosen, reason = _choose(outcomes, metrics, options, "Images" if source.task == datasets.IMAGE else "Texts")
     version = registry.register(store, source.model, run_id=source.run_id, task=source.task, variants=variants,
@@ -220,19 +216,27 @@ def _starting_point(store: Store, source: registry.ModelVersion) -> Start:
 
 def _choose(outcomes: dict[str, Outcome], metrics: dict[str, dict[str, float]], options: OptimizeOptions,
             examples: str) -> tuple[str, str]:
-    """The fastest variant on this box that loses at most the allowed drop against the teacher's FP32."""
-    from appliance import optimize
+    """The variant faster than the teacher's FP32 by the most, beyond the spread of the measurements (optimize.faster),
+    that loses at most the allowed drop; else FP32. The reason holds every score and speed behind the choice."""
+    from appliance import inference, optimize
 
-    by_speed = sorted(metrics, key=lambda name: metrics[name]["throughput_b16"], reverse=True)
-    faster = by_speed[: by_speed.index("fp32")]
-    final = optimize.guard(metrics["fp32"], {name: metrics[name] for name in faster},
-                           options.max_accuracy_drop, options.metric)
+    fp32 = metrics[FP32]
+    faster = sorted((name for name in metrics if name != FP32 and optimize.faster(metrics[name], fp32)),
+                    key=lambda name: optimize.speedup(metrics[name], fp32), reverse=True)
+    final = optimize.guard(fp32, {name: metrics[name] for name in faster}, options.max_accuracy_drop, options.metric)
     guards = "; ".join(f"{'student ' if prefix else ''}INT8 guard: {outcome.decision.reason}"
                        for prefix, outcome in outcomes.items())
-    speed = ", ".join(f"{name} {metrics[name]['throughput_b16']:.0f}" for name in by_speed)
+    by_speed = sorted(metrics, key=lambda name: metrics[name]["throughput_b16"], reverse=True)
+    throughput = ", ".join(f"{name} {metrics[name]['throughput_b16']:.0f} (±{metrics[name]['throughput_b16_spread']:.0%})"
+                           for name in by_speed)
+    latency = ", ".join(f"{name} {metrics[name]['latency_ms_p50']:.2f} (±{metrics[name]['latency_ms_p50_spread']:.0%})"
+                        for name in by_speed)
+    evidence = f"beyond the spread of {inference.COMPARE_ROUNDS} interleaved rounds"
     within = f"within {options.max_accuracy_drop:g} {options.metric} points of fp32"
-    if final.variant != "fp32":
-        why = f"{final.variant} is the fastest {within}"
+    if final.variant != FP32:
+        why = f"{final.variant} is the fastest {within}, faster at batch 1 or 16 {evidence} and slower at neither"
+    elif faster:
+        why = f"fp32 serves: {', '.join(faster)} {'is' if len(faster) == 1 else 'are'} faster {evidence}, not {within}"
     else:
-        why = f"fp32 serves: {'no faster variant is ' + within if faster else 'no variant is faster'}"
-    return final.variant, f"{guards}. {examples}/s at batch 16: {speed}; {why}"
+        why = f"fp32 serves: no variant is faster {evidence} without being slower at the other batch size"
+    return final.variant, f"{guards}. {examples}/s at batch 16: {throughput}; p50 ms at batch 1: {latency}; {why}"
