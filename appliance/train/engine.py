@@ -836,9 +836,10 @@ def _optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.AdamW
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             kinds.setdefault((parameter.ndim >= 2, bool(head) and name.startswith(head)), []).append(parameter)
-    groups = [{"params": parameters, "weight_decay": params.weight_decay if decays else 0.0,
+    groups = [{"params": kinds[decays, in_head], "weight_decay": params.weight_decay if decays else 0.0,
                "lr": params.learning_rate * (images.HEAD_LR_FACTOR if in_head else 1.0)}
-              for (decays, in_head), parameters in sorted(kinds.items())]
+              for in_head in (False, True) for decays in (True, False) if (decays, in_head) in kinds]
+    # in this order, so a checkpoint of a text run from before heads had a rate of their own still loads
     on_gpu = next(model.parameters()).device.type == "cuda"
     return torch.optim.AdamW(groups, lr=params.learning_rate, fused=True if on_gpu else None)
 
