@@ -24,6 +24,7 @@ import tokenizers
 from appliance import pixels
 from appliance.core import archive, scoring
 from appliance.core.errors import ArtifactError, OptimizeError
+from appliance.data.datasets import IMAGE
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what load_tokenizer reads
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -32,7 +33,6 @@ COMPARE_ROUNDS, COMPARE_SECONDS = 5, 0.1  # interleaved rounds of compare(), and
 COMPARE_EXAMPLES = 64  # the examples compare() times on: enough for every length, few enough that a round is short
 Runner = Any  # an openvino.CompiledModel, an onnxruntime.InferenceSession or a train.bundle.TorchRunner
 Reader = tokenizers.Tokenizer | pixels.Pictures  # a text model's examples to feeds, or an image model's
-IMAGE_TASK = "image-classification"
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = No
     """Compile a packed IR from decrypted bytes: the weights go from memory to OpenVINO, never to a file."""
     files = archive.unpack(blob)
     manifest = json.loads(files["appliance.json"]) if "appliance.json" in files else {}
-    images = manifest.get("task") == IMAGE_TASK
+    images = manifest.get("task") == IMAGE
     missing = {"model.xml", "model.bin", "appliance.json", *(() if images else ("tokenizer.json",))} - set(files)
     if missing:
         raise ArtifactError(f"the OpenVINO artifact lacks {', '.join(sorted(missing))}")

@@ -39,6 +39,7 @@ from appliance import inference
 from appliance.core import archive
 from appliance.core.errors import OptimizeError
 from appliance.core.hardware import Hardware
+from appliance.data.datasets import IMAGE
 from appliance.inference import Artifact, Reader
 from appliance.pixels import Pictures
 from appliance.train.bundle import convert_openvino, load_text_classifier, traceable
@@ -215,7 +216,7 @@ def _beyond_noise(gain: float, candidate: Mapping[str, float], baseline: Mapping
 def export_bundle(files: Mapping[str, bytes]) -> tuple[Artifact, Reader, dict[str, Any]]:
     """A trained bundle's FP32 IR, with its reader (a text model's tokenizer, an image model's Pictures) and its
     manifest (labels in logit order; max_length, or the image size and normalisation)."""
-    if json.loads(files.get("appliance.json", b"{}")).get("task") == inference.IMAGE_TASK:
+    if json.loads(files.get("appliance.json", b"{}")).get("task") == IMAGE:
         from appliance.train import images
 
         model, manifest = images.load_image_classifier(files)
