@@ -87,9 +87,9 @@ def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
 
     with opened_store() as opened:
         version = registry.get(opened, ref)
-        servable = inference.load_ir(blobs.read(opened, version.runnable_variant().blob_id))
+        servable = inference.load_ir(blobs.read(opened, version.serving_variant().blob_id))
     images = isinstance(servable.reader, pixels.Pictures)
-    inputs = [pixels.checked(_read_image(Path(name)), name) for name in examples] if images else list(examples)
+    inputs = [pixels.load(Path(name)) for name in examples] if images else list(examples)
     probabilities = drift.softmax(inference.predict(servable.compiled, servable.reader, inputs))
     rows = [{"image" if images else "text": example, "label": servable.labels[int(np.argmax(row))],
              "scores": {label: round(float(p), 4) for label, p in zip(servable.labels, row)}}
@@ -99,14 +99,3 @@ def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
         return
     for row in rows:
         click.echo(f"{row['label']:<16} {max(row['scores'].values()):.3f}  {(row.get('text') or row['image'])[:60]}")
-
-
-def _read_image(path: Path) -> bytes:
-    """An image file the user named, read up to one byte past the limit an image has (pixels.checked refuses it)."""
-    from appliance import pixels
-
-    try:
-        with path.open("rb") as file:
-            return file.read(pixels.MAX_IMAGE_BYTES + 1)
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="IMAGE") from None

@@ -51,6 +51,7 @@ class ServeSettings:
     max_delay_ms: float = 5.0  # while the model is busy, how long the first text of a batch waits for company
     max_queue: int = 1024  # texts waiting before new requests get 503 + Retry-After
     max_body_bytes: int = 1_048_576  # bigger requests get 413
+    max_image_body_bytes: int = 33_554_432  # the same for an image model's requests: a few photos, base64 in JSON
     max_instances: int = 256  # texts per request
     max_text_chars: int = 20_000  # characters per text; a longer one gets 413
     rate_limit_per_s: float = 1000.0  # texts per second per API key (token bucket); over it, 429 + Retry-After; 0: off
@@ -215,7 +216,8 @@ _SCHEMA: dict[str, type] = {
     "train.base_models_dir": Path,
     **{f"serve.{name}": kind for name, kind in {
         "host": str, "port": int, "grpc_port": int, "tls": bool, "tls_cert": Path, "tls_key": Path, "max_batch_size": int,
-        "max_delay_ms": float, "max_queue": int, "max_body_bytes": int, "max_instances": int, "poll_s": float,
+        "max_delay_ms": float, "max_queue": int, "max_body_bytes": int, "max_image_body_bytes": int,
+        "max_instances": int, "poll_s": float,
         "drift_window": int, "drift_threshold": float, "keep_predictions_days": float, "keep_predictions_mb": float,
         "max_text_chars": int, "rate_limit_per_s": float, "rate_limit_burst": int, "header_timeout_s": float,
         "body_timeout_s": float, "max_connections": int,
@@ -369,7 +371,8 @@ def _check_serve(serve: ServeSettings, path: Path | None) -> None:
     where = f"{path} or the environment" if path else "the environment"
     _check_limits("serve", serve, where, {
         "port": (1, 65535), "grpc_port": (0, 65535), "max_batch_size": (1, 4096), "max_delay_ms": (0, 1000), "max_queue": (1, 10**6),
-        "max_body_bytes": (1024, 2**30), "max_instances": (1, 10**5), "poll_s": (0.05, 3600),
+        "max_body_bytes": (1024, 2**30), "max_image_body_bytes": (1024, 2**30), "max_instances": (1, 10**5),
+        "poll_s": (0.05, 3600),
         "drift_window": (10, 10**7), "drift_threshold": (0, 10), "keep_predictions_mb": (1, 2**24),
         "max_text_chars": (16, 10**7), "rate_limit_per_s": (0, 10**7), "rate_limit_burst": (1, 10**8),
         "header_timeout_s": (0.1, 3600), "body_timeout_s": (0.1, 3600), "max_connections": (1, 10**6)})

@@ -109,6 +109,11 @@ class LoadedDataset:
     images: list[bytes] = field(default_factory=list)
 
     @property
+    def examples(self) -> list[str] | list[bytes]:
+        """The examples by index: texts, or image files."""
+        return self.images if self.version.task == IMAGE else self.texts
+
+    @property
     def counts(self) -> dict[str, int]:
         """Examples per label, in label_names order."""
         counted = Counter(self.labels)
@@ -181,28 +186,32 @@ def import_data(
     return _select(store, "id = ?", (dataset_id,))[0]
 
 
-def extend(store: Store, base: DatasetVersion, additions: list[tuple[str, str]], *, source: str,
+def extend(store: Store, base: DatasetVersion, additions: list[tuple[str | bytes, str]], *, source: str,
            actor: str | None = None) -> DatasetVersion:
-    """The next version of base's dataset: its examples plus (text, label) additions, such as feedback.
+    """The next version of base's dataset: its examples plus (example, label) additions, such as feedback; an
+    example is a text, or for an image dataset an image file's bytes (it joins its label's folder).
 
-    An addition whose text is already in the data replaces that example's label: it is the newer word on
-    it. The split is drawn again over the whole, with base's seed and fraction, so new examples reach both
-    training and validation. Residency is inherited; `parent` names base.
+    An addition already in the data replaces that example's label: it is the newer word on it. The split is drawn
+    again over the whole, with base's seed and fraction, so new examples reach both training and validation.
+    Residency is inherited; `parent` names base.
     """
-    if base.task != TEXT:
-        raise DatasetError(f"{base.ref} is an {base.task} dataset; only text datasets take feedback")
-    examples = _examples(TEXT, content(store, base))
+    examples = _examples(base.task, content(store, base))
     position = {example.content: index for index, example in enumerate(examples)}
     relabelled = 0
-    for text, label in additions:
-        if text in position:
-            earlier = examples[position[text]]
+    for added, label in additions:
+        if added in position:
+            earlier = examples[position[added]]
             relabelled += earlier.label != label
-            examples[position[text]] = dataclasses.replace(earlier, label=label)
+            entry = f"{label}/{earlier.entry.partition('/')[2]}" if base.task == IMAGE else ""
+            examples[position[added]] = dataclasses.replace(earlier, label=label, entry=entry)
         else:
-            position[text] = len(examples)
-            examples.append(_Example(text, label, text))
-    canonical = _canonical(TEXT, examples)
+            position[added] = len(examples)
+            if isinstance(added, bytes):
+                entry = f"{label}/feedback-{hashlib.sha256(added).hexdigest()[:16]}"
+                examples.append(_Example(entry, label, added, entry))
+            else:
+                examples.append(_Example(added, label, added))
+    canonical = _canonical(base.task, examples)
     labels = [example.label for example in examples]
     details = {"base": base.ref, "source": source, "added": len(examples) - base.examples, "relabelled": relabelled}
     with audit.operation(store, "dataset.extend", base.name, actor=actor, **details) as recorded:
@@ -215,7 +224,7 @@ def extend(store: Store, base: DatasetVersion, additions: list[tuple[str, str]],
         dataset_id = _identity(base.name, version, blob_id)
         warnings = [f"{relabelled} examples of {base.ref} relabelled by newer feedback"] if relabelled else []
         _insert(store, DatasetVersion(
-            id=dataset_id, name=base.name, version=version, task=TEXT, blob_id=blob_id, source=source,
+            id=dataset_id, name=base.name, version=version, task=base.task, blob_id=blob_id, source=source,
             examples=len(examples), labels=sorted(set(labels)),
             split=_split(labels, base.split["validation_fraction"], base.split["seed"]), warnings=warnings,
             residency=base.residency, created_at=clock.stamp(), parent=base.id))

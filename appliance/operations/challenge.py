@@ -69,26 +69,27 @@ def challenge(store: Store, challenger: registry.ModelVersion, production: regis
     """Score both versions, as they serve, on the validation examples of their data that neither trained on."""
     dataset_ids = dict.fromkeys(runs.get(store, version.run_id).dataset_id for version in (production, challenger))
     loaded = [datasets.load(store, datasets.get(store, dataset_id)) for dataset_id in dataset_ids]  # each once
-    trained = {data.texts[i] for data in loaded for i in data.train}
-    held_out = {data.texts[i]: data.labels[i] for data in loaded for i in data.validation
-                if data.texts[i] not in trained}  # the challenger's (newer) label wins a text both hold
-    texts, labels = list(held_out), list(held_out.values())
-    production_right, challenger_right = (_right(store, version, texts, labels) for version in (production, challenger))
+    trained = {data.examples[i] for data in loaded for i in data.train}
+    held_out = {data.examples[i]: data.labels[i] for data in loaded for i in data.validation
+                if data.examples[i] not in trained}  # the challenger's (newer) label wins an example both hold
+    examples, labels = list(held_out), list(held_out.values())
+    production_right, challenger_right = (_right(store, version, examples, labels) for version in (production, challenger))
     only_production = sum(p and not c for p, c in zip(production_right, challenger_right))
     only_challenger = sum(c and not p for p, c in zip(production_right, challenger_right))
     return Challenge(
-        production.ref, challenger.ref, sorted({data.version.ref for data in loaded}), len(texts),
+        production.ref, challenger.ref, sorted({data.version.ref for data in loaded}), len(examples),
         _share(production_right), _share(challenger_right), only_production, only_challenger,
         _binomial_tail(only_production, only_production + only_challenger), max_drop, significance)
 
 
-def _right(store: Store, version: registry.ModelVersion, texts: list[str], labels: list[str]) -> list[bool]:
-    if not texts:
+def _right(store: Store, version: registry.ModelVersion, examples: list[str] | list[bytes], labels: list[str]
+           ) -> list[bool]:
+    if not examples:
         return []
     from appliance import inference  # openvino loads only for this step
 
     servable = inference.load_ir(blobs.read(store, version.serving_variant().blob_id))
-    logits = inference.predict(servable.compiled, servable.reader, texts)
+    logits = inference.predict(servable.compiled, servable.reader, examples)
     return [servable.labels[int(row.argmax())] == label for row, label in zip(logits, labels)]
 
 

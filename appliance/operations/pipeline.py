@@ -73,7 +73,7 @@ def held_out(store: Store, dataset_id: str, calibration_size: int = 300, seed: i
     data = datasets.load(store, datasets.get(store, dataset_id))
     train = list(data.train)
     random.Random(seed).shuffle(train)
-    examples = data.images if data.version.task == datasets.IMAGE else data.texts
+    examples = data.examples
     return HeldOut([examples[i] for i in data.validation], [data.labels[i] for i in data.validation],
                    [examples[i] for i in train[:calibration_size]], [data.labels[i] for i in train[:calibration_size]])
 
@@ -96,16 +96,14 @@ class ServableIr:
 def servable_ir(artifact: Artifact, files: dict[str, bytes], name: str, held: HeldOut,
                 scores: dict[str, float]) -> ServableIr:
     """Pack an IR with its drift reference (from held's calibration sample and validation confidence)."""
-    from appliance import inference, pixels
+    from appliance import inference
     from appliance.serve import drift
 
     servable = inference.load_ir(inference.pack_ir(artifact, files, name))
-    reference = None
-    if not isinstance(servable.reader, pixels.Pictures):  # no image statistics yet: image models do not serve
-        reference = drift.reference(servable.reader, held.calibration,
-                                    [servable.labels.index(label) for label in held.calibration_labels],
-                                    drift.softmax(inference.predict(servable.compiled, servable.reader,
-                                                                    held.examples))).to_json()
+    reference = drift.reference(servable.reader, held.calibration,
+                                [servable.labels.index(label) for label in held.calibration_labels],
+                                drift.softmax(inference.predict(servable.compiled, servable.reader,
+                                                                held.examples))).to_json()
     return ServableIr(name, inference.pack_ir(artifact, files, name, reference), scores, servable)
 
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from appliance.core import clock, schema
 from appliance.core.errors import RegistryError, VersionNotFound
-from appliance.data.datasets import IMAGE as IMAGE_TASK
 from appliance.store import Store, audit, blobs, events
 from appliance.train import runs
 
@@ -56,24 +55,16 @@ class ModelVersion:
 
     @property
     def servable(self) -> bool:
-        """Whether the server (and `appliance predict`) can run it: a text model whose chosen variant is an OpenVINO
-        IR (image models optimise, but do not serve yet)."""
-        return self.variants[self.chosen].format == "openvino-ir" and self.task != IMAGE_TASK
+        """Whether the server (and `appliance predict`) can run it: its chosen variant is an OpenVINO IR."""
+        return self.variants[self.chosen].format == "openvino-ir"
 
-    def runnable_variant(self) -> Variant:
-        """The chosen variant, if it is an OpenVINO IR (what `appliance predict` runs in its own process)."""
+    def serving_variant(self) -> Variant:
+        """The chosen variant, if it is an OpenVINO IR (what the server and `appliance predict` run)."""
         variant = self.variants[self.chosen]
         if variant.format != "openvino-ir":
             raise RegistryError(f"{self.ref} is not optimised, so the server cannot run it",
                                 hint=f"'appliance optimize {self.ref}' makes a version that can serve")
         return variant
-
-    def serving_variant(self) -> Variant:
-        """The chosen variant, if the version is servable."""
-        if self.task == IMAGE_TASK:
-            raise RegistryError(f"{self.ref} is an image model, which the server cannot run yet",
-                                hint=f"'appliance predict {self.ref} IMAGE...' runs it in its own process")
-        return self.runnable_variant()
 
     def summary(self) -> dict[str, Any]:
         """The version as JSON (`models list --json`, the control API), with whether it can serve."""

@@ -81,11 +81,13 @@ class PredictionLog:
         self._pending: deque[tuple[str, str, int, str, float, str, str]] = deque()
 
     def add(self, model: str, version: int, labels: list[str], probabilities: np.ndarray,
-            texts: list[str]) -> list[str]:
-        """Record one answer per text; returns their prediction ids, in order."""
+            examples: list[str] | list[bytes | np.ndarray]) -> list[str]:
+        """Record one answer per example (a text, or an image file's bytes; an image's pixels prepared by the
+        caller are not kept); returns their prediction ids, in order."""
         now = clock.stamp()
-        ids = [new_id() for _ in texts]
-        for prediction_id, text, row in zip(ids, texts, probabilities, strict=True):
+        ids = [new_id() for _ in examples]
+        for prediction_id, example, row in zip(ids, examples, probabilities, strict=True):
+            text = b"" if isinstance(example, np.ndarray) else example
             best = int(row.argmax())
             self._pending.append((prediction_id, model, version, labels[best], float(row[best]), text, now))
         while len(self._pending) > self.limit:
@@ -256,7 +258,9 @@ def extend_dataset(store: Store, model: str, actor: str) -> datasets.DatasetVers
         raise FeedbackError(f"there is no new feedback on {model} to train on",
                             hint="send true labels with POST /v1/feedback or 'appliance feedback import'")
     aead = _cipher(store)
-    additions = [(_open(aead, prediction_id, sealed), label) for prediction_id, sealed, label in rows]
+    image = trained_on.task == datasets.IMAGE
+    additions = [(kept if image else kept.decode(), label) for kept, label in
+                 ((_open(aead, prediction_id, sealed), label) for prediction_id, sealed, label in rows) if kept]
     with transaction(store.db):
         made = datasets.extend(store, base, additions, actor=actor,
                                source=f"{base.ref} + feedback on {len(rows)} predictions of {model}")
@@ -316,12 +320,16 @@ def trim(store: Store, model: str, excess: int, *, actor: str, limit_bytes: int)
 
 
 def matching(store: Store, needle: str) -> dict[str, list[str]]:
-    """The predictions whose text or true label contains needle (in any case), by model: for an erasure."""
+    """The predictions whose text or true label contains needle (in any case), by model: for an erasure. An image
+    model's predictions match by their true label alone."""
     folded, aead, found = needle.casefold(), _cipher(store), {}
-    for prediction_id, model, sealed, label in store.db.execute(
-            "SELECT p.id, p.model, p.text_sealed, f.label FROM predictions p"
-            " LEFT JOIN feedback f ON f.prediction_id = p.id ORDER BY p.id"):
-        if folded in _open(aead, prediction_id, sealed).casefold() or folded in (label or "").casefold():
+    for prediction_id, model, sealed, label, image in store.db.execute(
+            "SELECT p.id, p.model, p.text_sealed, f.label, v.task = ? FROM predictions p"
+            " LEFT JOIN feedback f ON f.prediction_id = p.id"
+            " LEFT JOIN model_versions v ON v.model = p.model AND v.version = p.version ORDER BY p.id",
+            (datasets.IMAGE,)):
+        if folded in (label or "").casefold() or (not image and folded in _open(aead, prediction_id, sealed)
+                                                   .decode().casefold()):
             found.setdefault(model, []).append(prediction_id)
     return found
 
@@ -352,13 +360,14 @@ def _cipher(store: Store) -> AESGCM:
     return AESGCM(keys.derive(store.secret, SEAL_PURPOSE))
 
 
-def _seal(aead: AESGCM, prediction_id: str, text: str) -> bytes:
+def _seal(aead: AESGCM, prediction_id: str, example: str | bytes) -> bytes:
     nonce = os.urandom(12)
-    return nonce + aead.encrypt(nonce, text.encode(), prediction_id.encode())
+    plain = example.encode() if isinstance(example, str) else example
+    return nonce + aead.encrypt(nonce, plain, prediction_id.encode())
 
 
-def _open(aead: AESGCM, prediction_id: str, sealed: bytes) -> str:
+def _open(aead: AESGCM, prediction_id: str, sealed: bytes) -> bytes:
     try:
-        return aead.decrypt(sealed[:12], sealed[12:], prediction_id.encode()).decode()
+        return aead.decrypt(sealed[:12], sealed[12:], prediction_id.encode())
     except InvalidTag as exc:
         raise TamperDetected(f"the stored text of prediction {prediction_id} does not authenticate") from exc

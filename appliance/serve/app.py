@@ -29,15 +29,16 @@ from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field, StrictStr, ValidationError
+from pydantic import BaseModel, Field, StrictStr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from appliance.access import auth
 from appliance.core.config import ServeSettings, Settings
-from appliance.core.errors import ApplianceError, Forbidden, RequestTimeout
+from appliance.core.errors import ApplianceError, BadRequest, Forbidden, RequestTimeout
 from appliance.serve import grpc_api, lean, oip, tls
 from appliance.serve import metrics as serve_metrics
 from appliance.serve.access import AccessLog
@@ -61,10 +62,25 @@ M = TypeVar("M", bound=BaseModel)
 
 
 
-class PredictRequest(Body):
-    """The plain endpoint: texts in, a label and scores per text out."""
+class EncodedImage(Body):
+    """An image file as saved (JPEG, PNG, WebP, BMP, TIFF), base64-encoded."""
 
-    instances: list[StrictStr]
+    b64: StrictStr
+
+
+def _one_instance(value: Any, handler: ValidatorFunctionWrapHandler) -> str | EncodedImage:
+    """One error for an instance that is neither kind, instead of one per kind."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise PydanticCustomError("instance", 'Input should be a text (a string) or an image ({"b64": ...})'
+                                  ) from None
+
+
+class PredictRequest(Body):
+    """The plain endpoint: texts (or, for an image model, images) in, a label and scores per example out."""
+
+    instances: list[Annotated[StrictStr | EncodedImage, WrapValidator(_one_instance)]]
 
 
 class Label(Body):
@@ -244,14 +260,14 @@ def create_app(settings: Settings, runtime: Runtime) -> ASGIApp:
         name, version = request.path_params["name"], request.path_params.get("version")
         key = runtime.authorize(await _token_of(request), name)
         rates.admit(key)
-        runtime.require(name, version, key.may_call)
+        pictures = runtime.require(name, version, key.may_call)
         raw = await _body(request)
         try:
-            ask = oip.parse_rest(raw, request.headers.get(oip.BINARY_HEADER), keeps_ids, name, version)
+            ask = oip.parse_rest(raw, request.headers.get(oip.BINARY_HEADER), keeps_ids, name, version, pictures)
         except ValidationError as exc:
             raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
-        rates.charge(key, len(ask.texts))
-        answer = await runtime.predict(name, ask.texts, f"key:{key.name}", key.may_call, version, inline=True)
+        rates.charge(key, len(ask.examples))
+        answer = await runtime.predict(name, ask.examples, f"key:{key.name}", key.may_call, version, inline=True)
         content, header_length = oip.answer_rest(name, answer, ask)
         if header_length is None:
             return Response(content, media_type="application/json")
@@ -261,10 +277,11 @@ def create_app(settings: Settings, runtime: Runtime) -> ASGIApp:
         name = request.path_params["name"]
         key = runtime.authorize(await _token_of(request), name)
         rates.admit(key)
-        runtime.route(name, key.may_call)
+        images = runtime.require(name, None, key.may_call) is not None
         body = await _json(request, PredictRequest)
         rates.charge(key, len(body.instances))
-        answer = await runtime.predict(name, body.instances, f"key:{key.name}", key.may_call, inline=True)
+        examples = [_instance(instance, index, images) for index, instance in enumerate(body.instances)]
+        answer = await runtime.predict(name, examples, f"key:{key.name}", key.may_call, inline=True)
         return JSONResponse({"model": name, "model_version": str(answer.loaded.version),
                              "predictions": label_scores(answer)})
 
@@ -337,8 +354,17 @@ def create_app(settings: Settings, runtime: Runtime) -> ASGIApp:
     document_errors(app, amend)
     # The body limit outside the lean routes, and the access log outermost: a refusal of the body's size gets its
     # line too.
-    limited = BodyLimit(lean.Lean(app, lean_routes, handlers), limit=lambda _scope: settings.serve.max_body_bytes,
-                        hint="send fewer or shorter texts per request")
+    def body_limit(scope: Scope) -> int:
+        """An image model's inference routes take photos: a limit of their own."""
+        for route in lean_routes:
+            found = route.pattern.fullmatch(scope["path"])
+            serving = runtime.routes.get(found["name"]) if found else None
+            if serving is not None and serving.production.pictures is not None:
+                return settings.serve.max_image_body_bytes
+        return settings.serve.max_body_bytes
+
+    limited = BodyLimit(lean.Lean(app, lean_routes, handlers), limit=body_limit,
+                        hint="send fewer or smaller examples per request")
     return AccessLog(limited) if settings.serve.access_log else limited
 
 
@@ -377,6 +403,19 @@ async def _json(request: Request, model: type[M]) -> M:
         raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
 
 
+def _instance(instance: str | EncodedImage, index: int, images: bool) -> str | bytes:
+    """A text, or an image's bytes, as the model takes; a 400 for the other kind."""
+    if not images:
+        if isinstance(instance, EncodedImage):
+            raise BadRequest(f"instance {index} is an image, and this model classifies texts",
+                             hint="send each text as a JSON string")
+        return instance
+    if isinstance(instance, str):
+        raise BadRequest(f"instance {index} is a string, and this model classifies images",
+                         hint='send each image as {"b64": "<the file, base64-encoded>"}')
+    return oip.unbased(instance.b64, index)
+
+
 def _describe_bodies(document: dict[str, Any], serve: ServeSettings) -> None:
     """The bodies the routes read themselves (see _json) in the OpenAPI document, with the text limits."""
     schemas = document["components"]["schemas"]
@@ -385,16 +424,16 @@ def _describe_bodies(document: dict[str, Any], serve: ServeSettings) -> None:
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     tensor = schemas["InferInput"]["properties"]
-    tensor["name"]["enum"] = [oip.INPUT]
-    tensor["shape"]["description"] = "[n] or [n, 1] for the n texts in data"
+    tensor["name"]["enum"] = [oip.INPUT, oip.IMAGE_INPUT, oip.PIXELS_INPUT]
+    tensor["shape"]["description"] = ("[n] or [n, 1] for the n texts (or images) in data; [n, 3, s, s] for an image "
+                                      "model's pixel_values")
     text = {"type": "string", "maxLength": serve.max_text_chars}
     tensor["data"] = {"description": tensor["data"]["description"], "type": "array", "minItems": 1,
-                      "maxItems": serve.max_instances, "items": {"anyOf": [text, {
-                          "type": "array", "items": text, "minItems": 1, "maxItems": 1}]}}
+                      "items": {"anyOf": [text, {"type": "number"}, {"type": "array"}]}}
     schemas["RequestedOutput"]["properties"]["name"]["enum"] = list(oip.DATATYPES)
     instances = schemas["PredictRequest"]["properties"]["instances"]
     instances.update(minItems=1, maxItems=serve.max_instances)
-    instances["items"]["maxLength"] = serve.max_text_chars
+    instances["items"]["anyOf"][0]["maxLength"] = serve.max_text_chars
 
 
 def hardened_options(serve: ServeSettings) -> dict[str, Any]:

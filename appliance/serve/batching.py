@@ -1,4 +1,10 @@
-"""Dynamic batching: texts from concurrent requests share one inference, off the event loop.
+"""Dynamic batching: examples from concurrent requests share one inference, off the event loop.
+
+An example is a text, or an image (encoded, or the model's input prepared by its caller);
+what follows says texts, and images go the same way with three differences: a batch of
+images is never cut into pieces (they are all the model's size), never inferred on the
+event loop (decoding one takes longer than the hand-offs it would save), and nothing of an
+image is truncated.
 
 Requests add their texts to a queue on the event loop. A collector task closes a batch
 when it holds `max_batch_size` texts, or when an infer request is free to take it and
@@ -49,7 +55,7 @@ import openvino as ov
 import tokenizers
 from tokenizers import models, normalizers, pre_tokenizers
 
-from appliance import inference
+from appliance import inference, pixels
 from appliance.core.errors import BadRequest, Overloaded, ServeError
 
 log = logging.getLogger(__name__)
@@ -61,7 +67,7 @@ RELEASE_AFTER_S = 5.0  # quiet this long, the model's intermediate buffers go ba
 
 
 class Inferred(NamedTuple):
-    """A request's answer: a row of logits per text, and whether the model's window cut the text short."""
+    """A request's answer: a row of logits per example, and whether the model's window cut it short."""
 
     logits: np.ndarray
     truncated: list[bool]
@@ -69,9 +75,9 @@ class Inferred(NamedTuple):
 
 @dataclass
 class _Request:
-    """One caller's texts and the future its answer arrives on, filled row by row."""
+    """One caller's examples and the future its answer arrives on, filled row by row."""
 
-    texts: list[str]
+    examples: list[str] | list[bytes | np.ndarray]
     future: asyncio.Future[Inferred]
     inline: bool = False
     rows: list[np.ndarray | None] = field(default_factory=list)
@@ -79,7 +85,7 @@ class _Request:
     remaining: int = 0
 
 
-Item = tuple[_Request, int]  # a request and the index of one of its texts
+Item = tuple[_Request, int]  # a request and the index of one of its examples
 
 
 @dataclass
@@ -98,7 +104,8 @@ class _Rows(NamedTuple):
 
 @dataclass(frozen=True)
 class _Failure:
-    """Why a piece got no logits: its tokenisation (the texts' doing) or its inference (the model's)."""
+    """Why a piece got no logits: its reading (the examples' doing: tokenising, decoding) or its inference (the
+    model's)."""
 
     error: Exception
     input_fault: bool
@@ -108,19 +115,22 @@ class _Failure:
 class Batch:
     """One finished inference, for the metrics and the drift monitor (on the event loop, after its answers)."""
 
-    encodings: list[tokenizers.Encoding]
+    inputs: list[tokenizers.Encoding] | pixels.Seen  # what the model was given: texts' encodings, or images seen
     logits: np.ndarray
-    padded_tokens: int
     seconds: float
+
+    @property
+    def size(self) -> int:
+        return len(self.logits)
 
 
 class Batcher:
-    """Batches texts for one compiled model; `await infer(texts)` returns their logits."""
+    """Batches examples for one compiled model; `await infer(examples)` returns their logits."""
 
     def __init__(
         self,
         compiled: ov.CompiledModel,
-        tokenizer: tokenizers.Tokenizer,
+        reader: inference.Reader,
         *,
         max_batch_size: int = 32,
         max_delay_ms: float = 5.0,
@@ -128,8 +138,9 @@ class Batcher:
         on_batch: Callable[[Batch], None] | None = None,
     ) -> None:
         self._names, _ = inference.bind(compiled)
-        self._tokenizer = tokenizer
-        self._chunks = tail_cut(tokenizer)
+        self._reader = reader
+        self._images = isinstance(reader, pixels.Pictures)
+        self._chunks = None if self._images else tail_cut(reader)
         self._max_batch, self._max_delay = max_batch_size, max_delay_ms / 1000
         self._max_queue = max_queue
         self.on_batch = on_batch or (lambda batch: None)
@@ -149,7 +160,7 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        """Texts accepted and not yet answered: waiting, being tokenised or on an infer request."""
+        """Examples accepted and not yet answered: waiting, being read or on an infer request."""
         return len(self._pending) + self._in_flight
 
     def start(self) -> None:
@@ -157,17 +168,19 @@ class Batcher:
         self._collector = self._loop.create_task(self._collect())
         self._thread.start()
 
-    async def infer(self, texts: list[str], inline: bool = False) -> Inferred:
-        """The logits of texts, in order, and which were truncated; Overloaded when the queue is full, BadRequest
-        naming a text that would not tokenise, ServeError when the model failed on one. `inline`: the caller's
+    async def infer(self, examples: list[str] | list[bytes | np.ndarray], inline: bool = False) -> Inferred:
+        """The logits of examples, in order, and which were truncated; Overloaded when the queue is full, BadRequest
+        naming an example that could not be read, ServeError when the model failed on one. `inline`: the caller's
         request reached the server whole, so it may be inferred on the event loop when the model is idle."""
-        if self.depth + len(texts) > self._max_queue:
-            raise Overloaded(f"the queue holds {self.depth} texts; {len(texts)} more would pass {self._max_queue}")
+        if self.depth + len(examples) > self._max_queue:
+            raise Overloaded(f"the queue holds {self.depth} examples; {len(examples)} more would pass "
+                             f"{self._max_queue}")
         if self._chunks is not None:
-            texts = [cut_tail(text, self._chunks) for text in texts]
-        request = _Request(texts, asyncio.get_running_loop().create_future(), inline, [None] * len(texts),
-                           [False] * len(texts), len(texts))
-        self._pending.extend((request, index) for index in range(len(texts)))
+            examples = [cut_tail(text, self._chunks) for text in examples]
+        count = len(examples)
+        request = _Request(examples, asyncio.get_running_loop().create_future(), inline and not self._images,
+                           [None] * count, [False] * count, count)
+        self._pending.extend((request, index) for index in range(count))
         self._arrived.set()
         return await request.future
 
@@ -207,7 +220,7 @@ class Batcher:
             self._in_flight += len(batch)
             if not self._pending:
                 self._arrived.clear()
-            pieces = _pieces(batch)
+            pieces = [batch] if self._images else _pieces(batch)
             flight = _Flight(len(pieces))
             if idle and len(pieces) == 1 and len(batch) <= INLINE_TEXTS and all(r.inline for r, _ in batch):
                 self._run_inline(flight, pieces[0])
@@ -227,57 +240,57 @@ class Batcher:
         return True
 
     def _dispatch(self) -> None:
-        """The dispatcher thread: tokenise a piece and start it; blocks while every infer request is busy."""
+        """The dispatcher thread: read a piece and start it; blocks while every infer request is busy."""
         while (work := self._work.get()) is not None:
             flight, piece = work
-            if (encoded := self._encode(flight, piece)) is None:
+            if (read := self._read(flight, piece)) is None:
                 continue
-            encodings, feeds = encoded
+            inputs, feeds = read
             try:
                 # Shared, not copied: the arrays are this piece's alone and live in its userdata until it is done.
-                self._infer.start_async(feeds, (flight, piece, encodings, feeds), share_inputs=True)
+                self._infer.start_async(feeds, (flight, piece, inputs, feeds), share_inputs=True)
             except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
                 self._answer(flight, piece, None, _Failure(exc, input_fault=False))
 
     def _run_inline(self, flight: _Flight, piece: list[Item]) -> None:
         """Infer a small piece right here, on the event loop, while the model is idle (see the module's notes)."""
-        if (encoded := self._encode(flight, piece)) is None:
+        if (read := self._read(flight, piece)) is None:
             return
-        encodings, feeds = encoded
+        inputs, feeds = read
         try:
             self._inline.infer(feeds, share_inputs=True)
             logits = self._inline.get_output_tensor(0).data.copy()
         except Exception as exc:  # noqa: BLE001
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return
-        rows = _Rows(logits, [bool(encoding.overflowing) for encoding in encodings])
-        self._deliver(flight, piece, rows, None, Batch(encodings, logits, feeds["input_ids"].size,
-                                                       self._inline.latency / 1000))
+        self._deliver(flight, piece, _Rows(logits, _truncated(inputs)), None,
+                      Batch(inputs, logits, self._inline.latency / 1000))
 
-    def _encode(self, flight: _Flight, piece: list[Item]) -> tuple[list[tokenizers.Encoding],
-                                                                    dict[str, np.ndarray]] | None:
-        """A piece's encodings and the model's inputs, or None when they fail (its callers are answered)."""
+    def _read(self, flight: _Flight, piece: list[Item]) -> tuple[list[tokenizers.Encoding] | pixels.Seen,
+                                                                  dict[str, np.ndarray]] | None:
+        """A piece as the model reads it (texts tokenised, images decoded) and its feeds, or None when that fails
+        (its callers are answered)."""
+        examples = [request.examples[index] for request, index in piece]
         try:
-            encodings = self._tokenizer.encode_batch([request.texts[index] for request, index in piece])
+            inputs = self._reader.see(examples) if self._images else self._reader.encode_batch(examples)
         except Exception as exc:  # noqa: BLE001
             self._answer(flight, piece, None, _Failure(exc, input_fault=True))
             return None
         try:
-            return encodings, inference.feeds(encodings, self._names)
+            return inputs, inputs.feeds if self._images else inference.feeds(inputs, self._names)
         except Exception as exc:  # noqa: BLE001
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return None
 
     def _done(self, request: ov.InferRequest, userdata: tuple) -> None:
-        flight, piece, encodings, feeds = userdata
+        flight, piece, inputs, _feeds = userdata  # the feeds ride along only to stay alive while shared
         try:
             logits = request.get_output_tensor(0).data.copy()
         except Exception as exc:  # noqa: BLE001  on OpenVINO's thread: the callers hear of it, the thread goes on
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return
-        rows = _Rows(logits, [bool(encoding.overflowing) for encoding in encodings])
-        batch = Batch(encodings, logits, feeds["input_ids"].size, request.latency / 1000)  # device time, not queueing
-        self._answer(flight, piece, rows, None, batch)
+        batch = Batch(inputs, logits, request.latency / 1000)  # device time, not queueing
+        self._answer(flight, piece, _Rows(logits, _truncated(inputs)), None, batch)
 
     def _answer(self, flight: _Flight, piece: list[Item], rows: _Rows | None, failure: _Failure | None,
                 batch: Batch | None = None) -> None:
@@ -292,8 +305,8 @@ class Batcher:
 
     def _deliver(self, flight: _Flight, piece: list[Item], rows: _Rows | None, failure: _Failure | None,
                  batch: Batch | None = None) -> None:
-        if failure is not None and len(piece) > 1:  # try each text alone, so only the guilty one fails
-            log.warning("a batch of %d texts failed (%s: %s); trying them one by one", len(piece),
+        if failure is not None and len(piece) > 1:  # try each example alone, so only the guilty one fails
+            log.warning("a batch of %d examples failed (%s: %s); trying them one by one", len(piece),
                         type(failure.error).__name__, failure.error)
             flight.pieces += len(piece) - 1
             for item in piece:
@@ -307,7 +320,7 @@ class Batcher:
             if request.future.done():
                 continue
             if failure is not None:
-                request.future.set_exception(_refusal(failure, index))
+                request.future.set_exception(_refusal(failure, index, self._images))
                 continue
             request.rows[index], request.truncated[index] = rows.logits[row], rows.truncated[row]
             request.remaining -= 1
@@ -317,11 +330,22 @@ class Batcher:
             asyncio.get_running_loop().call_soon(self._observe, batch)
 
 
-def _refusal(failure: _Failure, index: int) -> ServeError:
-    """What the caller of a text that failed alone hears: never the text, nor the library's words (those go to the log)."""
+def _truncated(inputs: list[tokenizers.Encoding] | pixels.Seen) -> list[bool]:
+    """Which examples the model's window cut short: texts it read only the beginning of; never an image."""
+    if isinstance(inputs, pixels.Seen):
+        return [False] * len(inputs.sides)
+    return [bool(encoding.overflowing) for encoding in inputs]
+
+
+def _refusal(failure: _Failure, index: int, images: bool) -> ServeError:
+    """What the caller of an example that failed alone hears: never the example, nor the library's words (those go
+    to the log)."""
+    if failure.input_fault and images:
+        return BadRequest(f"instance {index} cannot be decoded as an image (it may be truncated or damaged)",
+                          hint="send the image file as it was saved")
     if failure.input_fault:
         return BadRequest(f"instance {index} cannot be tokenised", hint="send it as plain text, or leave it out")
-    log.error("the model failed on one text (instance %d of its request): %s: %s", index,
+    log.error("the model failed on one example (instance %d of its request): %s: %s", index,
               type(failure.error).__name__, failure.error)
     return ServeError("the model failed on this request", hint="retry later; the server's log says why")
 
@@ -358,11 +382,11 @@ def cut_tail(text: str, chunks: int) -> str:
 
 def _pieces(batch: list[Item]) -> list[list[Item]]:
     """The batch sorted by text length and cut where long texts are much longer than their piece's shortest."""
-    ordered = sorted(batch, key=lambda item: len(item[0].texts[item[1]]))
+    ordered = sorted(batch, key=lambda item: len(item[0].examples[item[1]]))
     pieces: list[list[Item]] = []
     for item in ordered:
-        length = len(item[0].texts[item[1]])
-        shortest = len(pieces[-1][0][0].texts[pieces[-1][0][1]]) if pieces else 0
+        length = len(item[0].examples[item[1]])
+        shortest = len(pieces[-1][0][0].examples[pieces[-1][0][1]]) if pieces else 0
         if pieces and (length <= SPLIT_FLOOR or length <= SPLIT_RATIO * shortest):
             pieces[-1].append(item)
         else:

@@ -1,25 +1,31 @@
 """Drift: live traffic compared with what the model was trained and validated on.
 
 A reference is made when a version is optimised and travels inside its encrypted
-artifact: the distribution of input lengths (tokens) and of token ids (hashed into
-buckets, so no word is kept), the training labels, and the model's confidence on the
-validation split. The server fills a window of the same statistics from live traffic;
-each full window is scored with the population stability index (PSI) per feature.
+artifact: the distribution of what the model is given, the training labels, and the model's
+confidence on the validation split. What it is given is, for a text model, the input lengths
+(tokens) and the token ids (hashed into buckets, so no word is kept); for an image model, the
+shorter side each image was sent at and its mean brightness (so a new camera, or a dark
+corner of the warehouse, shows). The server fills a window of the same statistics from live
+traffic; each full window is scored with the population stability index (PSI) per feature.
 PSI under 0.1 is usually read as stable, over 0.2 as a shift worth a look.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import tokenizers
 
+from appliance import pixels
+
 LENGTH_EDGES = (0, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 10**9)
+SIDE_EDGES = (0, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 10**9)  # pixels
+BRIGHTNESS_EDGES = tuple(range(0, 256, 16)) + (257,)  # 0..255 in sixteen steps
 CONFIDENCE_EDGES = (0.0, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
 TOKEN_BUCKETS = 32
-FEATURES = ("length", "tokens", "label", "confidence")
+Inputs = list[tokenizers.Encoding] | pixels.Seen  # what a batch gave the model: encodings, or images seen
 
 
 def psi(expected: Sequence[float], observed: Sequence[float]) -> float:
@@ -31,53 +37,69 @@ def psi(expected: Sequence[float], observed: Sequence[float]) -> float:
 
 @dataclass
 class Histograms:
-    """Counts per bin for each feature; a reference and a live window have the same shape."""
+    """Counts per bin for each feature; a reference and its live windows have the same features."""
 
-    length: np.ndarray = field(default_factory=lambda: np.zeros(len(LENGTH_EDGES) - 1))
-    tokens: np.ndarray = field(default_factory=lambda: np.zeros(TOKEN_BUCKETS))
-    label: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    confidence: np.ndarray = field(default_factory=lambda: np.zeros(len(CONFIDENCE_EDGES) - 1))
-    texts: int = 0
+    counts: dict[str, np.ndarray]
+    examples: int = 0
 
-    def add_inputs(self, encodings: Sequence[tokenizers.Encoding]) -> None:
-        """Count the lengths and tokens of one padded batch (the padding left out). It runs on every batch served,
-        so it is kept to a few numpy calls: ~10 us for one text."""
-        if not encodings:
-            return
-        mask = np.asarray([e.attention_mask for e in encodings], dtype=bool)
-        ids = np.asarray([e.ids for e in encodings], dtype=np.int64)[mask]
-        self.length += _binned(mask.sum(axis=1), LENGTH_EDGES)
-        self.tokens += np.bincount(ids % TOKEN_BUCKETS, minlength=TOKEN_BUCKETS)
-        self.texts += len(encodings)
+    @classmethod
+    def of(cls, images: bool) -> Histograms:
+        """Empty histograms of a text model's features, or an image model's."""
+        inputs = ({"side": len(SIDE_EDGES) - 1, "brightness": len(BRIGHTNESS_EDGES) - 1} if images
+                  else {"length": len(LENGTH_EDGES) - 1, "tokens": TOKEN_BUCKETS})
+        bins = inputs | {"label": 0, "confidence": len(CONFIDENCE_EDGES) - 1}
+        return cls({name: np.zeros(size) for name, size in bins.items()})
+
+    def fresh(self) -> Histograms:
+        """An empty window with these features (and as many labels)."""
+        return Histograms({name: np.zeros_like(counts) for name, counts in self.counts.items()})
+
+    def add_inputs(self, inputs: Inputs) -> None:
+        """Count what one batch gave the model. It runs on every batch served, so it is kept to a few numpy calls:
+        ~10 us for one text."""
+        if isinstance(inputs, pixels.Seen):
+            self.counts["side"] += _binned(inputs.sides, SIDE_EDGES)
+            self.counts["brightness"] += _binned(inputs.brightness, BRIGHTNESS_EDGES)
+            self.examples += len(inputs.sides)
+        elif inputs:  # the padding left out
+            mask = np.asarray([e.attention_mask for e in inputs], dtype=bool)
+            ids = np.asarray([e.ids for e in inputs], dtype=np.int64)[mask]
+            self.counts["length"] += _binned(mask.sum(axis=1), LENGTH_EDGES)
+            self.counts["tokens"] += np.bincount(ids % TOKEN_BUCKETS, minlength=TOKEN_BUCKETS)
+            self.examples += len(inputs)
 
     def add_outputs(self, probabilities: np.ndarray) -> None:
-        if not self.label.size:
-            self.label = np.zeros(probabilities.shape[1])
-        self.label += np.bincount(probabilities.argmax(axis=1), minlength=probabilities.shape[1])
-        self.confidence += _binned(probabilities.max(axis=1), CONFIDENCE_EDGES)
+        if not self.counts["label"].size:
+            self.counts["label"] = np.zeros(probabilities.shape[1])
+        self.counts["label"] += np.bincount(probabilities.argmax(axis=1), minlength=probabilities.shape[1])
+        self.counts["confidence"] += _binned(probabilities.max(axis=1), CONFIDENCE_EDGES)
 
     def to_json(self) -> dict[str, list[float] | int]:
-        return {name: getattr(self, name).tolist() for name in FEATURES} | {"texts": self.texts}
+        return {name: counts.tolist() for name, counts in self.counts.items()} | {"examples": self.examples}
 
     @classmethod
     def from_json(cls, data: dict) -> Histograms:
-        return cls(**{name: np.asarray(data[name], dtype=float) for name in FEATURES}, texts=data["texts"])
+        """Histograms as to_json wrote them (a reference made before images counted its examples as `texts`)."""
+        examples = data.get("examples", data.get("texts", 0))
+        return cls({name: np.asarray(counts, dtype=float) for name, counts in data.items()
+                    if name not in ("examples", "texts")}, examples)
 
     def scores(self, reference: Histograms) -> dict[str, float]:
         """PSI of each feature of this window against the reference."""
-        return {name: psi(getattr(reference, name), getattr(self, name)) for name in FEATURES}
+        return {name: psi(expected, self.counts[name]) for name, expected in reference.counts.items()}
 
 
-def reference(
-    tokenizer: tokenizers.Tokenizer, train_texts: Sequence[str], train_labels: Sequence[int],
-    validation_probabilities: np.ndarray,
-) -> Histograms:
+def reference(reader: tokenizers.Tokenizer | pixels.Pictures, train_examples: Sequence[str | bytes],
+              train_labels: Sequence[int], validation_probabilities: np.ndarray) -> Histograms:
     """The reference of a version: inputs and labels from training, confidence from validation."""
-    made = Histograms()
-    made.add_inputs(tokenizer.encode_batch(list(train_texts)))
-    made.label = np.bincount(np.asarray(train_labels, dtype=np.int64), minlength=validation_probabilities.shape[1])
-    made.label = made.label.astype(float)
-    made.confidence += np.histogram(validation_probabilities.max(axis=1), bins=CONFIDENCE_EDGES)[0]
+    images = isinstance(reader, pixels.Pictures)
+    made = Histograms.of(images)
+    for start in range(0, len(train_examples), 64):  # a batch at a time: images' pixels take room
+        chunk = list(train_examples[start:start + 64])
+        made.add_inputs(reader.see(chunk) if images else reader.encode_batch(chunk))
+    made.counts["label"] = np.bincount(np.asarray(train_labels, dtype=np.int64),
+                                       minlength=validation_probabilities.shape[1]).astype(float)
+    made.counts["confidence"] += np.histogram(validation_probabilities.max(axis=1), bins=CONFIDENCE_EDGES)[0]
     return made
 
 

@@ -3,7 +3,8 @@
 Off until `serve.grpc_port` names a port; then the REST app's lifespan runs it beside REST, on the same event loop,
 over the same runtime: the same API keys (metadata `authorization: Bearer apl_...` or `x-api-key`), scopes, rates,
 batcher, canary routing, metrics and usage, and TLS when serving has it. What a request may ask and what an answer
-holds is `oip`'s, as for REST; texts and outputs travel as `bytes_contents` or raw contents (tritonclient's way),
+holds is `oip`'s, as for REST; inputs travel as `bytes_contents` (texts, images), `fp32_contents` (an image's
+prepared pixels) or raw contents (tritonclient's way),
 answers always as raw contents. A refusal is the gRPC status nearest to the REST one (`CODES`), with the same
 message and hint; the body size limit is gRPC's message limit.
 
@@ -24,9 +25,10 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
+from appliance import pixels
 from appliance.access import auth
 from appliance.core.config import Settings
-from appliance.core.errors import ApplianceError, BadRequest
+from appliance.core.errors import ApplianceError, BadRequest, PayloadTooLarge
 from appliance.serve import access, oip, tls
 from appliance.serve import metrics as serve_metrics
 from appliance.serve.rates import KeyRates
@@ -93,10 +95,15 @@ class Service:
         key = self._key(context, request.model_name)
         self.rates.admit(key)
         version = _version(request.model_version)
-        self.runtime.require(request.model_name, version, key.may_call)
-        ask = _ask(request, self.keeps_ids)
-        self.rates.charge(key, len(ask.texts))
-        answer = await self.runtime.predict(request.model_name, ask.texts, f"key:{key.name}", key.may_call, version)
+        pictures = self.runtime.require(request.model_name, version, key.may_call)
+        limit = self.runtime.settings.serve.max_body_bytes
+        if pictures is None and request.ByteSize() > limit:  # gRPC's own limit is the image models' larger one
+            raise PayloadTooLarge(f"the request is over the {limit}-byte limit", hint="send fewer or shorter texts "
+                                  "per request")
+        ask = _ask(request, self.keeps_ids, pictures)
+        self.rates.charge(key, len(ask.examples))
+        answer = await self.runtime.predict(request.model_name, ask.examples, f"key:{key.name}", key.may_call,
+                                            version)
         tensors = oip.tensors(answer, [name for name, _ in ask.outputs])
         output = M["ModelInferResponse"].InferOutputTensor
         return M["ModelInferResponse"](
@@ -120,28 +127,23 @@ def _version(given: str) -> int | None:
     return int(given)
 
 
-def _ask(request: Message, keeps_ids: bool) -> oip.Ask:
-    """What a ModelInferRequest asks: its texts from raw contents or bytes_contents, the outputs it names."""
+def _ask(request: Message, keeps_ids: bool, pictures: pixels.Pictures | None) -> oip.Ask:
+    """What a ModelInferRequest asks: its examples from raw contents or the input's contents, the outputs it
+    names."""
     if len(request.inputs) != 1:
         names = [tensor.name for tensor in request.inputs]
         raise BadRequest(f"the request has {len(names)} inputs ({', '.join(map(repr, names))})",
-                         hint=f"the model takes one input, {oip.INPUT!r}")
+                         hint=f"the model takes one input, of: {', '.join(map(repr, oip.inputs_of(pictures)))}")
     tensor = request.inputs[0]
     if request.raw_input_contents:
         if len(request.raw_input_contents) != 1 or tensor.HasField("contents"):
             raise BadRequest("give the input's data once: as one raw content, or as its contents",
                              hint="raw_input_contents holds one entry per input")
-        texts = oip.decode_texts(request.raw_input_contents[0])
+        data = request.raw_input_contents[0]
     else:
-        texts = []
-        for index, raw in enumerate(tensor.contents.bytes_contents):
-            try:
-                texts.append(raw.decode())
-            except UnicodeDecodeError as exc:
-                raise BadRequest(f"instance {index} is not UTF-8 text (byte {exc.start})",
-                                 hint="send the texts encoded as UTF-8") from None
-    oip.check_input(tensor.name, tensor.datatype, list(tensor.shape), len(texts))
-    return oip.Ask(texts, oip.wanted([(output.name, True) for output in request.outputs], keeps_ids), request.id)
+        data = list(tensor.contents.fp32_contents if tensor.datatype == "FP32" else tensor.contents.bytes_contents)
+    examples = oip.examples_of(tensor.name, tensor.datatype, list(tensor.shape), data, pictures)
+    return oip.Ask(examples, oip.wanted([(output.name, True) for output in request.outputs], keeps_ids), request.id)
 
 
 Call = Callable[[Message, grpc.aio.ServicerContext], Awaitable[Message]]
@@ -212,10 +214,10 @@ def handlers(service: Service, runtime: Runtime) -> grpc.GenericRpcHandler:
 async def start(settings: Settings, runtime: Runtime, rates: KeyRates) -> grpc.aio.Server:
     """The gRPC server on serve.host:serve.grpc_port, started; TLS with serving's certificate when serve.tls."""
     serve = settings.serve
-    # As for REST: a body within serve.max_body_bytes, a connection's handshake within serve.header_timeout_s,
+    # As for REST: a body within the limits (gRPC has one for all models: the larger), a connection's handshake within serve.header_timeout_s,
     # an idle connection closed (a client reconnects when it has more to ask), calls in progress bounded.
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", serve.max_body_bytes),
+        options=[("grpc.max_receive_message_length", max(serve.max_body_bytes, serve.max_image_body_bytes)),
                  ("grpc.max_concurrent_streams", 100),
                  ("grpc.server_handshake_timeout_ms", int(serve.header_timeout_s * 1000)),
                  ("grpc.max_connection_idle_ms", 60_000)],

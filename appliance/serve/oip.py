@@ -1,21 +1,30 @@
-"""The Open Inference Protocol (KServe v2) as a text classifier speaks it, whatever carries it.
+"""The Open Inference Protocol (KServe v2) as a classifier speaks it, whatever carries it.
 
-A served model takes one input and gives up to four outputs:
+A request gives a model one input: a text model's, or one of an image model's two:
 
     text           BYTES  [n] or [n, 1]  the texts, UTF-8
+    image          BYTES  [n] or [n, 1]  image files as saved (JPEG, PNG, WebP, BMP, TIFF); in JSON, base64
+    pixel_values   FP32   [n, 3, s, s]   images prepared by the caller: RGB, channels first, s the model's size,
+                                         normalised with the mean and std its metadata gives
+
+and gets up to four outputs:
+
     label          BYTES  [n]            the most likely label of each
     probabilities  FP32   [n, k]         every label's probability, in the order of the model's labels
-    truncated      BOOL   [n]            whether the model's window cut the text short (it read the beginning)
+    truncated      BOOL   [n]            whether the model's window cut the text short (it read the beginning);
+                                         never true of an image
     prediction_id  BYTES  [n]            the id true labels are sent back under (only where predictions are kept)
 
 A request names the outputs it wants (all of them when it names none); a name the model does not have, in inputs or
 outputs, is a 400 naming it. Tensor data travels as JSON (`data`, flat or nested in the tensor's shape) or as raw
-bytes: REST's binary tensor data extension and gRPC's raw contents carry the same encoding (`encode`, `decode_texts`),
+bytes: REST's binary tensor data extension and gRPC's raw contents carry the same encoding (`encode`, `examples_of`),
 BYTES elements each after their length as a 4-byte little-endian integer, FP32 little-endian, BOOL one byte each.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import struct
@@ -24,13 +33,15 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import Field, StrictStr
+from pydantic import Field, StrictFloat, StrictInt, StrictStr
 
+from appliance import pixels
 from appliance.core.errors import BadRequest
 from appliance.serve.runtime import Answer, Route
 from appliance.serve.web import Body, Text, parse_json
 
-INPUT = "text"
+INPUT = "text"  # a text model's input
+IMAGE_INPUT, PIXELS_INPUT = "image", pixels.INPUT  # an image model's: files, or pixels prepared by the caller
 DATATYPES = {"label": "BYTES", "probabilities": "FP32", "truncated": "BOOL", "prediction_id": "BYTES"}
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]  # the names Triton's clients know them by
 BINARY_HEADER = "Inference-Header-Content-Length"  # the JSON's length, when binary tensor data follows it
@@ -44,10 +55,10 @@ _LENGTH = struct.Struct("<I")
 class InferInput(Body):
     name: Text
     shape: list[Annotated[int, Field(ge=0)]]
-    datatype: Literal["BYTES"]
-    data: list[StrictStr | list[Any]] | None = Field(None, description=(
-        "the texts, flat or nested in the shape; left out when parameters.binary_data_size says they follow the"
-        " JSON as binary tensor data"))
+    datatype: Literal["BYTES", "FP32"]
+    data: list[StrictStr | StrictFloat | StrictInt | list[Any]] | None = Field(None, description=(
+        "the texts (or base64 images, or pixel values), flat or nested in the shape; left out when"
+        " parameters.binary_data_size says they follow the JSON as binary tensor data"))
     parameters: dict[str, Any] | None = None
 
 
@@ -57,7 +68,7 @@ class RequestedOutput(Body):
 
 
 class InferRequest(Body):
-    """Open Inference Protocol request: one BYTES input of texts."""
+    """Open Inference Protocol request: one input, the texts (or the images)."""
 
     id: Text | None = None
     model_name: Text | None = Field(None, description="the path's model, when given (the KServe SDK sends it)")
@@ -90,9 +101,10 @@ class InferResponse(Body):
 
 @dataclass(frozen=True)
 class Ask:
-    """An inference request, checked: the texts, the outputs wanted in order (name, as raw bytes?), its id."""
+    """An inference request, checked: its examples (texts, or images), the outputs wanted in order (name, as raw
+    bytes?), its id."""
 
-    texts: list[str]
+    examples: list[str] | list[bytes | np.ndarray]
     outputs: list[tuple[str, bool]]
     id: str | None = None
 
@@ -102,15 +114,72 @@ def outputs_of(keeps_ids: bool) -> list[str]:
     return [name for name in DATATYPES if keeps_ids or name != "prediction_id"]
 
 
-def check_input(name: str, datatype: str, shape: Sequence[int], count: int) -> None:
-    """The one input a classifier takes, holding `count` texts; a 400 saying what is wrong otherwise."""
-    if name != INPUT:
-        raise BadRequest(f"unknown input {name!r}", hint=f"the model takes one input, {INPUT!r} (BYTES, [n] or [n, 1])")
-    if datatype != "BYTES":
-        raise BadRequest(f"input {INPUT!r} is {datatype}, not BYTES", hint="send the texts as BYTES")
-    if list(shape) not in ([count], [count, 1]):
-        raise BadRequest(f"input {INPUT!r} has shape {list(shape)} but holds {count} texts",
-                         hint=f"give shape [{count}] or [{count}, 1]")
+def inputs_of(pictures: pixels.Pictures | None) -> dict[str, tuple[str, list[int]]]:
+    """The inputs a model takes (name: datatype, shape): a text model's, or an image model's of `pictures`."""
+    if pictures is None:
+        return {INPUT: ("BYTES", [-1])}
+    return {IMAGE_INPUT: ("BYTES", [-1]), PIXELS_INPUT: ("FP32", [-1, 3, pictures.size, pictures.size])}
+
+
+def examples_of(name: str, datatype: str, shape: Sequence[int], data: bytes | Sequence[Any],
+                pictures: pixels.Pictures | None) -> list[str] | list[bytes | np.ndarray]:
+    """The examples an input tensor holds, from its raw bytes (binary tensor data, gRPC raw contents) or its
+    elements (JSON data, flat or nested; gRPC contents); a 400 saying what is wrong with it otherwise."""
+    inputs = inputs_of(pictures)
+    takes = ", ".join(f"{known!r} ({kind}, {list(dims)})" for known, (kind, dims) in inputs.items())
+    if name not in inputs:
+        raise BadRequest(f"unknown input {name!r}", hint=f"the model takes one input of: {takes}")
+    if datatype != inputs[name][0]:
+        raise BadRequest(f"input {name!r} is {datatype}, not {inputs[name][0]}", hint=f"the model takes {takes}")
+    if name == PIXELS_INPUT:
+        return _prepared(name, shape, np.frombuffer(data, "<f4") if isinstance(data, bytes) else data, pictures)
+    elements = _elements(name, data) if isinstance(data, bytes) else _flat(name, data)
+    if list(shape) not in ([len(elements)], [len(elements), 1]):
+        held = f"{len(elements)} {'texts' if name == INPUT else 'images'}"
+        raise BadRequest(f"input {name!r} has shape {list(shape)} but holds {held}",
+                         hint=f"give shape [{len(elements)}] or [{len(elements)}, 1]")
+    if name == INPUT:
+        return [_utf8(element, index) for index, element in enumerate(elements)]
+    return [unbased(element, index) for index, element in enumerate(elements)]
+
+
+def _prepared(name: str, shape: Sequence[int], values: np.ndarray | Sequence[Any],
+              pictures: pixels.Pictures) -> list[np.ndarray]:
+    """A batch of prepared images, one float32 array each."""
+    size = pictures.size
+    if len(shape) != 4 or list(shape[1:]) != [3, size, size]:
+        raise BadRequest(f"input {name!r} has shape {list(shape)}, not [n, 3, {size}, {size}]",
+                         hint=f"give each image as its {size}x{size} RGB pixels, channels first")
+    try:
+        flat = np.asarray(values, dtype=np.float32).ravel()
+    except (TypeError, ValueError):
+        raise BadRequest(f"input {name!r} holds something other than numbers, or its rows differ in length",
+                         hint="give the pixel values as numbers, flat or nested in the shape") from None
+    if flat.size != math.prod(shape):
+        raise BadRequest(f"input {name!r} has shape {list(shape)} but holds {flat.size} values",
+                         hint=f"give {math.prod(shape)} values, or the shape they fill")
+    return list(flat.reshape(shape))
+
+
+def _utf8(element: str | bytes, index: int) -> str:
+    if isinstance(element, str):
+        return element
+    try:
+        return element.decode()
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"instance {index} is not UTF-8 text (byte {exc.start})",
+                         hint="send the texts encoded as UTF-8") from None
+
+
+def unbased(element: str | bytes, index: int) -> bytes:
+    """An image element: raw bytes as they are, a JSON string from base64."""
+    if isinstance(element, bytes):
+        return element
+    try:
+        return base64.b64decode(element, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"instance {index} is not base64", hint="in JSON, give each image file base64-encoded, "
+                         "or send it as binary tensor data") from None
 
 
 def wanted(requested: Sequence[tuple[str, bool]] | None, keeps_ids: bool, binary: bool = False) -> list[tuple[str, bool]]:
@@ -132,9 +201,10 @@ def wanted(requested: Sequence[tuple[str, bool]] | None, keeps_ids: bool, binary
     return list(requested)
 
 
-def parse_rest(raw: bytes, header_length: str | None, keeps_ids: bool, model: str, version: int | None) -> Ask:
-    """A REST request body for the model (and version) of its path: JSON, then binary tensor data when
-    `header_length` (the header of that name) says where the JSON ends."""
+def parse_rest(raw: bytes, header_length: str | None, keeps_ids: bool, model: str, version: int | None,
+               pictures: pixels.Pictures | None = None) -> Ask:
+    """A REST request body for the model (and version) of its path, an image model's of `pictures`: JSON, then
+    binary tensor data when `header_length` (the header of that name) says where the JSON ends."""
     head, tail = _split(raw, header_length)
     found = parse_json(head)
     body = InferRequest.model_validate(found)  # a ValidationError is the edge's to translate
@@ -144,16 +214,17 @@ def parse_rest(raw: bytes, header_length: str | None, keeps_ids: bool, model: st
                          hint="leave model_name and model_version out of the body, or give the path's")
     names = [tensor.name for tensor in body.inputs]
     if len(names) > 1:
-        extra = [name for name in names if name != INPUT] or names[1:]
-        raise BadRequest(f"unknown input{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}"
-                         if any(name != INPUT for name in names) else f"input {INPUT!r} is given twice",
-                         hint=f"the model takes one input, {INPUT!r}")
+        inputs = inputs_of(pictures)
+        extra = [name for name in names if name not in inputs]
+        raise BadRequest(f"unknown input{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}" if extra
+                         else f"{len(names)} inputs ({', '.join(map(repr, names))})",
+                         hint=f"the model takes one input, of: {', '.join(map(repr, inputs))}")
     tensor = body.inputs[0]
     size = (tensor.parameters or {}).get("binary_data_size")
     if size is None:
         if tensor.data is None:
-            raise BadRequest(f"input {tensor.name!r} has no data", hint="give its texts in data")
-        texts = _flat(tensor.data)
+            raise BadRequest(f"input {tensor.name!r} has no data", hint="give its values in data")
+        data: bytes | list[Any] = tensor.data
         if tail:
             raise BadRequest(f"{len(tail)} bytes of binary tensor data follow the JSON, and no input says it is binary",
                              hint="give the input parameters.binary_data_size, or send JSON alone")
@@ -166,8 +237,8 @@ def parse_rest(raw: bytes, header_length: str | None, keeps_ids: bool, model: st
         if not isinstance(size, int) or isinstance(size, bool) or size != len(tail):
             raise BadRequest(f"input {tensor.name!r} says binary_data_size {size!r}, but {len(tail)} bytes follow"
                              " the JSON", hint="give the exact byte length of the input's binary data")
-        texts = decode_texts(tail)
-    check_input(tensor.name, tensor.datatype, tensor.shape, len(texts))
+        data = tail
+    examples = examples_of(tensor.name, tensor.datatype, tensor.shape, data, pictures)
     binary = (body.parameters or {}).get("binary_data_output") is True
     requested = [(output.name, (output.parameters or {}).get("binary_data", binary) is True)
                  for output in body.outputs or ()]
@@ -175,7 +246,7 @@ def parse_rest(raw: bytes, header_length: str | None, keeps_ids: bool, model: st
         if "classification" in (output.parameters or {}):
             raise BadRequest(f"output {output.name!r} asks for classification, which this server does not give",
                              hint="read the label and probabilities outputs: they are the classification")
-    return Ask(texts, wanted(requested, keeps_ids, binary), body.id)
+    return Ask(examples, wanted(requested, keeps_ids, binary), body.id)
 
 
 def _split(raw: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -187,9 +258,9 @@ def _split(raw: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     return raw[:int(header_length)], raw[int(header_length):]
 
 
-def _flat(data: list[Any]) -> list[str]:
-    """JSON tensor data, flat or nested, in row-major order; every element a string."""
-    flat: list[str] = []
+def _flat(name: str, data: Sequence[Any]) -> list[str | bytes]:
+    """Tensor elements, flat or nested, in row-major order; every element a string (JSON) or bytes (gRPC)."""
+    flat: list[str | bytes] = []
     pending = [iter(data)]
     while pending:  # iterative: a deep nesting is refused by json.loads's recursion limit, never here
         item = next(pending[-1], _END)
@@ -197,35 +268,31 @@ def _flat(data: list[Any]) -> list[str]:
             pending.pop()
         elif isinstance(item, list):
             pending.append(iter(item))
-        elif isinstance(item, str):
+        elif isinstance(item, str | bytes):
             flat.append(item)
         else:
-            raise BadRequest(f"element {len(flat)} of input {INPUT!r} is {type(item).__name__}, not a string",
-                             hint="give each text as a JSON string")
+            raise BadRequest(f"element {len(flat)} of input {name!r} is {type(item).__name__}, not a string",
+                             hint="give each text (or base64 image) as a JSON string")
     return flat
 
 
 _END = object()
 
 
-def decode_texts(raw: bytes) -> list[str]:
-    """BYTES elements in binary tensor data (each after its length, 4 bytes little-endian), as UTF-8 texts."""
-    texts, at = [], 0
+def _elements(name: str, raw: bytes) -> list[bytes]:
+    """BYTES elements in binary tensor data, each after its length (4 bytes, little-endian)."""
+    elements, at = [], 0
     while at < len(raw):
         if at + 4 > len(raw):
-            raise BadRequest(f"the binary data of input {INPUT!r} ends inside the length of element {len(texts)}",
+            raise BadRequest(f"the binary data of input {name!r} ends inside the length of element {len(elements)}",
                              hint="each element is its length (4 bytes, little-endian), then its bytes")
         (length,) = _LENGTH.unpack_from(raw, at)
         if at + 4 + length > len(raw):
-            raise BadRequest(f"element {len(texts)} of input {INPUT!r} says {length} bytes, past the end of its data",
-                             hint="each element is its length (4 bytes, little-endian), then its bytes")
-        try:
-            texts.append(raw[at + 4:at + 4 + length].decode())
-        except UnicodeDecodeError as exc:
-            raise BadRequest(f"instance {len(texts)} is not UTF-8 text (byte {exc.start})",
-                             hint="send the texts encoded as UTF-8") from None
+            raise BadRequest(f"element {len(elements)} of input {name!r} says {length} bytes, past the end of its"
+                             " data", hint="each element is its length (4 bytes, little-endian), then its bytes")
+        elements.append(raw[at + 4:at + 4 + length])
         at += 4 + length
-    return texts
+    return elements
 
 
 # -- what the answer holds ------------------------------------------------------------------------------
@@ -289,23 +356,31 @@ def answer_rest(model: str, answer: Answer, ask: Ask) -> tuple[bytes, int | None
 
 def model_metadata(model: str, route: Route, keeps_ids: bool, version: int | None = None) -> dict[str, Any]:
     """The model's metadata: its versions serving (or the one asked for), its input and outputs, its labels."""
-    labels = route.production.labels
+    labels, pictures = route.production.labels, route.production.pictures
     shapes = {"label": [-1], "probabilities": [-1, len(labels)], "truncated": [-1], "prediction_id": [-1]}
     return {
         "name": model,
         "versions": [str(loaded.version) for loaded in route.versions() if version in (None, loaded.version)],
         "platform": "openvino",
-        "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+        "inputs": [{"name": name, "datatype": datatype, "shape": shape}
+                   for name, (datatype, shape) in inputs_of(pictures).items()],
         "outputs": [{"name": name, "datatype": DATATYPES[name], "shape": shapes[name]}
                     for name in outputs_of(keeps_ids)],
-        "parameters": {"labels": labels, "canary_percent": route.canary_percent},
+        "parameters": {"labels": labels, "canary_percent": route.canary_percent} | _preparing(pictures),
     }
+
+
+def _preparing(pictures: pixels.Pictures | None) -> dict[str, Any]:
+    """What a caller needs to prepare an image model's pixel_values itself."""
+    if pictures is None:
+        return {}
+    return {"image_size": pictures.size, "mean": list(pictures.mean), "std": list(pictures.std)}
 
 
 def model_config(model: str, route: Route, keeps_ids: bool, max_batch_size: int, max_delay_ms: float
                  ) -> dict[str, Any]:
     """The model as Triton's model configuration describes one (the model_configuration extension): batched on
-    the first dimension, each text one element, so `dims` are per text."""
+    the first dimension, each example one element, so `dims` are per example."""
     config_types = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "BOOL": "TYPE_BOOL"}
     per_text = {"label": [1], "probabilities": [len(route.production.labels)], "truncated": [1],
                 "prediction_id": [1]}
@@ -314,7 +389,9 @@ def model_config(model: str, route: Route, keeps_ids: bool, max_batch_size: int,
         "platform": "openvino",
         "backend": "openvino",
         "max_batch_size": max_batch_size,
-        "input": [{"name": INPUT, "data_type": "TYPE_STRING", "dims": [1], "reshape": {"shape": []}}],
+        "input": [{"name": name, "data_type": config_types[datatype], "dims": shape[1:] or [1]}
+                  | ({"reshape": {"shape": []}} if datatype == "BYTES" else {})
+                  for name, (datatype, shape) in inputs_of(route.production.pictures).items()],
         "output": [{"name": name, "data_type": config_types[DATATYPES[name]], "dims": per_text[name]}
                    | ({"reshape": {"shape": []}} if per_text[name] == [1] else {})
                    for name in outputs_of(keeps_ids)],

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from appliance import inference, registry, store
+from appliance import inference, pixels, registry, store
 from appliance.access import auth
 from appliance.core.config import Settings
 from appliance.core.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, PayloadTooLarge, ServeError
@@ -43,7 +43,7 @@ ACTOR = "service:serve"  # who the server's own audit records name
 
 @dataclass(eq=False)  # identity: a route compares the very versions it holds
 class Loaded:
-    """One model version compiled and warm, with its batcher and its live drift window."""
+    """One model version compiled and warm, with its batcher and its live drift window (when it has a reference)."""
 
     model: str
     version: int
@@ -51,20 +51,30 @@ class Loaded:
     servable: inference.Servable
     batcher: Batcher
     reference: drift.Histograms | None
-    window: drift.Histograms = field(default_factory=drift.Histograms)
+    window: drift.Histograms | None = None
     drift_scores: dict[str, float] = field(default_factory=dict)  # PSI per feature of the last full window
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.reference is not None:
+            self.window = self.reference.fresh()
 
     @property
     def labels(self) -> list[str]:
         return self.servable.labels
 
+    @property
+    def pictures(self) -> pixels.Pictures | None:
+        """What it takes when it classifies images; None for a text model."""
+        reader = self.servable.reader
+        return reader if isinstance(reader, pixels.Pictures) else None
+
 
 @dataclass(frozen=True)
 class Answer:
-    """What the server answers a request with: the version that answered and, per text, every label's probability,
-    the prediction id feedback names it by (empty when predictions are not kept) and whether the model's window
-    cut the text short."""
+    """What the server answers a request with: the version that answered and, per example, every label's
+    probability, the prediction id feedback names it by (empty when predictions are not kept) and whether the
+    model's window cut it short."""
 
     loaded: Loaded
     probabilities: np.ndarray
@@ -73,7 +83,7 @@ class Answer:
 
     @property
     def labels(self) -> list[str]:
-        """The most likely label of each text."""
+        """The most likely label of each example."""
         return [self.loaded.labels[i] for i in self.probabilities.argmax(axis=1)]
 
 
@@ -157,21 +167,25 @@ class Runtime:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def predict(self, model: str, texts: list[str], caller: str = "-",
+    async def predict(self, model: str, examples: list[str] | list[bytes | np.ndarray], caller: str = "-",
                       allowed: Callable[[str], bool] | None = None, version: int | None = None,
                       inline: bool = False) -> Answer:
-        """The answer to texts from the version the model's route picks (or from `version`, when it serves),
-        counted in the metrics and usage.
+        """The answer to examples (texts, or images for an image model) from the version the model's route picks
+        (or from `version`, when it serves), counted in the metrics and usage.
 
-        Each request is checked on its own before it joins a batch, so one bad text fails its request alone;
-        `allowed` says which models a 404's hint may name; `inline` is the batcher's (an HTTP request's texts).
+        Each request is checked on its own before it joins a batch, so one bad example fails its request alone;
+        `allowed` says which models a 404's hint may name; `inline` is the batcher's (an HTTP request's examples).
         """
-        check_texts(texts, self.settings.serve.max_instances, self.settings.serve.max_text_chars)
         loaded = self.route(model, allowed).pick() if version is None else self.serving(model, version, allowed)
+        serve = self.settings.serve
+        if loaded.pictures is not None:
+            check_images(examples, loaded.pictures, serve.max_instances)
+        else:
+            check_texts(examples, serve.max_instances, serve.max_text_chars)
         access.note(model=f"{model}:{loaded.version}")
         started = time.perf_counter()
         try:
-            inferred = await loaded.batcher.infer(texts, inline)
+            inferred = await loaded.batcher.infer(examples, inline)
         except ServeError as exc:
             status = status_of(type(exc))
             if status >= 500 and not isinstance(exc, Overloaded):  # the version failed: counted against it
@@ -182,8 +196,8 @@ class Runtime:
         self.metrics.request(model, loaded.version, 200, elapsed)
         self.usage.count(model, caller, elapsed)
         probabilities = drift.softmax(inferred.logits)
-        ids = ([""] * len(texts) if self.predictions is None
-               else self.predictions.add(model, loaded.version, loaded.labels, probabilities, texts))
+        ids = ([""] * len(examples) if self.predictions is None
+               else self.predictions.add(model, loaded.version, loaded.labels, probabilities, examples))
         return Answer(loaded, probabilities, ids, inferred.truncated)
 
     async def record_feedback(self, items: list[tuple[str, str]], actor: str,
@@ -196,7 +210,8 @@ class Runtime:
         return await self._on_worker(work)
 
     def describe(self) -> list[dict[str, Any]]:
-        """What serves now, model by model: readiness, the canary share, and each loaded version."""
+        """What serves now, model by model: readiness, what it takes (texts or images), the canary share, and each
+        loaded version."""
         described = []
         for model in sorted(set(self._wanted) | set(self.routes)):
             route = self.routes.get(model)
@@ -207,7 +222,8 @@ class Runtime:
                 versions.append({"version": loaded.version, "role": route.role(loaded),
                                  "variant": loaded.variant, "traffic_share": share,
                                  "queue_depth": loaded.batcher.depth, "drift_psi": dict(loaded.drift_scores)})
-            described.append({"model": model, "ready": self.model_ready(model),
+            takes = "images" if route and route.production.pictures is not None else "texts"
+            described.append({"model": model, "ready": self.model_ready(model), "takes": takes,
                               "canary_percent": route.canary_percent if route else 0.0, "versions": versions})
         return described
 
@@ -222,12 +238,12 @@ class Runtime:
             raise self.not_found(model, allowed)
         return route
 
-    def require(self, model: str, version: int | None, allowed: Callable[[str], bool] | None = None) -> None:
-        """A 404 unless the model serves (and, given a version, that version of it): before any body work."""
-        if version is None:
-            self.route(model, allowed)
-        else:
-            self.serving(model, version, allowed)
+    def require(self, model: str, version: int | None, allowed: Callable[[str], bool] | None = None
+                ) -> pixels.Pictures | None:
+        """A 404 unless the model serves (and, given a version, that version of it): before any body work. What an
+        image model takes (its production's, or the version's), to read the body by; None for a text model."""
+        loaded = self.route(model, allowed).production if version is None else self.serving(model, version, allowed)
+        return loaded.pictures
 
     def serving(self, model: str, version: int, allowed: Callable[[str], bool] | None = None) -> Loaded:
         """A version of the model that serves now (production or candidate), or a 404 naming those that do."""
@@ -346,7 +362,7 @@ class Runtime:
         """Decrypt the chosen variant into memory, compile, warm up and check one inference."""
         entry = registry.get(self._store, f"{model}:{version}")
         servable = inference.load_ir(blobs.read(self._store, entry.serving_variant().blob_id))
-        logits = inference.predict(servable.compiled, servable.reader, ["warm up", "a second, longer warm-up text"])
+        logits = inference.predict(servable.compiled, servable.reader, warm_up(servable.reader))
         if logits.shape != (2, len(servable.labels)) or not np.isfinite(logits).all():
             raise ModelNotFound(f"{entry.ref} failed its smoke inference (logits {logits.shape})")
         stored = servable.manifest.get("reference")
@@ -407,15 +423,15 @@ class Runtime:
     # -- monitoring (on OpenVINO's threads) ----------------------------------------------------
 
     def _observe(self, loaded: Loaded, batch: Batch) -> None:
-        self.metrics.batch(loaded.model, loaded.version, len(batch.encodings), batch.seconds)
-        if loaded.reference is None:
+        self.metrics.batch(loaded.model, loaded.version, batch.size, batch.seconds)
+        if loaded.reference is None or loaded.window is None:
             return
         with loaded.lock:
-            loaded.window.add_inputs(batch.encodings)
+            loaded.window.add_inputs(batch.inputs)
             loaded.window.add_outputs(drift.softmax(batch.logits))
-            if loaded.window.texts < self.settings.serve.drift_window:
+            if loaded.window.examples < self.settings.serve.drift_window:
                 return
-            scores, loaded.window = loaded.window.scores(loaded.reference), drift.Histograms()
+            scores, loaded.window = loaded.window.scores(loaded.reference), loaded.reference.fresh()
         loaded.drift_scores = scores
         self.metrics.drift(loaded.model, loaded.version, scores)
         worst = max(scores, key=scores.get)
@@ -424,14 +440,39 @@ class Runtime:
             self._worker.submit(self._alert_drift, loaded, details)
 
 
+def warm_up(reader: inference.Reader) -> list[str] | list[bytes]:
+    """Two examples a model is warmed up and smoke-tested on before it serves: texts, or a grey and a striped
+    image."""
+    if not isinstance(reader, pixels.Pictures):
+        return ["warm up", "a second, longer warm-up text"]
+    grey = np.full((reader.size, reader.size, 3), 128, dtype=np.uint8)
+    striped = np.zeros((reader.size * 2, reader.size, 3), dtype=np.uint8)
+    striped[::8] = 255
+    return [pixels.encoded(grey), pixels.encoded(striped)]
+
+
+def check_images(images: list[bytes | np.ndarray], reader: pixels.Pictures, max_instances: int) -> None:
+    """Refuse a request whose images could not all be answered (too many, too large, not an image, a prepared
+    input of the wrong shape), naming the first bad one by index. Decoding is the batch's: one that fails there
+    fails its request alone."""
+    _check_count(len(images), "images", max_instances)
+    for index, image in enumerate(images):
+        if isinstance(image, str):
+            raise BadRequest(f"instance {index} is text, and this model classifies images",
+                             hint="send the image's file bytes (base64 in JSON)")
+        if isinstance(image, np.ndarray):
+            reader.prepared(image, f"instance {index}")
+        else:
+            pixels.admitted(image, f"instance {index}")
+
+
 def check_texts(texts: list[str], max_instances: int, max_chars: int) -> None:
     """Refuse a request whose texts could not all be answered, naming the first bad one by index, never its text."""
-    if not texts:
-        raise BadRequest("the request holds no texts", hint="send at least one text")
-    if len(texts) > max_instances:
-        raise BadRequest(f"the request holds {len(texts)} texts; at most {max_instances} are allowed",
-                         hint="split it into several requests")
+    _check_count(len(texts), "texts", max_instances)
     for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise BadRequest(f"instance {index} is not text, and this model classifies texts",
+                             hint="send the texts as strings")
         if not text.strip():
             raise BadRequest(f"instance {index} is empty or only whitespace", hint="send text to classify, or leave it out")
         if len(text) > max_chars:
@@ -440,3 +481,11 @@ def check_texts(texts: list[str], max_instances: int, max_chars: int) -> None:
         if (at := surrogate_at(text)) is not None:
             raise BadRequest(f"instance {index} is not valid Unicode text (a lone surrogate at character {at})",
                              hint="send UTF-8 text; a \\uD800-\\uDFFF escape in JSON must be one of a pair")
+
+
+def _check_count(count: int, kind: str, max_instances: int) -> None:
+    if not count:
+        raise BadRequest(f"the request holds no {kind}", hint=f"send at least one of the {kind} to classify")
+    if count > max_instances:
+        raise BadRequest(f"the request holds {count} {kind}; at most {max_instances} are allowed",
+                         hint="split it into several requests")

@@ -32,9 +32,9 @@ def test_concurrent_requests_share_inferences_and_get_their_own_answers(
 
     answers = asyncio.run(scenario())
     np.testing.assert_allclose(np.concatenate([answer.logits for answer in answers]), expected, atol=1e-4)
-    assert sum(len(batch.encodings) for batch in batches) == len(texts)
-    assert max(len(batch.encodings) for batch in batches) > 3  # requests were merged
-    assert all(len(batch.encodings) <= 16 for batch in batches)
+    assert sum(batch.size for batch in batches) == len(texts)
+    assert max(batch.size for batch in batches) > 3  # requests were merged
+    assert all(batch.size <= 16 for batch in batches)
 
 
 def test_a_lone_request_on_an_idle_model_is_inferred_inline_and_a_crowd_still_shares_batches(
@@ -56,8 +56,8 @@ def test_a_lone_request_on_an_idle_model_is_inferred_inline_and_a_crowd_still_sh
     one_by_one, crowd = asyncio.run(scenario())
     np.testing.assert_allclose(np.concatenate([answer.logits for answer in one_by_one]), expected[:5], atol=1e-4)
     np.testing.assert_allclose(np.concatenate([answer.logits for answer in crowd]), expected, atol=1e-4)
-    assert [len(batch.encodings) for batch in batches[:5]] == [1] * 5  # each recorded, on the loop
-    assert max(len(batch.encodings) for batch in batches[5:]) > batching.INLINE_TEXTS  # the crowd was batched
+    assert [batch.size for batch in batches[:5]] == [1] * 5  # each recorded, on the loop
+    assert max(batch.size for batch in batches[5:]) > batching.INLINE_TEXTS  # the crowd was batched
 
 
 def test_a_batch_is_cut_only_where_long_texts_would_pad_short_ones() -> None:
@@ -65,7 +65,7 @@ def test_a_batch_is_cut_only_where_long_texts_would_pad_short_ones() -> None:
     request = batching._Request(texts, future=None)  # type: ignore[arg-type]
     pieces = batching._pieces([(request, i) for i in range(len(texts))])
     # Short texts stay together whatever their ratio; a long one starts a piece when it is twice the shortest.
-    assert [[request.texts[i][0] for _, i in piece] for piece in pieces] == [["a", "d", "f"], ["b"], ["e", "c"]]
+    assert [[request.examples[i][0] for _, i in piece] for piece in pieces] == [["a", "d", "f"], ["b"], ["e", "c"]]
 
 
 def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: inference.Servable) -> None:
@@ -101,9 +101,9 @@ def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: inferen
 
     answers = asyncio.run(scenario())
     assert all(answer.logits.shape == (1, 3) for answer in answers)
-    assert sum(len(batch.encodings) for batch in batches) == 40
+    assert sum(batch.size for batch in batches) == 40
     assert len(batches) <= 10  # one inference per text would be 40
-    assert all(len(batch.encodings) <= 16 for batch in batches)
+    assert all(batch.size <= 16 for batch in batches)
 
 
 def test_a_lone_request_does_not_wait_for_company(servable: inference.Servable) -> None:

@@ -18,7 +18,7 @@ from appliance.operations import autopilot
 from appliance.registry import feedback
 from appliance.serve import metrics as serve_metrics
 from appliance.serve.metrics import LATENCY_BUCKETS, Counts
-from appliance.serve.runtime import Runtime
+from appliance.serve.runtime import check_texts
 from appliance.store import audit
 from tests.serve.conftest import Server, State, start_server, stop_server
 
@@ -94,11 +94,12 @@ def test_a_text_over_the_limit_is_a_413_naming_it_and_the_limit(server: Server) 
     assert answer.json()["error"] == f"instance 1 holds {MAX_TEXT + 1} characters; at most {MAX_TEXT} are allowed"
 
 
-def test_the_control_api_path_checks_each_text_before_routing(state: State) -> None:
-    """The daemon's try-a-prediction calls Runtime.predict, which refuses before it looks for a model."""
-    runtime = Runtime(state.settings, serve_metrics.Metrics())
+def test_the_control_api_path_checks_each_text_as_the_server_does() -> None:
+    """The daemon's try-a-prediction calls Runtime.predict, which checks the texts of every path (check_texts)."""
     with pytest.raises(BadRequest, match="instance 1 is not valid Unicode text"):
-        asyncio.run(runtime.predict("tickets", ["fine", "\ud800"]))
+        check_texts(["fine", "\ud800"], 256, MAX_TEXT)
+    with pytest.raises(BadRequest, match="instance 0 is not text, and this model classifies texts"):
+        check_texts([b"\xff\xd8 a photo"], 256, MAX_TEXT)
 
 
 def test_other_strings_of_a_body_with_a_lone_surrogate_are_refused_too(server: Server) -> None:
@@ -268,8 +269,9 @@ def test_the_openapi_document_says_what_the_server_does(server: Server) -> None:
     assert {"400", "401", "403", "404", "408", "413", "429", "503"} <= set(predict_doc["responses"])
     assert predict_doc["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/PredictRequest")
     instances = document["components"]["schemas"]["PredictRequest"]["properties"]["instances"]
-    assert instances["maxItems"] == 256 and instances["minItems"] == 1 and instances["items"]["maxLength"] == MAX_TEXT
+    assert instances["maxItems"] == 256 and instances["minItems"] == 1
+    assert instances["items"]["anyOf"][0]["maxLength"] == MAX_TEXT  # a text; an image is {"b64": ...}
     data = document["components"]["schemas"]["InferInput"]["properties"]["data"]
-    assert data["maxItems"] == 256 and data["items"]["anyOf"][0]["maxLength"] == MAX_TEXT
+    assert data["minItems"] == 1 and "maxItems" not in data  # an image model's pixel values may come flat
     assert document["components"]["schemas"]["Error"]["required"] == ["type", "error"]
     assert empty.status_code == 400 and too_long.status_code == 413  # what the document promises for each

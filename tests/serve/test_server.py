@@ -60,7 +60,7 @@ def test_both_apis_answer_what_the_model_predicts_in_process(server: Server) -> 
         (b'{"instances": ["a"', 400, "the request body is not valid JSON"),
         (b'{"texts": ["a"]}', 400, "instances: Field required"),
         (b'{"instances": "a"}', 400, "instances: Input should be a valid list"),
-        (b'{"instances": [1, 2]}', 400, "instances.0: Input should be a valid string"),
+        (b'{"instances": [1, 2]}', 400, "instances.0: Input should be a text (a string) or an image"),
         (b'{"instances": []}', 400, "the request holds no texts"),
         (json.dumps({"instances": ["a"] * 257}).encode(), 400, "257 texts; at most 256"),
         (json.dumps({"instances": ["a" * 2_000_000]}).encode(), 413, "over the limit of 1048576 bytes"),
@@ -76,7 +76,7 @@ def test_a_bad_predict_request_gets_a_clear_4xx(server: Server, body: bytes, sta
     ("request_input", "message"),
     [
         ({"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a"]}, "has shape [2] but holds 1 texts"),
-        ({"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}, "datatype: Input should be 'BYTES'"),
+        ({"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}, "input 'text' is FP32, not BYTES"),
         ({"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"], "extra": 1}, "Extra inputs"),
     ],
 )

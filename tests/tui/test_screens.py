@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sqlite3
 import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import Log, RichLog
+from textual.widgets import Input, Log, RichLog
 
 from appliance import registry, store
 from appliance.access import users
@@ -19,8 +20,10 @@ from appliance.data import datasets
 from appliance.store import alerts, blobs
 from appliance.train import runs
 from tests.conftest import Trained
-from tests.daemon import TINY, Daemon, submit
+from tests.daemon import TINY, Daemon, environment, settings_of, submit
+from tests.serve.test_images_served import deploy_shapes
 from tests.test_imports import hf_folder
+from tests.train.test_images import write_shapes
 from tests.tui.conftest import RECORDED_STUDY, SIZE, RecordedDaemon, settle, text
 from tui.app import ApplianceApp
 from tui.widgets import Connection, Table
@@ -338,6 +341,29 @@ async def test_serving_shows_the_endpoints_and_tries_a_prediction(served: Daemon
         await settle(pilot, lambda: any(row[1] == "user:local-admin" and row[3] != "0"
                                         for row in rows(app, "#usage").values()),
                      message="the prediction was not counted in the usage table")
+
+
+async def test_an_image_model_is_tried_with_a_photos_path(tiny_base: Path, tmp_path: Path) -> None:
+    env = environment(tmp_path / "var", tiny_base)
+    settings = settings_of(env)
+    folder = write_shapes(tmp_path / "shapes", per_class=4)
+    deploy_shapes(settings, folder)
+    daemon = Daemon(env, settings)
+    daemon.start()
+    try:
+        app = ApplianceApp(settings=settings)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("5")
+            await settle(pilot, lambda: "READY" in text(app, "#endpoints") and rows(app, "#served"), seconds=60)
+            await pilot.press("t", *str(folder / "circle" / "1.jpg"), "enter")
+            result = await settle(pilot, lambda: "[shapes:" in (shown := text(app, "#try-result")) and shown)
+            assert result.split(" ", 1)[0] in ("circle", "square", "triangle")
+            app.screen.query_one("#try-text", Input).value = str(tmp_path / "missing.jpg")
+            await pilot.press("enter")
+            await settle(pilot, lambda: "cannot read" in text(app, "#try-result"))
+            assert "missing.jpg: No such file or directory" in text(app, "#try-result")
+    finally:
+        daemon.stop(signal.SIGKILL)
 
 
 async def test_audit_filters_verifies_and_exports_for_the_operator_alone(served: Daemon, tmp_path: Path) -> None:

@@ -3,7 +3,9 @@ and a box to try a model."""
 
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -12,6 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Input, Label, Select, Static
 
+from appliance import pixels
 from appliance.core import clock
 from appliance.core.errors import ApplianceError
 from tui.screens.base import ApplianceScreen
@@ -26,9 +29,11 @@ class ServingScreen(ApplianceScreen):
     HELP = ("The inference server: its endpoints, and per model version its variant, share of the traffic, "
             "requests per second, latency in ms (p50 and p99) and error rate over the last minute, its accuracy on "
             "the true labels sent back for its predictions of the last day (acc: 90%/212 is 90% of 212 labels), and "
-            "the drift of its inputs from the training data (the worst PSI and its feature: len, tok, lab, con; "
-            "above 0.2 is worth a look). Below, usage over the last week per day, user (or API key) and model: "
-            "inference requests and seconds, job CPU and GPU hours. t puts the cursor in the box to try a prediction.")
+            "the drift of its inputs from the training data (the worst PSI and its feature: len, tok, lab, con; an "
+            "image model's sid and bri, the size and brightness of its images; above 0.2 is worth a look). Below, "
+            "usage over the last week per day, user (or API key) and model: inference requests and seconds, job CPU "
+            "and GPU hours. t puts the cursor in the box to try a prediction: a text, or a photo's path for an image "
+            "model (read here and sent).")
     BINDINGS: ClassVar = [Binding("t", "try_it", "Try a prediction"), Binding("escape", "leave_box", show=False)]
     AUTO_FOCUS = "#served"
 
@@ -39,12 +44,13 @@ class ServingScreen(ApplianceScreen):
         with Horizontal(id="try"):
             yield Label("Try", classes="field")
             yield Select([], prompt="model", id="try-model")
-            yield Input(placeholder="type a text, then Enter", id="try-text")
+            yield Input(placeholder="type a text (an image model: a photo's path), then Enter", id="try-text")
         yield Static("", id="try-result", markup=False)
 
     def on_mount(self) -> None:
         super().on_mount()
         self._offered: list[str] | None = None
+        self._takes: dict[str, str] = {}  # what each served model takes: texts or images
 
     async def load(self) -> None:
         serving = await self.app.request("GET", "/v1/serving")
@@ -61,6 +67,7 @@ class ServingScreen(ApplianceScreen):
             (f"{model['model']}:{version['version']}", _row(model, version))
             for model in models for version in model["versions"])
         self._offer([model["model"] for model in models])
+        self._takes = {model["model"]: model["takes"] for model in models}
         since = (clock.now().date() - timedelta(days=USAGE_DAYS - 1)).isoformat()
         self.query_one("#usage", Table).fill(
             (f"{row['day']} {row['user']} {row['model']}", _usage_row(row))
@@ -91,10 +98,13 @@ class ServingScreen(ApplianceScreen):
         model, text = self.query_one("#try-model", Select).value, event.value.strip()
         result = self.query_one("#try-result", Static)
         if not isinstance(model, str) or not text:
-            result.update("choose a served model and type a text")
+            result.update("choose a served model and type a text (or, for an image model, a photo's path)")
             return
         try:
-            answer = await self.app.request("POST", f"/v1/models/{model}/predict", {"texts": [text]})
+            images = self._takes.get(model) == "images"
+            body = ({"images": [base64.b64encode(pixels.load(Path(text).expanduser())).decode()]} if images
+                    else {"texts": [text]})
+            answer = await self.app.request("POST", f"/v1/models/{model}/predict", body)
         except ApplianceError as exc:
             result.update(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""))
             return

@@ -18,12 +18,14 @@ the daemon's event loop, and never touch the store.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.types import Scope
 
 from appliance.core import system
 from appliance.core.errors import BadRequest
@@ -48,6 +50,7 @@ from appliance.serve.web import EXCEPTION_HANDLERS, BodyLimit, document_errors, 
 MAX_JSON_BYTES = 1 << 20  # every body but an upload
 UPLOAD_BODY_TIMEOUT_S = 3600.0  # an upload of daemon.max_upload_mb may take a while to arrive; heads are as quick
 UPLOAD_PATHS = (datasets.UPLOAD_PATH, models.UPLOAD_PATH)  # a dataset's, a model's
+TRY_PATH = re.compile(r"/v1/models/[^/]+/predict")  # a prediction to try may hold photos, as the server's may
 _ROUTERS = (health.router, events.router, jobs.router, datasets.router, models.router, serving.router, alerts.router,
             audit.router, users.router, usage.router, privacy.router)
 _ERRORS = error_answers({
@@ -68,10 +71,16 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
                   openapi_url=None, exception_handlers={**EXCEPTION_HANDLERS, UnicodeEncodeError: _not_unicode})
     settings = shared.store.settings
     upload_limit = int(settings.daemon.max_upload_mb * 2**20)
-    app.add_middleware(BodyLimit,
-                       limit=lambda scope: upload_limit if scope["path"] in UPLOAD_PATHS else MAX_JSON_BYTES,
+
+    def limit(scope: Scope) -> int:
+        if scope["path"] in UPLOAD_PATHS:
+            return upload_limit
+        return settings.serve.max_image_body_bytes if TRY_PATH.fullmatch(scope["path"]) else MAX_JSON_BYTES
+
+    app.add_middleware(BodyLimit, limit=limit,
                        hint=f"a dataset or a model may be up to daemon.max_upload_mb"
-                            f" ({settings.daemon.max_upload_mb:g} MiB); any other request at most 1 MiB")
+                            f" ({settings.daemon.max_upload_mb:g} MiB), a prediction to try as much as the"
+                            f" inference server takes (serve.max_image_body_bytes); any other request at most 1 MiB")
     system.load(settings.state_dir)  # primes the CPU share, which is measured between calls
     app.state.shared, app.state.status, app.state.runtime = shared, status, runtime
     app.state.traffic = TrafficWindow(runtime.metrics if runtime else Metrics())

@@ -12,9 +12,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import Field
 
+from appliance.core.errors import BadRequest
 from appliance.daemon.api.deps import Operator, Serving, Settings, Shared, SharedStore, Viewer, actor
 from appliance.registry import feedback
 from appliance.serve import app as inference
+from appliance.serve import oip
 from appliance.serve.web import Body
 
 router = APIRouter()
@@ -22,7 +24,11 @@ _NO_TRAFFIC = {"requests": 0, "requests_per_s": None, "error_rate": None, "p50_m
 
 
 class PredictRequest(Body):
-    texts: list[str] = Field(min_length=1, description="texts to classify with the model as it serves now")
+    """Texts for a text model, or images (files, base64-encoded) for an image model: one of the two."""
+
+    texts: list[str] | None = Field(None, min_length=1, description="texts to classify with the model as it serves")
+    images: list[str] | None = Field(None, min_length=1, description="image files, base64-encoded, for an image "
+                                                                     "model")
 
 
 class FeedbackRequest(inference.FeedbackRequest):
@@ -53,8 +59,12 @@ async def serving(request: Request, _user: Viewer, runtime: Serving, shared: Sha
 
 @router.post("/v1/models/{model}/predict")
 async def try_prediction(model: str, body: PredictRequest, user: Viewer, runtime: Serving) -> dict[str, Any]:
-    """Classify texts with the model as it serves (counted like any request); for trying it out."""
-    answer = await runtime.predict(model, body.texts, actor(user))
+    """Classify texts (or images) with the model as it serves (counted like any request); for trying it out."""
+    if (body.texts is None) == (body.images is None):
+        raise BadRequest("give texts or images, one of the two", hint="texts for a text model, images (base64) for "
+                         "an image model")
+    examples = body.texts or [oip.unbased(image, index) for index, image in enumerate(body.images or ())]
+    answer = await runtime.predict(model, examples, actor(user))
     return {"model": model, "version": answer.loaded.version, "variant": answer.loaded.variant,
             "predictions": inference.label_scores(answer)}
 
