@@ -314,7 +314,7 @@ def test_an_image_folder_imports_and_loads(opened: Store, tmp_path: Path) -> Non
     assert "photos/dogs/copy.png" in version.warnings[0]
     loaded = datasets.load(opened, version)
     assert loaded.labels == ["cats", "cats", "dogs", "dogs"]
-    assert loaded.images == [images[name] for name in ("cats/1.png", "cats/2.png", "dogs/a.png", "dogs/b.png")]
+    assert list(loaded.images) == [images[name] for name in ("cats/1.png", "cats/2.png", "dogs/a.png", "dogs/b.png")]
     assert loaded.texts == []
     assert import_photos() == version  # the canonical tar does not depend on file times
 

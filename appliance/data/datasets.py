@@ -27,10 +27,10 @@ import random
 import re
 import tarfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, overload
 
 from appliance import pixels
 from appliance.core import archive, clock, schema
@@ -96,9 +96,34 @@ class DatasetVersion:
         return {**dataclasses.asdict(self), "ref": self.ref, "split": split, "removal": self.removal}
 
 
+class StoredImages(Sequence[bytes]):
+    """An image dataset's files by index, each read from the encrypted store when asked (decrypting only the chunks
+    that hold it), so a set of any size trains in the memory of a few batches. Pickled (for a helper process that
+    has no store) it is the list of its files."""
+
+    def __init__(self, blob: blobs.Opened, spans: list[tuple[int, int]]) -> None:
+        self._blob, self._spans = blob, spans  # each file's (start, size) in the canonical tar
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self._blob.read(*span) for span in self._spans[index]]
+        return self._blob.read(*self._spans[index])
+
+    def __reduce__(self) -> tuple[type[list], tuple[list[bytes]]]:
+        return list, (list(self),)
+
+
 @dataclass(frozen=True)
 class LoadedDataset:
-    """A version decrypted into memory for training: examples by index, and the split over them."""
+    """A version ready to train on: examples by index (texts in memory, images read when asked), and the split
+    over them."""
 
     version: DatasetVersion
     labels: list[str]
@@ -106,10 +131,10 @@ class LoadedDataset:
     train: list[int]
     validation: list[int]
     texts: list[str] = field(default_factory=list)
-    images: list[bytes] = field(default_factory=list)
+    images: Sequence[bytes] = field(default_factory=list)
 
     @property
-    def examples(self) -> list[str] | list[bytes]:
+    def examples(self) -> Sequence[str] | Sequence[bytes]:
         """The examples by index: texts, or image files."""
         return self.images if self.version.task == IMAGE else self.texts
 
@@ -666,16 +691,58 @@ def get(store: Store, ref: str) -> DatasetVersion:
 
 
 def load(store: Store, version: DatasetVersion) -> LoadedDataset:
-    """Decrypt a version into memory, never onto disk, in the form training reads."""
-    examples = _examples(version.task, content(store, version))
+    """A version in the form training reads, decrypted into memory and never onto disk: a text set whole; an image
+    set as the place of each file, each read when asked (StoredImages)."""
     split = (version.split["train"], version.split["validation"])
-    labels = [example.label for example in examples]
-    contents = {"images" if version.task == IMAGE else "texts": [example.content for example in examples]}
-    return LoadedDataset(version, labels, version.labels, *split, **contents)
+    if version.task == IMAGE:
+        blob = blobs.Opened(store, _blob_of(store, version))
+        entries = _image_entries(blob)
+        return LoadedDataset(version, [name.split("/", 1)[0] for name, _ in entries], version.labels, *split,
+                             images=StoredImages(blob, [span for _, span in entries]))
+    examples = _examples(version.task, content(store, version))
+    return LoadedDataset(version, [example.label for example in examples], version.labels, *split,
+                         texts=[example.content for example in examples])
+
+
+def _image_entries(blob: blobs.Opened) -> list[tuple[str, tuple[int, int]]]:
+    """Each file of an image set's canonical tar, by name, with its place (start, size) in the tar: one pass over
+    the blob, a chunk in memory at a time, that also checks the whole content against its id."""
+    chunks = blobs.get(blob.store, blob.blob_id)
+    with tarfile.open(fileobj=io.BufferedReader(_Chunks(chunks)), mode="r|") as tar:
+        entries = [(member.name, (member.offset_data, member.size)) for member in tar if member.isfile()]
+    for _rest in chunks:  # the padding after the last member: the id is checked once every chunk has been read
+        pass
+    return entries
+
+
+class _Chunks(io.RawIOBase):
+    """A stream of byte chunks as a file to read."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks, self._rest = chunks, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._rest:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._rest = memoryview(chunk)
+        count = min(len(buffer), len(self._rest))
+        buffer[:count] = self._rest[:count]
+        self._rest = self._rest[count:]
+        return count
 
 
 def content(store: Store, version: DatasetVersion) -> bytes:
     """The canonical content of a version, decrypted into memory; a removed one says how and names what to use."""
+    return blobs.read(store, _blob_of(store, version))
+
+
+def _blob_of(store: Store, version: DatasetVersion) -> str:
+    """The blob that holds a version's content; a removed one says how and names what to use."""
     if version.blob_id is None:
         replacement = _select(store, "id = ?", (version.replaced_by,)) if version.replaced_by else []
         raise DatasetError(
@@ -684,7 +751,7 @@ def content(store: Store, version: DatasetVersion) -> bytes:
             else "import the data again" if version.deleted_by
             else "no rows were left to keep; import the data again without them",
         )
-    return blobs.read(store, version.blob_id)
+    return version.blob_id
 
 
 # -- erasing a data subject's rows -------------------------------------------------

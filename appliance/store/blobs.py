@@ -80,33 +80,65 @@ def put(store: Store, source: seal.Source) -> str:
 
 def get(store: Store, blob_id: str) -> Iterator[bytes]:
     """Yield the plaintext of a blob chunk by chunk, checking every chunk."""
-    row = store.db.execute(
-        "SELECT storage_id, size, chunk_count, wrapped_key FROM blobs WHERE id = ?", (blob_id,)
-    ).fetchone()
-    if row is None:
-        raise BlobNotFound(f"no blob {blob_id} in the store")
-    storage_id, size, count, wrapped = row
-    opener = AESGCM(keys.unwrap(store.master, wrapped, keys.key_aad(blob_id, storage_id, size, count)))
+    blob = Opened(store, blob_id)
     digest = hashlib.sha256()
 
-    def fetch(index: int) -> tuple[int, bytes | None]:
-        found = store.db.execute(
-            "SELECT data FROM blob_chunks WHERE storage_id = ? AND idx = ?", (storage_id, index)
-        ).fetchone()
-        return index, None if found is None else found[0]
-
-    aad = functools.partial(_chunk_aad, storage_id)
-
     def open_chunk(chunk: tuple[int, bytes | None]) -> bytes:
-        index, sealed = chunk
-        plain = seal.open_counted(opener, index, count, sealed, aad, f"blob {blob_id}")
+        plain = blob.open_chunk(*chunk)
         digest.update(plain)
         return plain
 
     # This thread reads the next chunk from SQLite while the worker opens this one.
-    yield from one_ahead(open_chunk, map(fetch, range(count)))
+    yield from one_ahead(open_chunk, map(blob.fetch, range(blob.count)))
     if digest.hexdigest() != blob_id:
         raise TamperDetected(f"blob {blob_id}: content does not match its id")
+
+
+class Opened:
+    """A blob opened to read, whole (get()) or a part at a time (read()).
+
+    A part decrypts only the chunks that hold it, each checked on its own: its tag binds the blob, its place and
+    whether it is the last, so no chunk from elsewhere passes. The whole content's hash is get()'s to check. The
+    last chunk read is kept, so parts read in order decrypt each chunk once.
+    """
+
+    def __init__(self, store: Store, blob_id: str) -> None:
+        row = store.db.execute(
+            "SELECT storage_id, size, chunk_count, wrapped_key FROM blobs WHERE id = ?", (blob_id,)
+        ).fetchone()
+        if row is None:
+            raise BlobNotFound(f"no blob {blob_id} in the store")
+        self.store, self.blob_id = store, blob_id
+        self.storage_id, self.size, self.count, wrapped = row
+        self._opener = AESGCM(keys.unwrap(store.master, wrapped,
+                                          keys.key_aad(blob_id, self.storage_id, self.size, self.count)))
+        self._aad = functools.partial(_chunk_aad, self.storage_id)
+        self._last: tuple[int, bytes] = (-1, b"")
+
+    def read(self, start: int, length: int) -> bytes:
+        """length bytes of the plaintext from start."""
+        if start < 0 or length < 0 or start + length > self.size:
+            raise ValueError(f"bytes {start}..{start + length} are not within blob {self.blob_id}'s {self.size}")
+        parts, at, end = [], start, start + length
+        while at < end:
+            index, plain = self._last  # one read of it: another thread may replace it meanwhile
+            if index != at // CHUNK_SIZE:
+                index = at // CHUNK_SIZE
+                plain = self.open_chunk(*self.fetch(index))
+                self._last = (index, plain)
+            piece = plain[at - index * CHUNK_SIZE:end - index * CHUNK_SIZE]
+            parts.append(piece)
+            at += len(piece)
+        return b"".join(parts)
+
+    def fetch(self, index: int) -> tuple[int, bytes | None]:
+        found = self.store.db.execute(
+            "SELECT data FROM blob_chunks WHERE storage_id = ? AND idx = ?", (self.storage_id, index)
+        ).fetchone()
+        return index, None if found is None else found[0]
+
+    def open_chunk(self, index: int, sealed: bytes | None) -> bytes:
+        return seal.open_counted(self._opener, index, self.count, sealed, self._aad, f"blob {self.blob_id}")
 
 
 def read(store: Store, blob_id: str) -> bytes:

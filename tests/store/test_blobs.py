@@ -148,3 +148,27 @@ def test_a_stored_chunk_is_sealed_as_the_format_says(opened: Store) -> None:
             "SELECT idx, data FROM blob_chunks WHERE storage_id = ? ORDER BY idx", (storage_id,)).fetchall():
         aad = b"appliance/chunk|" + storage_id + index.to_bytes(8, "big") + bytes([index == count - 1])
         assert aead.decrypt(index.to_bytes(12, "big"), stored, aad) == data[index * CHUNK:(index + 1) * CHUNK]
+
+
+def test_a_part_of_a_blob_decrypts_only_its_chunks_and_each_is_still_checked(opened: Store) -> None:
+    content = os.urandom(3 * CHUNK + 100)
+    blob_id = blobs.put(opened, content)
+    blob = blobs.Opened(opened, blob_id)
+    rng = random.Random(3)
+    for start, length in [(0, 0), (0, 1), (CHUNK - 5, 10), (2 * CHUNK, CHUNK + 100), (7, 3 * CHUNK),
+                          *((s, rng.randrange(len(content) - s)) for s in rng.sample(range(len(content)), 20))]:
+        assert blob.read(start, length) == content[start:start + length]
+    with pytest.raises(ValueError, match="not within blob"):
+        blob.read(len(content) - 1, 2)
+
+    storage_id, _, second = _chunk_rows(opened, blob_id)[1]
+    changed = bytearray(second)
+    changed[100] ^= 0x01
+    _set_chunk(opened, storage_id, 1, bytes(changed))
+    fresh = blobs.Opened(opened, blob_id)
+    assert fresh.read(10, 100) == content[10:110]  # chunk 0 alone: still readable
+    with pytest.raises(TamperDetected, match="chunk 1 of 4"):
+        fresh.read(CHUNK + 10, 100)
+    _set_chunk(opened, storage_id, 1, _chunk_rows(opened, blob_id)[2][2])  # the next chunk in its place
+    with pytest.raises(TamperDetected, match="chunk 1 of 4"):
+        blobs.Opened(opened, blob_id).read(CHUNK, 1)

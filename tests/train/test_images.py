@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import pickle
 import random
 import shutil
 import tarfile
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from appliance import inference, pixels
 from appliance.core.config import Settings, bundled_image_base_model
-from appliance.core.errors import BadRequest, JobError, PayloadTooLarge, RegistryError
+from appliance.core.errors import BadRequest, JobError, PayloadTooLarge, RegistryError, TamperDetected
 from appliance.data import datasets
 from appliance.operations import pipeline
 from appliance.store import Store, blobs
@@ -201,6 +204,41 @@ def test_an_image_model_is_optimised_to_openvino_and_int8_under_the_guard(
 
     with pytest.raises(RegistryError, match="distillation takes the first layers of a text encoder"):
         pipeline.optimize_version(opened, optimised.ref, pipeline.OptimizeOptions(distill_layers=2))
+
+
+def test_an_image_set_is_read_a_file_at_a_time_from_the_encrypted_store(opened: Store, tmp_path: Path) -> None:
+    """A set several times the size of what loading it holds: its files are read when asked, never all at once."""
+    rng = np.random.default_rng(0)
+    written = {}
+    for label in ("noisy", "noisier"):
+        (tmp_path / "set" / label).mkdir(parents=True)
+        for n in range(150):
+            photo = tmp_path / "set" / label / f"{n}.png"
+            Image.fromarray(rng.integers(0, 256, (120, 160, 3), dtype=np.uint8)).save(photo)
+            written[hashlib.sha256(photo.read_bytes()).hexdigest()] = label
+    assert sum(path.stat().st_size for path in (tmp_path / "set").rglob("*.png")) > 16 * 2**20
+    version = datasets.import_file(opened, tmp_path / "set", name="noise", task="image-classification")
+
+    tracemalloc.start()
+    try:
+        data = datasets.load(opened, version)
+        read = {hashlib.sha256(data.images[i]).hexdigest(): data.labels[i] for i in range(len(data.images))}
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert read == written
+    assert peak < 8 * 2**20, f"loading held {peak / 2**20:.1f} MiB"  # a few 1 MiB chunks, not the set
+    assert pickle.loads(pickle.dumps(data.images)) == list(data.images)  # what a helper process receives
+
+    storage_id, index, sealed = opened.db.execute(
+        "SELECT c.storage_id, c.idx, c.data FROM blob_chunks c JOIN blobs b ON b.storage_id = c.storage_id"
+        " WHERE b.id = ? AND c.idx = 3", (version.blob_id,)).fetchone()
+    opened.db.execute("UPDATE blob_chunks SET data = ? WHERE storage_id = ? AND idx = ?",
+                      (sealed[:-1] + bytes([sealed[-1] ^ 1]), storage_id, index))
+    with pytest.raises(TamperDetected, match="chunk 3 of"):
+        [data.images[i] for i in range(len(data.images))]
+    with pytest.raises(TamperDetected, match="chunk 3 of"):
+        datasets.load(opened, version)
 
 
 def test_an_image_too_large_unreadable_or_a_decompression_bomb_is_refused_before_it_is_decoded() -> None:
