@@ -21,13 +21,41 @@ from appliance.core.errors import ArtifactError
 
 def pack(files: Iterable[tuple[str, bytes]], *, mode: int = 0o600) -> bytes:
     """An uncompressed tar of (name, content) pairs, in the order given, with mtime 0."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    return b"".join(stream(files, mode=mode))
+
+
+def stream(files: Iterable[tuple[str, bytes]], *, mode: int = 0o600) -> Iterator[bytes]:
+    """pack()'s bytes, given out a file at a time: files may be read one by one as they are packed, so a set larger
+    than memory can be packed into a blob."""
+    spool = Spool()
+    with tarfile.open(fileobj=spool, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for name, content in files:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(content), mode, 0
             tar.addfile(info, io.BytesIO(content))
-    return out.getvalue()
+            yield from spool.drain()
+    yield from spool.drain()
+
+
+class Spool(io.RawIOBase):
+    """A write-only file that keeps what is written until drained: tarfile writes, a stream reads."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def drain(self, size: int = 1 << 20) -> Iterator[bytes]:
+        """What was written since the last drain, in pieces of at most size bytes."""
+        parts, self._parts = self._parts, []
+        joined = b"".join(parts)
+        for start in range(0, len(joined), size):
+            yield joined[start:start + size]
 
 
 def unpack(data: bytes) -> dict[str, bytes]:

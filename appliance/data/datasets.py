@@ -190,8 +190,11 @@ def import_data(
                                hint=f"use {' or '.join(LONG_TEXTS)}")
         examples, warnings = _read(source, task, (text_column, label_column), (max_text_chars, long_texts),
                                    min_per_class, progress)
-        content = _canonical(task, examples)
-        existing = _kept(store, name, hashlib.sha256(content).hexdigest())
+        canonical = _packed(source, task, examples)
+        digest = hashlib.sha256()
+        for piece in canonical():
+            digest.update(piece)
+        existing = _kept(store, name, digest.hexdigest())
     except (DatasetError, ConfinementError):
         # A refusal is audited too: operation() writes the "failed" record and re-raises.
         with audit.operation(store, ACTION, name, actor=actor, **details):
@@ -200,7 +203,7 @@ def import_data(
         return existing
     labels = [example.label for example in examples]
     with audit.operation(store, ACTION, name, actor=actor, **details) as recorded:
-        blob_id = blobs.put(store, content)
+        blob_id = blobs.put(store, canonical())
         version = _next_version(store, name)
         dataset_id = _identity(name, version, blob_id)
         _insert(store, DatasetVersion(
@@ -355,7 +358,7 @@ def _kept(store: Store, name: str, blob_id: str) -> DatasetVersion | None:
 class _Example:
     where: str  # "customers.csv line 7" or "photos/cats/tabby.png", for messages
     label: str
-    content: str | bytes  # the text, or the image file's bytes
+    content: str | bytes  # the text, or the image file's bytes (while importing, their SHA-256: see _packed)
     entry: str = ""  # an image's name in the canonical tar: label/file
 
 
@@ -607,8 +610,8 @@ def _read_images(source: sources.Source, collector: _Collector, progress: Progre
             unreadable = pixels.problem(content)
             if unreadable:
                 collector.problem(f"{where}: not a readable image ({unreadable})")
-            else:
-                collector.add(_Example(where, label, content, image.entry))
+            else:  # the file is read again to be stored (_packed): only its hash is kept meanwhile
+                collector.add(_Example(where, label, hashlib.sha256(content).digest(), image.entry))
         done += image.size
         if progress is not None:
             progress(done, max(done, total))
@@ -622,6 +625,36 @@ def _read_images(source: sources.Source, collector: _Collector, progress: Progre
 
 
 # -- canonical form and split ------------------------------------------------------
+
+
+def _packed(source: sources.Source, task: str, examples: list[_Example]) -> Callable[[], Iterator[bytes]]:
+    """The canonical form of an import's examples, as a stream that can be started again (once to hash it, once
+    to store it). An image set's files are read from the source again as the stream reaches them, a file at a
+    time, and one that changed since it was checked (its hash differs) fails the import: so a folder of any size
+    is imported in the memory of one photo."""
+    if task != IMAGE:
+        content = _canonical(task, examples)
+        return lambda: iter((content,))
+
+    def files() -> Iterator[tuple[str, bytes]]:
+        kept = {example.entry: example for example in examples}
+        for image in source.files():
+            example = kept.pop(image.entry, None)  # popped: a name a tar holds twice is packed once
+            if example is None:
+                continue  # a duplicate, a stray file
+            try:
+                content = image.read()
+            except OSError as exc:
+                raise DatasetError(f"cannot read {example.where} again to store it: {exc.strerror}") from exc
+            if hashlib.sha256(content).digest() != example.content:
+                raise DatasetError(f"{example.where} changed while it was being imported",
+                                   hint="import the folder again once nothing writes to it")
+            yield example.entry, content
+        if kept:
+            raise DatasetError(f"{next(iter(kept.values())).where} went missing while it was being imported",
+                               hint="import the folder again once nothing writes to it")
+
+    return lambda: archive.stream(files(), mode=0o644)
 
 
 def _canonical(task: str, examples: list[_Example]) -> bytes:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
 
+from appliance.core import archive
 from appliance.core.config import Settings
 from appliance.core.confined import Folder
 from appliance.core.errors import DatasetError
@@ -157,7 +158,7 @@ def safe_filename(filename: str) -> str:
 def tar_stream(folder: Path, sent: Callable[[int], None] = lambda size: None) -> Iterator[bytes]:
     """A folder as an uncompressed tar, made a member at a time (for an upload); hidden entries and
     anything but plain files and folders are left out. `sent` hears each file's size as it goes."""
-    buffer = _Chunks()
+    buffer = archive.Spool()
     with tarfile.open(fileobj=buffer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for file in sorted(folder.rglob("*")):
             relative = file.relative_to(folder)
@@ -168,8 +169,8 @@ def tar_stream(folder: Path, sent: Callable[[int], None] = lambda size: None) ->
             with file.open("rb") as content:
                 tar.addfile(info, content)
             sent(info.size)
-            yield from buffer.drain()
-    yield from buffer.drain()
+            yield from buffer.drain(TAR_CHUNK)
+    yield from buffer.drain(TAR_CHUNK)
 
 
 def _member(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> FolderFile | None:
@@ -193,23 +194,3 @@ def _member(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> FolderF
                                hint="send it again; a copy may have been cut off on the way") from None
 
     return FolderFile(shown, member.size, read)
-
-
-class _Chunks(io.RawIOBase):
-    """A write-only file that keeps what is written until drained: tarfile writes, the upload reads."""
-
-    def __init__(self) -> None:
-        self._parts: list[bytes] = []
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: bytes) -> int:  # type: ignore[override]
-        self._parts.append(bytes(data))
-        return len(data)
-
-    def drain(self) -> Iterator[bytes]:
-        parts, self._parts = self._parts, []
-        joined = b"".join(parts)
-        for start in range(0, len(joined), TAR_CHUNK):
-            yield joined[start:start + TAR_CHUNK]

@@ -10,6 +10,8 @@ import random
 import shutil
 import tarfile
 import tracemalloc
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +21,8 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from appliance import inference, pixels
 from appliance.core.config import Settings, bundled_image_base_model
-from appliance.core.errors import BadRequest, JobError, PayloadTooLarge, RegistryError, TamperDetected
-from appliance.data import datasets
+from appliance.core.errors import BadRequest, DatasetError, JobError, PayloadTooLarge, RegistryError, TamperDetected
+from appliance.data import datasets, sources
 from appliance.operations import pipeline
 from appliance.store import Store, blobs
 from appliance.train import engine, images, runs
@@ -212,22 +214,25 @@ def test_an_image_set_is_read_a_file_at_a_time_from_the_encrypted_store(opened: 
     written = {}
     for label in ("noisy", "noisier"):
         (tmp_path / "set" / label).mkdir(parents=True)
-        for n in range(150):
+        for n in range(250):
             photo = tmp_path / "set" / label / f"{n}.png"
             Image.fromarray(rng.integers(0, 256, (120, 160, 3), dtype=np.uint8)).save(photo)
             written[hashlib.sha256(photo.read_bytes()).hexdigest()] = label
-    assert sum(path.stat().st_size for path in (tmp_path / "set").rglob("*.png")) > 16 * 2**20
-    version = datasets.import_file(opened, tmp_path / "set", name="noise", task="image-classification")
+    assert sum(path.stat().st_size for path in (tmp_path / "set").rglob("*.png")) > 27 * 2**20
 
     tracemalloc.start()
     try:
+        version = datasets.import_file(opened, tmp_path / "set", name="noise", task="image-classification")
+        imported = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
         data = datasets.load(opened, version)
         read = {hashlib.sha256(data.images[i]).hexdigest(): data.labels[i] for i in range(len(data.images))}
-        peak = tracemalloc.get_traced_memory()[1]
+        loaded = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert read == written
-    assert peak < 8 * 2**20, f"loading held {peak / 2**20:.1f} MiB"  # a few 1 MiB chunks, not the set
+    for step, peak in (("importing", imported), ("loading", loaded)):  # a few 1 MiB chunks, not the set
+        assert peak < 12 * 2**20, f"{step} held {peak / 2**20:.1f} MiB"
     assert pickle.loads(pickle.dumps(data.images)) == list(data.images)  # what a helper process receives
 
     storage_id, index, sealed = opened.db.execute(
@@ -239,6 +244,33 @@ def test_an_image_set_is_read_a_file_at_a_time_from_the_encrypted_store(opened: 
         [data.images[i] for i in range(len(data.images))]
     with pytest.raises(TamperDetected, match="chunk 3 of"):
         datasets.load(opened, version)
+
+
+def test_a_photo_changed_or_gone_while_its_folder_is_imported_fails_the_import(opened: Store, tmp_path: Path) -> None:
+    """The files are read twice (checked, then stored a file at a time): what is stored must be what was checked."""
+    folder = write_shapes(tmp_path / "shapes", per_class=3)
+
+    class Changing(sources.LocalPath):
+        def __init__(self, path: Path, change: Callable[[sources.FolderFile], sources.FolderFile | None]) -> None:
+            super().__init__(path)
+            self.change, self.passes = change, 0
+
+        def files(self) -> Iterator[sources.FolderFile]:
+            self.passes += 1
+            for file in super().files():
+                changed = self.change(file) if self.passes > 1 else file
+                if changed is not None:
+                    yield changed
+
+    def edited(file: sources.FolderFile) -> sources.FolderFile:
+        return replace(file, read=lambda: file.read() + b"\0") if file.entry == "square/1.jpg" else file
+
+    for change, message in ((edited, "shapes/square/1.jpg changed while it was being imported"),
+                            (lambda file: None if file.entry == "triangle/2.jpg" else file,
+                             "shapes/triangle/2.jpg went missing while it was being imported")):
+        with pytest.raises(DatasetError, match=message):
+            datasets.import_data(opened, Changing(folder, change), name="shapes", task="image-classification")
+    assert datasets.list_versions(opened) == []  # nothing stored
 
 
 def test_an_image_too_large_unreadable_or_a_decompression_bomb_is_refused_before_it_is_decoded() -> None:
