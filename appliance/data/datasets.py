@@ -795,6 +795,9 @@ def matching_rows(store: Store, version: DatasetVersion, needle: str) -> list[in
     if version.erased_at is not None:
         return []
     folded = needle.casefold()
+    if version.task == IMAGE:  # an image's name (label/file) is all there is to match: the photos stay unread
+        entries = _image_entries(blobs.Opened(store, _blob_of(store, version)))
+        return [index for index, (name, _) in enumerate(entries) if folded in name.casefold()]
     return [index for index, example in enumerate(_examples(version.task, content(store, version)))
             if folded in example.where.casefold() or folded in example.label.casefold()]
 
