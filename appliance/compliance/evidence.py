@@ -81,7 +81,8 @@ def _datasets(store: Store) -> list[dict[str, Any]]:
 
 
 def _served_texts(store: Store) -> list[dict[str, Any]]:
-    """Customer texts the server answered and keeps (sealed) for feedback, per model, and for how long."""
+    """Customer texts (an image model's: images) the server answered and keeps (sealed) for feedback, per model, and
+    for how long."""
     return [asdict(kept) | {"keep_days": store.settings.serve.keep_predictions_days}
             for kept in feedback.kept(store)]
 

@@ -33,11 +33,11 @@ def html(facts: dict[str, Any]) -> str:
                 ("Store", store["path"]), ("Store created", store["created_at"]),
                 ("Schema version", store["schema_version"]), ("Signing key (Ed25519)", audit["public_key"]),
                 ("Its SHA-256", audit["public_key_sha256"])]),
-        "<p>The files of this pack are listed with their SHA-256 in manifest.json, signed in manifest.sig with the "
+        ("<p>The files of this pack are listed with their SHA-256 in manifest.json, signed in manifest.sig with the "
         "key above, the same key that signs the audit log's head. <code>appliance compliance verify DIR</code> "
         "checks them offline. A pack proves who wrote it only if that key is trusted: compare its SHA-256 with an "
         "audit checkpoint kept elsewhere (<code>--checkpoint</code>) or a key given separately "
-        "(<code>--public-key</code>).</p>",
+        "(<code>--public-key</code>).</p>"),
         "<h2>1. Audit chain</h2>",
         _pairs([("Result", _verdict(verification["ok"], verification["problem"])),
                 ("Records", verification["records"]), ("First bad record", verification["first_bad"]),
@@ -49,9 +49,9 @@ def html(facts: dict[str, Any]) -> str:
                ([d["ref"], d["id"][:16], d["task"], d["examples"], d["bytes"], d["residency"], d["created_at"],
                  d["removal"] or "", len(d["used_by"]["runs"]), ", ".join(d["used_by"]["models"]),
                  ", ".join(d["used_by"]["bursts"])] for d in facts["datasets"]), "no datasets"),
-        _table(["Served texts of model", "Kept (sealed)", "With a true label", "Oldest", "Kept for days"],
+        _table(["Served texts (or images) of model", "Kept (sealed)", "With a true label", "Oldest", "Kept for days"],
                ([s["model"], s["kept"], s["labelled"], s["oldest"], s["keep_days"]] for s in facts["served_texts"]),
-               "no served texts kept"),
+               "no served texts or images kept"),
         "<h2>3. Model lineage</h2>",
         _table(["Run", "Dataset", "Trained on", "Status", "Params", "Model versions (variants; aliases)"],
                ([r["id"], r["dataset"], r["trained_on"], r["status"], _json(r["params"]),
