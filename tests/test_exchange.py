@@ -12,18 +12,23 @@ from pathlib import Path
 import numpy as np
 import pyrage
 import pytest
+from PIL import Image
 
-from appliance import inference, registry, store
+from appliance import inference, pixels, registry, store
 from appliance.access import users
 from appliance.core import archive
+from appliance.core.config import Settings
 from appliance.core.errors import RegistryError
+from appliance.data import datasets
 from appliance.operations import jobs, pipeline
 from appliance.registry import exchange
 from appliance.store import Store, anchor, audit, blobs
 from appliance.train import engine
+from appliance.train.params import TrainParams
 from tests import debian
 from tests.daemon import TINY, Daemon, submit
 from tests.test_pipeline import FAST
+from tests.train.test_images import write_shapes
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 TEXTS = ["where is my parcel", "I was charged twice"]  # the README's snippet's
@@ -59,9 +64,11 @@ def optimised(opened: Store, tickets: str, tiny_base: Path) -> registry.ModelVer
     return pipeline.optimize_version(opened, "tickets:1")
 
 
-def served_logits(opened: Store, version: registry.ModelVersion, variant: str) -> np.ndarray:
-    servable = inference.load_ir(blobs.read(opened, version.variants[variant].blob_id))
-    return inference.predict(servable.compiled, servable.reader, TEXTS)
+def served_logits(opened: Store, version: registry.ModelVersion, variant: str,
+                  examples: list[str] | list[bytes] = TEXTS) -> np.ndarray:
+    servable = inference.load_ir(blobs.read(opened, version.variants[variant].blob_id),
+                                 config={"INFERENCE_PRECISION_HINT": "f32"})  # as an exported graph computes
+    return inference.predict(servable.compiled, servable.reader, examples)
 
 
 def test_onnx_and_openvino_exports_run_as_the_readme_shows_without_the_appliance_and_predict_as_it_serves(
@@ -115,6 +122,38 @@ def test_a_hugging_face_export_loads_with_transformers(opened: Store, optimised:
         " max_length=card['max_length'], return_tensors='pt')).logits.detach().numpy()\n")
     logits = np.array(run_outside(code, tmp_path))
     assert np.allclose(logits, served_logits(opened, optimised, "fp32"), atol=1e-3)
+
+
+def test_an_image_model_exports_as_onnx_and_openvino_that_read_photos_as_the_readme_shows(
+        opened: Store, settings: Settings, tmp_path: Path) -> None:
+    folder = write_shapes(tmp_path / "shapes", per_class=4)
+    datasets.import_file(opened, folder, name="parts", task=datasets.IMAGE)
+    trained = engine.start(opened, dataset="parts", base_dir=settings.image_base_model,
+                           params=TrainParams(epochs=1, batch_size=8, seed=1))
+    pipeline.register_run(opened, trained.run_id, "parts")
+    optimised = pipeline.optimize_version(opened, "parts:1", pipeline.OptimizeOptions(int8=False))
+    photos = [(folder / "circle" / "1.jpg").read_bytes(), pixels.encoded(np.asarray(
+        Image.open(folder / "triangle" / "2.jpg").convert("RGB")))]
+    served = served_logits(opened, optimised, "fp32", photos)
+
+    openvino = snippet("export-onnx-image").replace(
+        'logits = onnxruntime.InferenceSession("parts/model/model.onnx").run(["logits"], {"pixel_values": batch})[0]',
+        'import openvino\nlogits = openvino.Core().compile_model("parts/model/model.xml", "CPU", '
+        '{"INFERENCE_PRECISION_HINT": "f32"})({"pixel_values": batch})["logits"]')  # f32 as served_logits' is
+    for fmt, code in (("onnx", snippet("export-onnx-image")), ("openvino", openvino)):
+        exported = exchange.export(opened, "parts", fmt, "plaintext")
+        (tmp_path / fmt).mkdir()
+        (tmp_path / fmt / "parts.tar").write_bytes(exported.archive)
+        (tmp_path / fmt / "part-17.jpg").write_bytes(photos[0])
+        (tmp_path / fmt / "part-18.png").write_bytes(photos[1])
+        assert np.allclose(run_outside(code, tmp_path / fmt), served, atol=2e-3), fmt
+        card = exchange.verify(exported.archive).card
+        assert card["task"] == datasets.IMAGE and card["inputs"] == [pixels.INPUT] and "max_length" not in card
+        assert card["preprocessing"] | {"how": ""} == {"image_size": 224, "mean": [127 / 255] * 3,
+                                                      "std": [128 / 255] * 3, "centre": 0.875, "how": ""}
+        assert "tokenizer" not in archive.unpack(exported.archive)["README.txt"].decode()
+    with pytest.raises(RegistryError, match="an image model, which has no Hugging Face form"):
+        exchange.export(opened, "parts", "hf", "plaintext")
 
 
 def test_a_changed_cut_or_foreign_archive_is_refused_saying_what(opened: Store, optimised: registry.ModelVersion

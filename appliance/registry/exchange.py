@@ -3,13 +3,15 @@
 An export archive is a plain tar:
 
     model/              the model, in the format asked for:
-                          onnx      model.onnx (inputs input_ids, attention_mask[, token_type_ids]; output logits)
+                          onnx      model.onnx (inputs input_ids, attention_mask[, token_type_ids], or an image
+                                    model's pixel_values; output logits)
                           openvino  model.xml + model.bin, the IR of the variant the version serves (INT8 where
                                     the guard chose it), same inputs and output
-                          hf        config.json + model.safetensors, a Hugging Face sequence classifier
-                        and the tokenizer's files (tokenizer.json, ...) beside it
-    card.json           the model card: task, labels in logit order, inputs, outputs, max_length, base model and
-                        its licence, dataset version and its SHA-256, validation metrics, the guard's decision
+                          hf        config.json + model.safetensors, a Hugging Face sequence classifier (text only)
+                        and a text model's tokenizer files (tokenizer.json, ...) beside it
+    card.json           the model card: task, labels in logit order, inputs, outputs, max_length (an image model's
+                        preprocessing instead), base model and its licence, dataset version and its SHA-256,
+                        validation metrics, the guard's decision
     README.txt          how to check it and load it
     manifest.json       every file's SHA-256, signed by this appliance's Ed25519 key (store/signed.py)
     manifest.sig
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from appliance import inference, registry
+from appliance import inference, pixels, registry
 from appliance.core import archive, clock
 from appliance.core.errors import ArtifactError, RegistryError
 from appliance.data import datasets
@@ -50,8 +52,8 @@ MODEL_FILES = ("config.json", "model.safetensors", "model.xml", "model.bin")  # 
 
 README = """Model {ref} ({task}), exported {exported_at} by appliance store {store_id} as {format}.
 
-model/         the model and its tokenizer's files
-card.json      labels (in the order of the model's logits), inputs and outputs, max_length,
+model/         the model{and_tokenizer}
+card.json      labels (in the order of the model's logits), inputs and outputs, {reading},
                base model and licence, dataset version and SHA-256, validation metrics
 manifest.json  the SHA-256 of every file here, and the signing public key
 manifest.sig   the Ed25519 signature (hex) over the exact bytes of manifest.json
@@ -62,11 +64,19 @@ manifest.json with the Ed25519 public key in it. That key's SHA-256 is
   {fingerprint}
 compare it with a key or an audit checkpoint you got from the appliance separately.
 
-Predict: tokenize with tokenizer.json (the `tokenizers` library; truncate to max_length,
-pad with the tokenizer's pad token), feed input_ids and attention_mask (and token_type_ids
-where the model takes them) as int64, take the softmax of `logits`; label i is card.json's
-labels[i]. The appliance's README shows it in ten lines for onnxruntime and for OpenVINO.
+Predict: {predict};
+the softmax of `logits` gives every label's probability, label i being card.json's labels[i].
+The appliance's README shows it in ten lines for onnxruntime and for OpenVINO.
 """
+READING = {  # the README's words for how a text model and an image model read their examples
+    False: {"and_tokenizer": " and its tokenizer's files", "reading": "max_length",
+            "predict": "tokenize with tokenizer.json (the `tokenizers` library; truncate to max_length,\n"
+                       "pad with the tokenizer's pad token), feed input_ids and attention_mask (and token_type_ids\n"
+                       "where the model takes them) as int64"},
+    True: {"and_tokenizer": "", "reading": "preprocessing",
+           "predict": "prepare each image as card.json's preprocessing says (the centre square,\n"
+                      "resized, normalised, channels first), feed the batch as pixel_values (float32)"},
+}
 
 
 @dataclass(frozen=True)
@@ -85,9 +95,6 @@ def export(store: Store, ref: str, fmt: Format, protection: Protection, actor: s
     version = registry.get(store, ref)
     with audit.operation(store, "model.export", version.ref, actor=actor, format=fmt,
                          protection=protection) as details:
-        if version.task != "text-classification":
-            raise RegistryError(f"{version.ref} is an {version.task} model; only text classifiers can be exported"
-                                " yet")
         source = version.variants.get(TORCH) or version.variants[FP32]  # an import may come without torch weights
         bundle = archive.unpack(blobs.read(store, source.blob_id))
         files, variant = _model_files(store, version, bundle, fmt)
@@ -97,7 +104,8 @@ def export(store: Store, ref: str, fmt: Format, protection: Protection, actor: s
         public_key = anchor.public_key(store)
         contents["README.txt"] = README.format(ref=version.ref, task=version.task, exported_at=card["exported_at"],
                                                store_id=store.store_id, format=fmt,
-                                               fingerprint=anchor.fingerprint(public_key)).encode()
+                                               fingerprint=anchor.fingerprint(public_key),
+                                               **READING[version.task == datasets.IMAGE]).encode()
         contents |= signed.sign(store, contents, format=FORMAT, model=version.ref, exported_at=card["exported_at"])
         packed = archive.pack(sorted(contents.items()), mode=0o644)
         digest = hashlib.sha256(packed).hexdigest()
@@ -226,7 +234,7 @@ def model_card(store: Store, version: registry.ModelVersion, bundle: dict[str, b
     return {
         "model": version.ref, "task": version.task, "format": fmt, "variant": variant,
         "exported_at": clock.stamp(),
-        "labels": manifest["labels"], "max_length": manifest["max_length"],
+        "labels": manifest["labels"], **_reading(manifest),
         "inputs": graph_inputs(fmt, files),
         "outputs": ["logits"], "probabilities": "softmax over logits; label i is labels[i]",
         "base_model": {"path": run.base_model,
@@ -238,6 +246,19 @@ def model_card(store: Store, version: registry.ModelVersion, bundle: dict[str, b
         "guard": {"chosen": version.chosen, "reason": version.reason},
         "params": run.params,
     }
+
+
+def _reading(manifest: dict[str, Any]) -> dict[str, Any]:
+    """How the model reads an example: a text model's max_length (its tokenizer's files are beside it), an image
+    model's preprocessing, spelled out for a user without the appliance."""
+    if manifest.get("task") != datasets.IMAGE:
+        return {"max_length": manifest["max_length"]}
+    return {"preprocessing": {
+        "image_size": manifest["image_size"], "mean": manifest["mean"], "std": manifest["std"],
+        "centre": pixels.CENTRE,
+        "how": "RGB; the centred square of `centre` of the shorter side, resized to image_size x image_size "
+               "(bilinear); values / 255, then (value - mean) / std per channel; float32, channels first "
+               "(N x 3 x image_size x image_size), as input pixel_values"}}
 
 
 def graph_inputs(fmt: Format, files: dict[str, bytes]) -> list[str]:
@@ -274,6 +295,9 @@ def _model_files(store: Store, version: registry.ModelVersion, bundle: dict[str,
         raise RegistryError(f"{version.ref} was imported without torch weights, so it can be exported as openvino"
                             " only", hint=f"'appliance models export {version.ref} --format openvino'")
     if fmt == "hf":
+        if version.task == datasets.IMAGE:
+            raise RegistryError(f"{version.ref} is an image model, which has no Hugging Face form",
+                                hint="export it as onnx or openvino")
         if "architecture" in json.loads(bundle["appliance.json"]):
             raise RegistryError(f"{version.ref} is a fast-mode model (a linear head on a frozen encoder), which has "
                                 "no Hugging Face architecture", hint="export it as onnx or openvino")
@@ -288,7 +312,14 @@ def _converted(bundle: dict[str, bytes], fmt: Format) -> dict[str, bytes]:
     """The torch bundle as ONNX, or as an FP32 OpenVINO IR where the version was never optimised (needs torch)."""
     from appliance import optimize
     from appliance.train import bundle as bundles
+    from appliance.train import images
 
+    if json.loads(bundle["appliance.json"])["task"] == datasets.IMAGE:
+        model, manifest = images.load_image_classifier(bundle)
+        if fmt == "onnx":
+            return {"model.onnx": images.export_onnx(model, manifest["image_size"])}
+        ir = optimize.serialize(images.convert_openvino(model, manifest["image_size"]))
+        return {"model.xml": ir.xml, "model.bin": ir.weights}
     model, _tokenizer, manifest = bundles.load_text_classifier(bundle)
     if fmt == "onnx":
         return {"model.onnx": optimize.export_onnx(model, manifest["max_length"])}

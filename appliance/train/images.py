@@ -218,6 +218,20 @@ class _Logits(nn.Module):
         return self.model(pixel_values).logits
 
 
+def export_onnx(model: nn.Module, image_size: int) -> bytes:
+    """The classifier as ONNX (the TorchScript exporter): float32 NCHW pixel_values, any batch, to "logits"."""
+    buffer = io.BytesIO()
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the exporter's deprecation notice, and the tracer's
+            torch.onnx.export(_Logits(model).eval(), (torch.zeros((2, 3, image_size, image_size)),), buffer,
+                              dynamo=False, input_names=[pixels.INPUT], output_names=["logits"],
+                              dynamic_axes={pixels.INPUT: {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
+    except torch.onnx.OnnxExporterError as exc:
+        raise OptimizeError(f"ONNX export failed: {exc}", hint="the 'onnx' package must be installed") from exc
+    return buffer.getvalue()
+
+
 def convert_openvino(model: nn.Module, image_size: int) -> ov.Model:
     """The classifier as an OpenVINO model taking float32 NCHW pixel_values (any batch) and giving "logits"."""
     example = torch.zeros((2, 3, image_size, image_size))
