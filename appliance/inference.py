@@ -116,8 +116,14 @@ def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = No
         compiled = compile_openvino(Artifact(files["model.xml"], files["model.bin"]), device, config)
     except RuntimeError as exc:
         raise ArtifactError(f"OpenVINO cannot compile the {manifest.get('variant')} artifact: {exc}") from exc
-    reader = pixels.Pictures.of(manifest) if images else load_tokenizer(files, manifest["max_length"])
-    return Servable(compiled, reader, manifest["labels"], manifest)
+    return Servable(compiled, reader_of(files, manifest), manifest["labels"], manifest)
+
+
+def reader_of(files: Mapping[str, bytes], manifest: Mapping[str, Any]) -> Reader:
+    """What reads a packed model's examples: an image model's Pictures, or a text model's tokenizer from files."""
+    if manifest.get("task") == IMAGE:
+        return pixels.Pictures.of(manifest)
+    return load_tokenizer(files, manifest["max_length"])
 
 
 def onnx_session(onnx: bytes) -> Any:

@@ -16,10 +16,10 @@ import httpx
 import numpy as np
 import pytest
 
-from appliance import inference, registry
+from appliance import inference, pixels, registry
 from appliance.core import archive
 from appliance.core.errors import RegistryError
-from appliance.data import sources
+from appliance.data import datasets, sources
 from appliance.operations import imports, pipeline
 from appliance.registry import exchange
 from appliance.store import Store, audit, blobs, signed
@@ -27,6 +27,7 @@ from appliance.train import bundle as bundles
 from appliance.train import runs
 from tests.conftest import Trained
 from tests.daemon import Daemon
+from tests.train.test_images import write_shapes
 
 TEXTS = ["where is my parcel", "I was charged twice", "the app crashes again", "Rückerstattung bitte, danke"]
 
@@ -83,8 +84,9 @@ def lend(store: Store) -> imports.Lend:
     return lambda: nullcontext(store)
 
 
-def import_from(store: Store, path: Path, name: str = "vendor", **options: Any) -> registry.ModelVersion:
-    return imports.import_model(lend(store), sources.LocalPath(path), name=name, dataset="tickets", **options)
+def import_from(store: Store, path: Path, name: str = "vendor", dataset: str = "tickets",
+                **options: Any) -> registry.ModelVersion:
+    return imports.import_model(lend(store), sources.LocalPath(path), name=name, dataset=dataset, **options)
 
 
 def failed_imports(store: Store) -> list[dict[str, Any]]:
@@ -304,4 +306,55 @@ def test_an_onnx_export_by_optimum_is_uploaded_or_named_in_the_import_folder_the
     assert "Traceback" not in pickled.stderr
     images = daemon.cli("models", "import", str(folder), "--name", "i", "--dataset", "tickets",
                         "--task", "image-classification")
-    assert images.returncode == 2 and "only text classifiers can be imported yet" in images.stderr
+    assert images.returncode == 1 and "task is given as image-classification, and tickets:1's is text-" in \
+        images.stderr
+
+
+def foreign_image_model(folder: Path, labels: list[str]) -> Path:
+    """An EfficientNet-Lite0 classifier exported to ONNX by torch as someone would elsewhere (its input named
+    "input", its batch fixed at 1), with config.json naming its labels and the image processor's
+    preprocessor_config.json (resize to 256, the centre 224, Lite's normalisation)."""
+    import torch
+    from efficientnet_lite_pytorch import EfficientNet
+
+    folder.mkdir(parents=True)
+    network = EfficientNet.from_name("efficientnet-lite0", num_classes=len(labels)).eval()
+    torch.onnx.export(network, (torch.zeros(1, 3, 224, 224),), str(folder / "model.onnx"), dynamo=False,
+                      input_names=["input"], output_names=["output"], opset_version=17)
+    (folder / "config.json").write_text(json.dumps({"id2label": dict(enumerate(labels))}))
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_mean": [127 / 255] * 3, "image_std": [128 / 255] * 3, "size": {"shortest_edge": 256},
+        "crop_size": {"height": 224, "width": 224}, "do_center_crop": True}))
+    return folder
+
+
+def test_an_image_classifier_from_onnx_or_an_export_archive_is_imported_measured_and_optimised(
+        opened: Store, tmp_path: Path) -> None:
+    labels = ["circle", "square", "triangle"]
+    datasets.import_file(opened, write_shapes(tmp_path / "shapes", per_class=4), name="shapes", task=datasets.IMAGE)
+    folder = foreign_image_model(tmp_path / "vendor", labels)
+    version = import_from(opened, folder, dataset="shapes")
+    assert (version.task, version.chosen, version.servable) == (datasets.IMAGE, "fp32", True)
+    assert runs.get(opened, version.run_id).task == datasets.IMAGE
+
+    photos = [(tmp_path / "shapes" / label / "1.jpg").read_bytes() for label in labels]
+    servable = inference.load_ir(blobs.read(opened, version.serving_variant().blob_id),
+                                 config={"INFERENCE_PRECISION_HINT": "f32"})
+    assert servable.reader == pixels.Pictures(224, (127 / 255,) * 3, (128 / 255,) * 3)
+    graph = inference.onnx_session((folder / "model.onnx").read_bytes())  # one photo at a time, as exported
+    alone = np.concatenate([graph.run(None, {"input": servable.reader.feeds([photo])[pixels.INPUT]})[0]
+                            for photo in photos])
+    assert np.allclose(inference.predict(servable.compiled, servable.reader, photos), alone, atol=1e-3)  # batched
+
+    optimised = pipeline.optimize_version(opened, version.ref)
+    assert "INT8 guard" in optimised.reason and "Images/s at batch 16" in optimised.reason
+    again = imports.import_model(lend(opened), sources.Upload("vendor.tar", exchange.export(
+        opened, optimised.ref, "openvino", "plaintext").archive, folder=False), name="again", dataset="shapes")
+    assert again.task == datasets.IMAGE and again.lineage(opened)["params"]["imported"]["format"] == "archive"
+
+    (folder / "preprocessor_config.json").unlink()
+    with pytest.raises(RegistryError, match="comes without preprocessor_config.json"):
+        import_from(opened, folder, name="bad", dataset="shapes")
+    with pytest.raises(RegistryError, match="task is given as text-classification, and shapes:1's is image-"):
+        import_from(opened, folder, name="bad", dataset="shapes", task="text-classification")
+    assert not [version for version in registry.list_versions(opened) if version.model == "bad"]

@@ -147,28 +147,26 @@ def models_verify(archive_file: Path, public_key: str | None, checkpoint: Path |
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--name", required=True, help="The model's name; the import becomes its next version.")
 @click.option("--dataset", required=True,
-              help="The text dataset (NAME or NAME:VERSION) to measure it on; its labels must be among the model's.")
+              help="The dataset (NAME or NAME:VERSION) to measure it on; its labels must be among the model's, and "
+                   "its task is the model's.")
 @click.option("--task", type=click.Choice(["text-classification", "image-classification"]),
-              default="text-classification", show_default=True,
-              help="What the model does; image classifiers cannot be imported yet (they cannot be served).")
+              help="What the model does (checked against the dataset's task, which decides when it is left out).")
 @click.option("--labels", help="The model's labels in logit order, comma-separated, where its config.json does not "
                                "name them.")
 @click.option("--public-key", help="An export archive must be signed by this key (hex, or its SHA-256).")
 @click.option("--identity", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The age identity file an encrypted export archive was exported to.")
-def models_import(path: Path, name: str, dataset: str, task: str, labels: str | None, public_key: str | None,
+def models_import(path: Path, name: str, dataset: str, task: str | None, labels: str | None, public_key: str | None,
                   identity: Path | None) -> None:
     """Import a model trained elsewhere as a new version of NAME.
 
     PATH is a Hugging Face folder (config.json and model.safetensors; pickled weights are refused), a folder with an
-    ONNX graph or an OpenVINO IR beside config.json and the tokenizer's files, or an appliance's export archive
+    ONNX graph or an OpenVINO IR beside config.json and the tokenizer's files (an image classifier's: beside
+    config.json and preprocessor_config.json), or an appliance's export archive
     (its signature must verify; an encrypted one is opened here with --identity or its passphrase). The model is
     checked, measured on the dataset's validation split and stored encrypted; its FP32 OpenVINO IR serves, and
     'appliance optimize' quantises it under the accuracy guard like a trained model.
     """
-    if task != "text-classification":
-        raise click.BadParameter("only text classifiers can be imported yet: the appliance serves text models only",
-                                 param_hint="--task")
     from appliance.registry import exchange
 
     content = None
@@ -180,6 +178,8 @@ def models_import(path: Path, name: str, dataset: str, task: str, labels: str | 
                                "labels": [label.strip() for label in labels.split(",")] if labels else []}
     if public_key:
         options["public_key"] = public_key
+    if task:
+        options["task"] = task
     with connected() as appliance:
         version = appliance.import_model(path, content, options)
     imported = version["lineage"]["trained_on"]

@@ -13,8 +13,12 @@ subfolders are not):
               it trained) is kept as the import's lineage.
 
 A folder sent through the control API comes as an uncompressed tar (sources.tar_stream), an archive as itself.
-The labels, in logit order, are config.json's id2label, the card's, or the ones given. The graph must take
-int64 input_ids and attention_mask (token_type_ids where it has them) and give one [batch, labels] output.
+The labels, in logit order, are config.json's id2label, the card's, or the ones given. A text classifier's graph
+must take int64 input_ids and attention_mask (token_type_ids where it has them) and give one [batch, labels]
+output. An image classifier (for an image dataset) comes as ONNX or OpenVINO IR with one float input of
+[batch, 3, size, size] (renamed pixel_values, its batch made free) and says how it reads a photo: the card's
+preprocessing, or the Hugging Face image processor's preprocessor_config.json (image_mean, image_std, and
+crop_size or size: the square the model sees, taken from the centre as the appliance's own models do).
 
 The model is measured on the validation split of a dataset here, whose labels it must cover: its logits must
 be finite and of the right shape, the accuracy it reaches is the version's (the baseline of a later optimise's
@@ -39,7 +43,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from appliance import inference, registry
+from appliance import inference, pixels, registry
 from appliance.core import archive, hardware
 from appliance.core.errors import ArtifactError, ConfinementError, DatasetError, RegistryError
 from appliance.data import datasets, sources
@@ -82,26 +86,27 @@ class Candidate:
 
 
 def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str, labels: Sequence[str] = (),
-                 public_key: str | None = None, progress: Progress | None = None,
+                 public_key: str | None = None, task: str | None = None, progress: Progress | None = None,
                  actor: str | None = None) -> registry.ModelVersion:
     """Check the model at source, measure it on the dataset's validation split, and store it as the next version
-    of `name`; audited as model.import (refusals too). The store is borrowed (lend) only to read the dataset and to
-    write the result, so a daemon serves other calls while the model is converted and measured."""
+    of `name`, a classifier of the dataset's task (`task`, when given, must be it); audited as model.import
+    (refusals too). The store is borrowed (lend) only to read the dataset and to write the result, so a daemon
+    serves other calls while the model is converted and measured."""
     report = progress or (lambda done, total, label: None)
     details: dict[str, Any] = {"source": source.origin[:300], "dataset": dataset}
     try:
         registry.check_name(name)
         with lend() as store:
             data = datasets.get(store, dataset)
-            if data.task != datasets.TEXT:
-                raise RegistryError(f"{data.ref} is an {data.task} dataset; only text classifiers can be imported"
-                                    " yet", hint="measure the model on a text dataset")
+            if task is not None and task != data.task:
+                raise RegistryError(f"the model's task is given as {task}, and {data.ref}'s is {data.task}",
+                                    hint=f"measure it on a dataset for {task}")
             held = pipeline.held_out(store, data.id)
         report(0, 4, "read the model")
         incoming = read(source, memory_limit())
         details.update(format=incoming.format, sha256=incoming.sha256)
         report(1, 4, f"check the {incoming.format} model")
-        candidate = prepare(incoming, list(labels), public_key)
+        candidate = prepare(incoming, list(labels), public_key, data.task)
         report(2, 4, f"measure it on {data.ref}")
         scores = measure(candidate, held)
         fp32 = pipeline.servable_ir(candidate.fp32, candidate.files, pipeline.FP32, held, scores)
@@ -118,12 +123,12 @@ def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str,
                                              len(candidate.torch_bundle), scores))
         params = {"imported": {"format": incoming.format, "sha256": incoming.sha256, "origin": incoming.origin,
                                **candidate.provenance}}
-        run_id = runs.imported(store, dataset_id=data.id, base_model=candidate.base_model, task=datasets.TEXT,
+        run_id = runs.imported(store, dataset_id=data.id, base_model=candidate.base_model, task=data.task,
                                params=params, trained_on=f"imported from sha256:{incoming.sha256}",
                                model_blob=torch_blob, metrics=scores)
         reason = (f"imported ({incoming.format}), not optimised yet: {scores['accuracy']:.3f} accuracy on the"
-                  f" {len(held.examples)} validation texts of {data.ref}")
-        version = registry.register(store, name, run_id=run_id, task=datasets.TEXT, variants=variants,
+                  f" {len(held.examples)} validation examples of {data.ref}")
+        version = registry.register(store, name, run_id=run_id, task=data.task, variants=variants,
                                     chosen=pipeline.FP32, reason=reason, actor=actor)
         recorded.update(version=version.ref, run=run_id, accuracy=scores["accuracy"])
     report(4, 4, f"imported as {version.ref}")
@@ -227,14 +232,16 @@ def _too_large(size: int, limit: int, shown: str) -> RegistryError:
 # -- checking ------------------------------------------------------------------------------
 
 
-def prepare(incoming: Incoming, labels: list[str], public_key: str | None = None) -> Candidate:
-    """The incoming files as a model this appliance can serve, or RegistryError saying what does not fit."""
-    files, provenance, max_length = incoming.files, {}, None
+def prepare(incoming: Incoming, labels: list[str], public_key: str | None = None,
+            task: str = datasets.TEXT) -> Candidate:
+    """The incoming files as a classifier of task this appliance can serve, or RegistryError saying what does not
+    fit."""
+    files, provenance, reading = incoming.files, {}, {}
     fmt, base_model = incoming.format, f"imported {incoming.format} model"
     if fmt == "archive":
         checked, card = exchange.check_files(files, public_key=public_key)
         files = {name.removeprefix("model/"): data for name, data in files.items() if name.startswith("model/")}
-        fmt, card_labels, max_length, base_model, licence = _card_fields(card)
+        fmt, card_labels, reading, base_model, licence = _card_fields(card, task)
         labels = labels or card_labels
         provenance = {"card": card, "licence": licence, "signed_by": checked.public_key,
                       "vouched_by": checked.trusted or "its own key only"}
@@ -243,6 +250,21 @@ def prepare(incoming: Incoming, labels: list[str], public_key: str | None = None
     if len(set(labels)) != len(labels) or not all(labels):
         raise RegistryError(f"the labels {', '.join(labels[:10])} repeat or leave one empty",
                             hint="give each of the model's outputs its own name, in logit order")
+    if task == datasets.IMAGE:
+        packed_files, fp32 = _image_model(files, fmt, labels, reading.get("preprocessing"))
+        torch_bundle = None
+    else:
+        packed_files, fp32, torch_bundle = _text_model(files, fmt, labels, config, reading.get("max_length"))
+    if "licence" not in provenance:
+        provenance["licence"] = exchange.stated_licence(files.get("README.md", b"").decode(errors="replace")) or \
+            "unknown: the model's card (README.md) states none"
+    return Candidate(fp32, packed_files, labels, torch_bundle, base_model, provenance)
+
+
+def _text_model(files: dict[str, bytes], fmt: str, labels: list[str], config: dict[str, Any],
+                max_length: int | None) -> tuple[dict[str, bytes], inference.Artifact, bytes | None]:
+    """A text classifier's files to pack (tokenizer, appliance.json), its FP32 IR, and its torch bundle where it
+    came with torch weights."""
     if "tokenizer.json" not in files:
         raise RegistryError("the model comes without tokenizer.json, so its texts cannot be tokenized as it was"
                             " trained", hint="save the tokenizer beside it: tokenizer.save_pretrained(folder)")
@@ -255,21 +277,54 @@ def prepare(incoming: Incoming, labels: list[str], public_key: str | None = None
                             hint="save it with a fast tokenizer: tokenizer.save_pretrained(folder)") from exc
     manifest = {"task": datasets.TEXT, "labels": labels, "max_length": max_length, "imported_from": fmt}
     packed_files = tokenizer_files | {"appliance.json": json.dumps(manifest, indent=2).encode()}
-    torch_bundle = None
     if fmt == "hf":
         bundle = _hf_bundle(files, config, labels) | packed_files
-        fp32 = _from_torch(bundle)
-        torch_bundle = archive.pack(sorted(bundle.items()))
-    elif fmt == "onnx":
-        fp32 = _checked_graph(_read_onnx(files), labels)
-    elif fmt == "openvino":
-        fp32 = _checked_graph(_read_ir(files), labels)
-    else:
-        raise RegistryError(f"the archive's model is in an unknown format {fmt!r}", hint="export it again")
-    if "licence" not in provenance:
-        provenance["licence"] = exchange.stated_licence(files.get("README.md", b"").decode(errors="replace")) or \
-            "unknown: the model's card (README.md) states none"
-    return Candidate(fp32, packed_files, labels, torch_bundle, base_model, provenance)
+        return packed_files, _from_torch(bundle), archive.pack(sorted(bundle.items()))
+    if fmt == "onnx":
+        return packed_files, _checked_graph(_read_onnx(files), labels), None
+    if fmt == "openvino":
+        return packed_files, _checked_graph(_read_ir(files), labels), None
+    raise RegistryError(f"the archive's model is in an unknown format {fmt!r}", hint="export it again")
+
+
+def _image_model(files: dict[str, bytes], fmt: str, labels: list[str], preprocessing: dict[str, Any] | None
+                 ) -> tuple[dict[str, bytes], inference.Artifact]:
+    """An image classifier's appliance.json (labels, and how it reads a photo) and its FP32 IR."""
+    if fmt not in ("onnx", "openvino"):
+        raise RegistryError(f"an image classifier is imported as an ONNX graph or an OpenVINO IR, not as {fmt}",
+                            hint="export it to ONNX (weights inside) with preprocessor_config.json beside it")
+    reads = _pictures(preprocessing) if preprocessing else _preprocessor_config(files)
+    model = _read_onnx(files) if fmt == "onnx" else _read_ir(files)
+    manifest = {"task": datasets.IMAGE, "labels": labels, "image_size": reads.size, "mean": list(reads.mean),
+                "std": list(reads.std), "imported_from": fmt}
+    return {"appliance.json": json.dumps(manifest, indent=2).encode()}, _checked_image_graph(model, labels, reads.size)
+
+
+def _preprocessor_config(files: dict[str, bytes]) -> pixels.Pictures:
+    """How the model reads a photo, from a Hugging Face image processor's preprocessor_config.json."""
+    hint = ("save the image processor beside it (processor.save_pretrained(folder)), or write preprocessor_config.json"
+            ' with "image_mean", "image_std" (per RGB channel, pixels in 0..1) and "crop_size": {"height": S,'
+            ' "width": S}')
+    if "preprocessor_config.json" not in files:
+        raise RegistryError("the image model comes without preprocessor_config.json, so how it reads a photo (size,"
+                            " normalisation) is unknown", hint=hint)
+    config = _json(files, "preprocessor_config.json")
+    square = config.get("crop_size") or config.get("size") or {}
+    side = square.get("height", square.get("shortest_edge")) if isinstance(square, dict) else square
+    if isinstance(square, dict) and square.get("width", side) != side:
+        raise RegistryError(f"preprocessor_config.json's model input is {square}, not square", hint=hint)
+    return _pictures({"image_size": side, "mean": config.get("image_mean"), "std": config.get("image_std")}, hint)
+
+
+def _pictures(given: dict[str, Any], hint: str = "export the model again from the appliance") -> pixels.Pictures:
+    """The input size and normalisation a model says it takes, checked."""
+    size, mean, std = given.get("image_size"), given.get("mean"), given.get("std")
+    if not (isinstance(size, int) and 16 <= size <= 1024 and all(
+            isinstance(values, list) and len(values) == 3 and all(isinstance(v, int | float) for v in values)
+            for values in (mean, std)) and min(std) > 0):
+        raise RegistryError("the model's preprocessing needs a square input of 16 to 1024 pixels and three means and"
+                            " three positive standard deviations", hint=hint)
+    return pixels.Pictures(size, tuple(map(float, mean)), tuple(map(float, std)))
 
 
 def measure(candidate: Candidate, held: pipeline.HeldOut) -> dict[str, float]:
@@ -283,11 +338,12 @@ def measure(candidate: Candidate, held: pipeline.HeldOut) -> dict[str, float]:
     try:
         logits = inference.predict(servable.compiled, servable.reader, held.examples)
     except RuntimeError as exc:  # OpenVINO's word for a graph that cannot run on these inputs
-        raise RegistryError(f"the model fails on the dataset's texts: {_said(exc)}",
-                            hint="check that it is a text classifier taking this tokenizer's ids") from exc
+        raise RegistryError(f"the model fails on the dataset's examples: {_said(exc)}",
+                            hint="check that it is the classifier its files say it is, reading examples as they"
+                                 " say (tokenizer, or preprocessing)") from exc
     if logits.shape != (len(held.examples), len(candidate.labels)) or not np.isfinite(logits).all():
         raise RegistryError(f"the model gave {'non-finite' if logits.shape[1:] == (len(candidate.labels),) else 'mis-shaped'}"
-                            f" logits (shape {list(logits.shape)}) for {len(held.examples)} texts",
+                            f" logits (shape {list(logits.shape)}) for {len(held.examples)} examples",
                             hint="check that it is the classifier its files say it is")
     index = {label: i for i, label in enumerate(candidate.labels)}
     from appliance.core import scoring
@@ -376,21 +432,29 @@ def _safetensors_shapes(weights: bytes) -> dict[str, list[int]]:
                             hint="the file may be cut short: copy it again") from exc
 
 
-def _card_fields(card: dict[str, Any]) -> tuple[str, list[str], int, str, str]:
-    """An archive card's format, labels, max_length, base model and licence, checked: a signature proves only
-    that the card is as its signer wrote it."""
+def _card_fields(card: dict[str, Any], task: str) -> tuple[str, list[str], dict[str, Any], str, str]:
+    """An archive card's format, labels, how the model reads an example (max_length, or an image model's
+    preprocessing), base model and licence, checked: a signature proves only that the card is as its signer wrote
+    it."""
+    reading = "preprocessing" if task == datasets.IMAGE else "max_length"
+    if card.get("task", datasets.TEXT) != task:
+        raise RegistryError(f"the archive's model is for {card.get('task')}, and the dataset is for {task}",
+                            hint=f"measure it on a dataset for {card.get('task')}")
     try:
-        fields = (card["format"], card["labels"], card["max_length"], card["base_model"]["path"],
+        fields = (card["format"], card["labels"], card[reading], card["base_model"]["path"],
                   card["base_model"]["licence"])
     except (KeyError, TypeError) as exc:
         raise RegistryError(f"the archive's card lacks {exc}", hint="export the model again from the appliance"
                             ) from None
-    fmt, labels, max_length, base_model, licence = fields
-    if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels) and isinstance(max_length, int)
-            and 0 < max_length <= 8192 and all(isinstance(text, str) for text in (fmt, base_model, licence))):
-        raise RegistryError("the archive's card names its format, labels, max_length or base model wrongly",
+    fmt, labels, how, base_model, licence = fields
+    if task == datasets.IMAGE:
+        _pictures(how if isinstance(how, dict) else {})
+    if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)
+            and (task == datasets.IMAGE or (isinstance(how, int) and 0 < how <= 8192))
+            and all(isinstance(text, str) for text in (fmt, base_model, licence))):
+        raise RegistryError(f"the archive's card names its format, labels, {reading} or base model wrongly",
                             hint="export the model again from the appliance")
-    return fmt, labels, max_length, base_model, licence
+    return fmt, labels, {reading: how}, base_model, licence
 
 
 def _read_onnx(files: dict[str, bytes]) -> Any:
@@ -426,8 +490,6 @@ def _read_ir(files: dict[str, bytes]) -> Any:
 
 def _checked_graph(model: Any, labels: list[str]) -> inference.Artifact:
     """The graph as this appliance serves it (output named logits), if its inputs and output fit the task."""
-    from appliance import optimize
-
     names = [port.get_any_name() for port in model.inputs]
     unexpected = [name for name in names if name not in inference.INPUTS]
     if unexpected or not {"input_ids", "attention_mask"} <= set(names):
@@ -438,6 +500,38 @@ def _checked_graph(model: Any, labels: list[str]) -> inference.Artifact:
         if port.get_partial_shape().rank.get_length() != 2 or not port.get_element_type().is_integral():
             raise RegistryError(f"the graph's input {port.get_any_name()} is not an integer [batch, sequence]"
                                 " tensor", hint="export it with dynamic batch and sequence axes")
+    return _with_logits(model, labels)
+
+
+def _checked_image_graph(model: Any, labels: list[str], size: int) -> inference.Artifact:
+    """The graph as this appliance serves an image model (input pixel_values of any batch, output logits), if it
+    takes one float [batch, 3, size, size] input and gives the labels' logits."""
+    import openvino as ov
+
+    hint = f"export the classifier with one input, its pixels as [batch, 3, {size}, {size}] float32"
+    if len(model.inputs) != 1:
+        raise RegistryError(f"the graph takes {len(model.inputs)} inputs; an image classifier takes one, its pixels",
+                            hint=hint)
+    port = model.inputs[0]
+    shape = port.get_partial_shape()
+    fits = shape.rank.is_static and shape.rank.get_length() == 4 and all(
+        dim.is_dynamic or dim.get_length() == want for dim, want in zip(shape, (None, 3, size, size)) if want)
+    if not fits or not port.get_element_type().is_real():
+        raise RegistryError(f"the graph's input {port.get_any_name()} is {port.get_element_type()} {shape}, not"
+                            f" float [batch, 3, {size}, {size}] as its preprocessing says", hint=hint)
+    try:
+        model.reshape({port: ov.PartialShape([-1, 3, size, size])})  # a graph exported for one batch size takes any
+    except RuntimeError as exc:
+        raise RegistryError(f"the graph cannot take batches of any size: {_said(exc)}",
+                            hint=hint + ", its batch axis dynamic") from exc
+    port.get_tensor().set_names({pixels.INPUT})
+    return _with_logits(model, labels)
+
+
+def _with_logits(model: Any, labels: list[str]) -> inference.Artifact:
+    """The graph, its one output of a [batch, labels] row of logits named logits, serialised."""
+    from appliance import optimize
+
     outputs = [port for port in model.outputs if "logits" in port.get_names()] or list(model.outputs)
     shape = outputs[0].get_partial_shape()
     if len(outputs) != 1 or shape.rank.is_dynamic or shape.rank.get_length() != 2 or (

@@ -201,8 +201,8 @@ class Start:
         from appliance import inference
 
         manifest = json.loads(files["appliance.json"])
-        return cls(inference.Artifact(files["model.xml"], files["model.bin"]),
-                   inference.load_tokenizer(files, manifest["max_length"]), manifest["labels"], files)
+        return cls(inference.Artifact(files["model.xml"], files["model.bin"]), inference.reader_of(files, manifest),
+                   manifest["labels"], files)
 
 
 def _starting_point(store: Store, source: registry.ModelVersion) -> Start:

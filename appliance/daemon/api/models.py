@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import Field
@@ -42,7 +42,8 @@ class ImportOptions(Body):
 
     name: str = Field(pattern=schema.NAME.pattern, description="the model's name; the import is its next version")
     dataset: str = Field(min_length=1, max_length=200, description=(
-        "the text dataset (name, name:version or id) it is measured on; its labels must be among the model's"))
+        "the dataset (name, name:version or id) it is measured on; its labels must be among the model's, and its"
+        " task is the model's"))
     # Bounded so that an upload's query, percent-encoded, stays well inside what the HTTP parser takes (about 80 KB):
     # a model with more labels names them in its config.json.
     labels: list[Annotated[str, Field(min_length=1, max_length=48)]] = Field(
@@ -50,6 +51,8 @@ class ImportOptions(Body):
         description="the model's labels in logit order, where its config.json or card does not name them")
     public_key: str | None = Field(None, min_length=1, max_length=128,
                                    description="an export archive must be signed by this key (hex, or its SHA-256)")
+    task: Literal["text-classification", "image-classification"] | None = Field(
+        None, description="what the model does; it must be the dataset's task")
 
 
 class ModelUploadOptions(ImportOptions):
@@ -82,7 +85,8 @@ def _import(shared: SharedStore, source: sources.Source, options: ImportOptions,
     from appliance.operations import imports  # torch and OpenVINO load for an import only
 
     version = imports.import_model(shared.use, source, name=options.name, dataset=options.dataset,
-                                   labels=options.labels, public_key=options.public_key, actor=actor(user))
+                                   labels=options.labels, public_key=options.public_key, task=options.task,
+                                   actor=actor(user))
     with shared.use() as store:
         return registry.describe(store, version.ref)
 
