@@ -136,16 +136,27 @@ def admitted(content: bytes, where: str) -> bytes:
                               hint="send it smaller: the model sees it at a few hundred pixels a side")
     try:
         with Image.open(io.BytesIO(content)) as image:
-            width, height = image.size
-    except Image.DecompressionBombError:  # Pillow's own limit, past ours: the header claims billions of pixels
-        width = height = MAX_PIXELS
+            oversized = _oversized(*image.size)
+    except Image.DecompressionBombError:  # Pillow's own limit, far past ours
+        oversized = BOMB
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
         raise BadRequest(f"{where} is not a readable image (not a format Pillow knows)",
                          hint="send a JPEG, PNG, WebP, BMP or TIFF file as it was saved") from None
-    if width * height > MAX_PIXELS:
-        raise PayloadTooLarge(f"{where} is {width}x{height} pixels, over the limit of {MAX_PIXELS // 10**6} "
-                              "megapixels", hint="scale it down first: the model sees a few hundred pixels a side")
+    if oversized:
+        raise PayloadTooLarge(f"{where} is {oversized}", hint="scale it down first: the model sees a few hundred"
+                                                               " pixels a side")
     return content
+
+
+BOMB = (f"said by its header to hold over {2 * Image.MAX_IMAGE_PIXELS // 10**6} megapixels (where Pillow stops),"
+        f" over the limit of {MAX_PIXELS // 10**6}")
+
+
+def _oversized(width: int, height: int) -> str | None:
+    """Why an image of this size is refused, or None."""
+    if width * height <= MAX_PIXELS:
+        return None
+    return f"{width}x{height} pixels, over the limit of {MAX_PIXELS // 10**6} megapixels"
 
 
 def problem(content: bytes) -> str | None:
@@ -153,14 +164,16 @@ def problem(content: bytes) -> str | None:
     refused from its header before a pixel is decoded); None when it can be used."""
     try:
         with Image.open(io.BytesIO(content)) as image:
-            if image.width * image.height > MAX_PIXELS:
-                return f"{image.width}x{image.height} pixels, over the limit of {MAX_PIXELS // 10**6} megapixels"
+            if oversized := _oversized(*image.size):
+                return oversized
             image.verify()  # checks structure and checksums
         with Image.open(io.BytesIO(content)) as image:
             image.load()  # decodes every pixel: catches a truncated file that verify() lets through
     except UnidentifiedImageError:
         return "not a format Pillow knows"
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError:  # Pillow's own limit, far past ours
+        return BOMB
+    except (OSError, SyntaxError, ValueError) as exc:
         return str(exc).split(" <")[0] or type(exc).__name__  # no object reprs
     return None
 

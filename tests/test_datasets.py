@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import zlib
 from importlib import resources
 from pathlib import Path
 
@@ -45,6 +46,13 @@ def _write(tmp_path: Path, name: str, content: str | bytes) -> Path:
 
 def _count(opened: Store, table: str) -> int:
     return opened.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+
+
+def claiming(png: bytes, width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height pixels (its CRC fixed to match), over the data of a small one: a
+    decompression bomb's header at no cost."""
+    header = png[12:16] + width.to_bytes(4, "big") + height.to_bytes(4, "big") + png[24:29]
+    return png[:12] + header + zlib.crc32(header).to_bytes(4, "big") + png[33:]
 
 
 def _png(colour: tuple[int, int, int], size: int = 4) -> bytes:
@@ -320,10 +328,19 @@ def test_an_image_folder_imports_and_loads(opened: Store, tmp_path: Path) -> Non
 
     (tmp_path / "photos" / "dogs" / "broken.png").write_bytes(images["dogs/b.png"][:30])
     (tmp_path / "photos" / "cats" / "notes.txt").write_text("not an image")
+    (tmp_path / "photos" / "cats" / "empty.png").write_bytes(b"")
+    (tmp_path / "photos" / "dogs" / "huge.png").write_bytes(claiming(_png((9, 9, 9)), 20_000, 20_000))
+    jpeg = io.BytesIO()
+    Image.new("RGB", (8, 8), (40, 50, 60)).save(jpeg, "JPEG")
+    (tmp_path / "photos" / "dogs" / "named-png.png").write_bytes(jpeg.getvalue())  # read by content, not name
     with pytest.raises(DatasetError) as error:
         import_photos()
     assert "photos/cats/notes.txt: not a readable image" in error.value.message
     assert "photos/dogs/broken.png: not a readable image" in error.value.message
+    assert "photos/cats/empty.png: not a readable image" in error.value.message
+    assert "photos/dogs/huge.png: not a readable image (said by its header to hold over 178 megapixels (where" \
+        " Pillow stops), over the limit of 50)" in error.value.message
+    assert "named-png" not in error.value.message and "4 problems" in error.value.message
 
 
 def test_an_image_folder_needs_class_folders(opened: Store, tmp_path: Path) -> None:

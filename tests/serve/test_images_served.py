@@ -30,6 +30,7 @@ from appliance.train import engine
 from appliance.train.params import TrainParams
 from tests.serve.conftest import Server, State, start_server, stop_server
 from tests.serve.test_grpc import free_port
+from tests.test_datasets import claiming
 from tests.train.test_images import write_shapes
 
 LABELS = ["circle", "square", "triangle"]
@@ -172,6 +173,8 @@ def test_bad_images_are_refused_naming_the_instance_and_never_fail_the_others(se
 
     status, text = predict(good, bomb.getvalue())
     assert status == 413 and "instance 1 is 10000x6000 pixels, over the limit of 50 megapixels" in text
+    status, text = predict(claiming(good_png(), 20_000, 20_000))  # past Pillow's own limit too
+    assert status == 413 and "instance 0 is said by its header to hold over 178 megapixels" in text
     status, text = predict(b"GIF87a but not really")
     assert status == 400 and "instance 0 is not a readable image (not a format Pillow knows)" in text
     status, text = predict(good, "a text")
@@ -214,3 +217,7 @@ def test_a_canary_of_an_image_model_takes_its_share_of_the_photos(served: Served
         answered = {client.post("/v1/models/shapes:predict", json={"instances": instances}).json()["model_version"]
                     for _ in range(40)}
     assert answered == {"2", str(candidate.version)}
+
+
+def good_png() -> bytes:
+    return pixels.encoded(np.full((8, 8, 3), 100, dtype=np.uint8))
