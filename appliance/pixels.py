@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import random
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +33,7 @@ from appliance.core.errors import BadRequest, PayloadTooLarge
 
 CROP_AREA, CROP_ASPECT = (0.25, 1.0), (3 / 4, 4 / 3)
 CENTRE = 0.875
-DECODE_THREADS = 4
+DECODE_THREADS = len(os.sched_getaffinity(0))  # one per CPU this process may use: Pillow decodes without the GIL
 INPUT = "pixel_values"  # the one input of an image model's graph
 MAX_IMAGE_BYTES = 20 * 2**20  # an image file's size, in a dataset or a request
 MAX_PIXELS = 50_000_000  # a 50-megapixel photo: 150 MB decoded, so a small file cannot claim gigabytes
