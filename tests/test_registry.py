@@ -52,6 +52,18 @@ def test_a_registered_version_carries_variants_and_lineage_and_serves_nothing(op
     assert audit.rows(opened, action="model.register")[-1]["object"] == "tickets"
 
 
+def test_a_model_name_holds_one_task_since_its_clients_send_what_its_versions_take(opened: Store,
+                                                                                     run_id: str) -> None:
+    version = _register(opened, run_id)
+    photos = registry.Variant("fp32", "openvino-ir", blobs.put(opened, b"an image IR"), 10, {"accuracy": 0.9})
+    with pytest.raises(RegistryError, match="tickets holds text-classification versions, and this one is for image"):
+        registry.register(opened, "tickets", run_id=run_id, task="image-classification", variants=[photos],
+                          chosen="fp32", reason="trained")
+    assert [v.ref for v in registry.list_versions(opened)] == [version.ref]
+    assert registry.register(opened, "photos", run_id=run_id, task="image-classification", variants=[photos],
+                             chosen="fp32", reason="trained").ref == "photos:1"
+
+
 def test_versions_are_immutable(opened: Store, run_id: str) -> None:
     _register(opened, run_id)
     with pytest.raises(sqlite3.DatabaseError, match="immutable"):

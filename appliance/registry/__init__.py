@@ -93,6 +93,10 @@ def register(
     check_name(model)
     if chosen not in {variant.name for variant in variants}:
         raise RegistryError(f"the chosen variant {chosen!r} is not among the artifacts")
+    held = store.db.execute("SELECT task FROM model_versions WHERE model = ? LIMIT 1", (model,)).fetchone()
+    if held is not None and held[0] != task:  # its clients send what its versions take: one task per name
+        raise RegistryError(f"{model} holds {held[0]} versions, and this one is for {task}",
+                            hint="register it under a name of its own (--name)")
     with audit.operation(store, "model.register", model, actor=actor, run=run_id, chosen=chosen) as details:
         version = store.db.execute(  # a deleted version's number is not given again
             "SELECT COALESCE(MAX(version), 0) + 1 FROM (SELECT version FROM model_versions WHERE model = ?"
