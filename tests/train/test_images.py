@@ -105,6 +105,18 @@ def test_a_stopped_image_run_resumes_to_what_an_uninterrupted_one_learns(opened:
         assert resumed.metrics[name] == pytest.approx(value, abs=1e-5), name
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_cuda_path_fine_tunes_the_pretrained_backbone_with_mixed_precision(opened: Store, shapes: str,
+                                                                                settings: Settings) -> None:
+    """The default image job on a GPU: the bundled EfficientNet-Lite0, the image defaults, autocast."""
+    result = engine.start(opened, dataset=shapes, base_dir=settings.image_base_model,
+                          params=TrainParams(epochs=5, batch_size=8, seed=1), device="cuda")
+    plan = runs.get(opened, result.run_id).plan
+    assert plan["device"].startswith("cuda") and plan["precision"] in ("bf16", "fp16")
+    assert result.metrics["accuracy"] >= 0.85, result.metrics
+
+
 def test_a_training_batch_is_augmented_repeatably_and_an_evaluation_batch_is_the_centre(
         opened: Store, shapes: str, settings: Settings) -> None:
     data = datasets.load(opened, datasets.get(opened, shapes))
