@@ -132,7 +132,7 @@ def examples_of(name: str, datatype: str, shape: Sequence[int], data: bytes | Se
     if datatype != inputs[name][0]:
         raise BadRequest(f"input {name!r} is {datatype}, not {inputs[name][0]}", hint=f"the model takes {takes}")
     if name == PIXELS_INPUT:
-        return _prepared(name, shape, np.frombuffer(data, "<f4") if isinstance(data, bytes) else data, pictures)
+        return _prepared(name, shape, data, pictures)
     elements = _elements(name, data) if isinstance(data, bytes) else _flat(name, data)
     if list(shape) not in ([len(elements)], [len(elements), 1]):
         held = f"{len(elements)} {'texts' if name == INPUT else 'images'}"
@@ -143,15 +143,19 @@ def examples_of(name: str, datatype: str, shape: Sequence[int], data: bytes | Se
     return [unbased(element, index) for index, element in enumerate(elements)]
 
 
-def _prepared(name: str, shape: Sequence[int], values: np.ndarray | Sequence[Any],
+def _prepared(name: str, shape: Sequence[int], values: bytes | Sequence[Any],
               pictures: pixels.Pictures) -> list[np.ndarray]:
-    """A batch of prepared images, one float32 array each."""
+    """A batch of prepared images, one float32 array each, from raw little-endian FP32 or JSON numbers."""
     size = pictures.size
     if len(shape) != 4 or list(shape[1:]) != [3, size, size]:
         raise BadRequest(f"input {name!r} has shape {list(shape)}, not [n, 3, {size}, {size}]",
                          hint=f"give each image as its {size}x{size} RGB pixels, channels first")
+    if isinstance(values, bytes) and len(values) % 4:
+        raise BadRequest(f"the binary data of input {name!r} is {len(values)} bytes, not whole FP32 values",
+                         hint="send 4 bytes (little-endian) per value")
     try:
-        flat = np.asarray(values, dtype=np.float32).ravel()
+        flat = (np.frombuffer(values, "<f4") if isinstance(values, bytes) else np.asarray(values, dtype=np.float32)
+                ).ravel()
     except (TypeError, ValueError):
         raise BadRequest(f"input {name!r} holds something other than numbers, or its rows differ in length",
                          hint="give the pixel values as numbers, flat or nested in the shape") from None

@@ -124,5 +124,7 @@ def test_an_image_input_that_does_not_add_up_is_named() -> None:
         oip.examples_of("pixel_values", "FP32", [2, 3, 4, 4], [0.0] * 48, PICTURES)
     with pytest.raises(BadRequest, match="holds something other than numbers"):
         oip.examples_of("pixel_values", "FP32", [1, 3, 4, 4], ["bright"] * 48, PICTURES)
+    with pytest.raises(BadRequest, match="is 7 bytes, not whole FP32 values"):
+        oip.examples_of("pixel_values", "FP32", [1, 3, 4, 4], b"\0" * 7, PICTURES)
     with pytest.raises(BadRequest, match="input 'image' is FP32, not BYTES"):
         oip.examples_of("image", "FP32", [1], [0.0], PICTURES)
