@@ -328,8 +328,10 @@ def matching(store: Store, needle: str) -> dict[str, list[str]]:
             " LEFT JOIN feedback f ON f.prediction_id = p.id"
             " LEFT JOIN model_versions v ON v.model = p.model AND v.version = p.version ORDER BY p.id",
             (datasets.IMAGE,)):
+        # A deleted version's task is unknown here: its kept bytes are read as text, leniently (an erasure that
+        # matches more than it must errs on the safe side).
         if folded in (label or "").casefold() or (not image and folded in _open(aead, prediction_id, sealed)
-                                                   .decode().casefold()):
+                                                   .decode(errors="replace").casefold()):
             found.setdefault(model, []).append(prediction_id)
     return found
 
