@@ -69,15 +69,14 @@ class Pictures:
         brightness = ((stacked * std + mean) * 255).mean(axis=(1, 2, 3))
         return Seen({INPUT: stacked}, np.asarray([side for _, side in looked]), brightness)
 
-    def prepared(self, values: np.ndarray, where: str) -> np.ndarray:
-        """A caller's prepared input for one image, refused unless it is 3 x size x size finite numbers."""
+    def check_prepared(self, values: np.ndarray, where: str) -> None:
+        """Refuse a caller's prepared input for one image unless it is 3 x size x size finite numbers."""
         if values.shape != (3, self.size, self.size):
             raise BadRequest(f"{where} has shape {list(values.shape)}, not [3, {self.size}, {self.size}]",
                              hint=f"send each image as its {self.size}x{self.size} RGB pixels, channels first, "
                                   f"normalised with mean {list(self.mean)} and std {list(self.std)}")
         if not np.isfinite(values).all():
             raise BadRequest(f"{where} holds a value that is not a finite number", hint="send finite pixel values")
-        return values.astype(np.float32)
 
     def _look(self, image: bytes | np.ndarray) -> tuple[np.ndarray, int]:
         """One image as the model's input (a prepared one as it is), and its shorter side as sent."""

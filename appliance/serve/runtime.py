@@ -461,7 +461,7 @@ def check_images(images: list[bytes | np.ndarray], reader: pixels.Pictures, max_
             raise BadRequest(f"instance {index} is text, and this model classifies images",
                              hint="send the image's file bytes (base64 in JSON)")
         if isinstance(image, np.ndarray):
-            reader.prepared(image, f"instance {index}")
+            reader.check_prepared(image, f"instance {index}")
         else:
             pixels.admitted(image, f"instance {index}")
 

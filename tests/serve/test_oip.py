@@ -13,6 +13,7 @@ import pytest
 from appliance import pixels
 from appliance.core.errors import BadRequest
 from appliance.serve import oip
+from appliance.serve.runtime import check_images
 
 
 def binary(texts: list[str], *, size: int | None = None, header: int | None = None,
@@ -128,3 +129,13 @@ def test_an_image_input_that_does_not_add_up_is_named() -> None:
         oip.examples_of("pixel_values", "FP32", [1, 3, 4, 4], b"\0" * 7, PICTURES)
     with pytest.raises(BadRequest, match="input 'image' is FP32, not BYTES"):
         oip.examples_of("image", "FP32", [1], [0.0], PICTURES)
+
+
+def test_prepared_pixels_must_be_finite_and_of_the_models_shape() -> None:
+    fine = np.zeros((3, 4, 4), dtype=np.float32)
+    check_images([fine], PICTURES, 8)
+    with pytest.raises(BadRequest, match="instance 1 holds a value that is not a finite number"):
+        check_images([fine, np.full((3, 4, 4), np.nan, dtype=np.float32)], PICTURES, 8)
+    with pytest.raises(BadRequest, match="instance 0 has shape \\[3, 8, 8\\], not \\[3, 4, 4\\]"):
+        check_images([np.zeros((3, 8, 8), dtype=np.float32)], PICTURES, 8)
+
