@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import Input, Log, RichLog
+from textual.widgets import Input, Log, RichLog, Select
 
 from appliance import registry, store
 from appliance.access import users
@@ -362,6 +362,13 @@ async def test_an_image_model_is_tried_with_a_photos_path(tiny_base: Path, tmp_p
             await pilot.press("enter")
             await settle(pilot, lambda: "cannot read" in text(app, "#try-result"))
             assert "missing.jpg: No such file or directory" in text(app, "#try-result")
+
+            await pilot.press("escape", "4")  # its export offers the formats an image model has
+            await settle(pilot, lambda: "shapes:2" in rows(app, "#models"))
+            app.screen.query_one("#models", Table).select("shapes:2")
+            await pilot.press("e")
+            formats = await settle(pilot, lambda: app.screen.query("#format") and app.screen.query_one("#format"))
+            assert [value for _label, value in formats._options if value != Select.BLANK] == ["onnx", "openvino"]
     finally:
         daemon.stop(signal.SIGKILL)
 

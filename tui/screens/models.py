@@ -16,6 +16,7 @@ from textual.widgets import Collapsible, DataTable, DirectoryTree, Input, Label,
 
 from appliance.core.errors import ApplianceError
 from appliance.daemon import client
+from appliance.data import datasets
 from appliance.operations import jobs
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog, fields
@@ -187,7 +188,8 @@ class ModelsScreen(ApplianceScreen):
         version = self._selected()
         if version is not None:
             ref = f"{version['model']}:{version['version']}"
-            self.app.push_screen(ExportDialog(ref), lambda chosen: chosen and self._export(ref, chosen))
+            self.app.push_screen(ExportDialog(ref, images=version["task"] == datasets.IMAGE),
+                                 lambda chosen: chosen and self._export(ref, chosen))
 
     @work(exclusive=True, exit_on_error=False)
     async def _export(self, ref: str, chosen: Export) -> None:
@@ -274,13 +276,14 @@ class ExportDialog(FormDialog[Export]):
     """A version to a file in an open format: the format, the file, and an age recipient or a passphrase (or,
     switched on on purpose, plaintext)."""
 
-    def __init__(self, ref: str) -> None:
+    def __init__(self, ref: str, *, images: bool = False) -> None:
         super().__init__(f"Export {ref}", "Export", wide=True)
-        self.ref = ref
+        self.ref, self.images = ref, images
 
     def compose_fields(self) -> ComposeResult:
-        yield fields(("Format", Select([("ONNX", "onnx"), ("OpenVINO IR (as it serves)", "openvino"),
-                                       ("Hugging Face", "hf")], value="onnx", allow_blank=False, id="format")))
+        formats = [("ONNX", "onnx"), ("OpenVINO IR (as it serves)", "openvino")]
+        formats += [] if self.images else [("Hugging Face", "hf")]  # an image model has no Hugging Face form
+        yield fields(("Format", Select(formats, value="onnx", allow_blank=False, id="format")))
         yield fields(("File", Input(placeholder=f"a new file, e.g. ~/{self.ref.replace(':', '-')}.tar.age",
                                     id="path")))
         yield fields(("Recipient", Input(placeholder="age1... (from age-keygen)", id="recipient")))
