@@ -26,6 +26,7 @@ import json
 import random
 import re
 import tarfile
+import types
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from appliance.core import archive, clock, schema
 from appliance.core.errors import ConfinementError, DatasetError, DatasetNotFound
 from appliance.core.text import counted
 from appliance.data import sources
-from appliance.store import Store, audit, blobs
+from appliance.store import Store, audit, blobs, seal
 
 TEXT = "text-classification"
 IMAGE = "image-classification"
@@ -741,32 +742,12 @@ def _image_entries(blob: blobs.Opened) -> list[tuple[str, tuple[int, int]]]:
     """Each file of an image set's canonical tar, by name, with its place (start, size) in the tar: one pass over
     the blob, a chunk in memory at a time, that also checks the whole content against its id."""
     chunks = blobs.get(blob.store, blob.blob_id)
-    with tarfile.open(fileobj=io.BufferedReader(_Chunks(chunks)), mode="r|") as tar:
+    stream = types.SimpleNamespace(read=seal.reader(chunks))  # all tarfile's stream mode calls
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
         entries = [(member.name, (member.offset_data, member.size)) for member in tar if member.isfile()]
     for _rest in chunks:  # the padding after the last member: the id is checked once every chunk has been read
         pass
     return entries
-
-
-class _Chunks(io.RawIOBase):
-    """A stream of byte chunks as a file to read."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks, self._rest = chunks, memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._rest:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._rest = memoryview(chunk)
-        count = min(len(buffer), len(self._rest))
-        buffer[:count] = self._rest[:count]
-        self._rest = self._rest[count:]
-        return count
 
 
 def content(store: Store, version: DatasetVersion) -> bytes:

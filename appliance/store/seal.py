@@ -33,7 +33,7 @@ LAST, NOT_LAST = b"\x01", b"\x00"  # a framed piece's first byte
 
 def pieces(source: Source, size: int) -> Iterator[tuple[bytes, bool]]:
     """size-byte pieces of source (the last shorter; empty content is one empty piece), each with is-last."""
-    read = _reader(source)
+    read = reader(source)
     current = _read_exact(read, size)
     while True:
         following = _read_exact(read, size) if len(current) == size else b""
@@ -88,7 +88,8 @@ def _counter(index: int) -> bytes:
     return index.to_bytes(NONCE_BYTES, "big")
 
 
-def _reader(source: Source) -> Callable[[int], bytes]:
+def reader(source: Source) -> Callable[[int], bytes]:
+    """A file's read() over source: bytes, a file, or an iterable of byte chunks (such as blobs.get)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return io.BytesIO(source).read
     if hasattr(source, "read"):
