@@ -25,7 +25,6 @@ import math
 import os
 import tempfile
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,7 +41,7 @@ from appliance.core.hardware import Hardware
 from appliance.data.datasets import IMAGE
 from appliance.inference import Artifact, Reader
 from appliance.pixels import Pictures
-from appliance.train.bundle import convert_openvino, load_text_classifier, traceable
+from appliance.train.bundle import convert_openvino, load_text_classifier, onnx_bytes, traceable
 
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products that cannot saturate
 # node names of the head in the traced graph: BERT, DistilBERT, RoBERTa; EfficientNet-Lite's _fc, the small CNN's head
@@ -100,18 +99,10 @@ def _read_fd(fd: int) -> bytes:
 
 
 def export_onnx(model: torch.nn.Module, max_length: int = 128) -> bytes:
-    """ONNX bytes from the TorchScript exporter: the dynamo one needs onnxscript, which is not installed."""
+    """A text classifier as ONNX: the tokenizer's int64 inputs (any batch and length) to logits."""
     wrapper, example = traceable(model, max_length)
     dynamic = {name: {0: "batch", 1: "sequence"} for name in wrapper.names} | {"logits": {0: "batch"}}
-    buffer = io.BytesIO()
-    try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # its own deprecation notice, and the tracer's
-            torch.onnx.export(wrapper, example, buffer, dynamo=False, input_names=list(wrapper.names),
-                              output_names=["logits"], dynamic_axes=dynamic, opset_version=17)
-    except torch.onnx.OnnxExporterError as exc:
-        raise OptimizeError(f"ONNX export failed: {exc}", hint="the 'onnx' package must be installed") from exc
-    return buffer.getvalue()
+    return onnx_bytes(wrapper, example, wrapper.names, dynamic)
 
 
 # -- quantisation -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ OpenVINO model in memory, for the optimiser's export and fast mode's embedding.
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import warnings
 from collections.abc import Mapping, Sequence
@@ -101,6 +102,21 @@ def traceable(model: torch.nn.Module, max_length: int) -> tuple[_Logits, tuple[t
     example = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
     # A new module starts in training mode, and exporters restore that mode on exit, recursively.
     return _Logits(model, names).eval(), tuple(example[name] for name in names)
+
+
+def onnx_bytes(module: torch.nn.Module, example: tuple[torch.Tensor, ...], inputs: Sequence[str],
+               dynamic_axes: dict[str, dict[int, str]]) -> bytes:
+    """ONNX bytes from the TorchScript exporter (the dynamo one needs onnxscript, which is not installed), the one
+    output named logits: a text model's export and an image model's."""
+    buffer = io.BytesIO()
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # its own deprecation notice, and the tracer's
+            torch.onnx.export(module, example, buffer, dynamo=False, input_names=list(inputs),
+                              output_names=["logits"], dynamic_axes=dynamic_axes, opset_version=17)
+    except torch.onnx.OnnxExporterError as exc:
+        raise OptimizeError(f"ONNX export failed: {exc}", hint="the 'onnx' package must be installed") from exc
+    return buffer.getvalue()
 
 
 def convert_openvino(model: torch.nn.Module, max_length: int) -> ov.Model:

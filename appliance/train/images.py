@@ -45,6 +45,7 @@ from appliance import pixels
 from appliance.core import archive
 from appliance.core.errors import JobError, OptimizeError
 from appliance.data.datasets import LoadedDataset
+from appliance.train.bundle import onnx_bytes
 from appliance.train.tasks import ModelOutput, manifest
 
 EFFICIENTNET_LITE = tuple(f"efficientnet-lite{n}" for n in range(5))
@@ -219,17 +220,9 @@ class _Logits(nn.Module):
 
 
 def export_onnx(model: nn.Module, image_size: int) -> bytes:
-    """The classifier as ONNX (the TorchScript exporter): float32 NCHW pixel_values, any batch, to "logits"."""
-    buffer = io.BytesIO()
-    try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # the exporter's deprecation notice, and the tracer's
-            torch.onnx.export(_Logits(model).eval(), (torch.zeros((2, 3, image_size, image_size)),), buffer,
-                              dynamo=False, input_names=[pixels.INPUT], output_names=["logits"],
-                              dynamic_axes={pixels.INPUT: {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
-    except torch.onnx.OnnxExporterError as exc:
-        raise OptimizeError(f"ONNX export failed: {exc}", hint="the 'onnx' package must be installed") from exc
-    return buffer.getvalue()
+    """The classifier as ONNX: float32 NCHW pixel_values, any batch, to logits."""
+    return onnx_bytes(_Logits(model).eval(), (torch.zeros((2, 3, image_size, image_size)),), [pixels.INPUT],
+                      {pixels.INPUT: {0: "batch"}, "logits": {0: "batch"}})
 
 
 def convert_openvino(model: nn.Module, image_size: int) -> ov.Model:
