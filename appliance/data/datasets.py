@@ -21,7 +21,6 @@ import codecs
 import csv
 import dataclasses
 import hashlib
-import io
 import json
 import random
 import re
@@ -55,6 +54,9 @@ MAX_TEXT_CHARS = 20_000  # the default bound on one text at import; a longer one
 LONG_TEXTS = ("truncate", "skip")  # what happens to a text over the bound: cut to its first characters, or left out
 
 Progress = Callable[[int, int], None]
+Stream = Callable[[], Iterator[bytes]]  # a version's canonical content, as a stream that can be started again
+ImageFile = tuple[str, "tuple[int, int] | bytes"]  # an image set's entry (label/file): its place in a stored
+# version's canonical tar (start, size), or its bytes
 
 
 @dataclass(frozen=True)
@@ -192,10 +194,7 @@ def import_data(
         examples, warnings = _read(source, task, (text_column, label_column), (max_text_chars, long_texts),
                                    min_per_class, progress)
         canonical = _packed(source, task, examples)
-        digest = hashlib.sha256()
-        for piece in canonical():
-            digest.update(piece)
-        existing = _kept(store, name, digest.hexdigest())
+        existing = _kept(store, name, _digest(canonical))
     except (DatasetError, ConfinementError):
         # A refusal is audited too: operation() writes the "failed" record and re-raises.
         with audit.operation(store, ACTION, name, actor=actor, **details):
@@ -222,43 +221,88 @@ def extend(store: Store, base: DatasetVersion, additions: list[tuple[str | bytes
 
     An addition already in the data replaces that example's label: it is the newer word on it. The split is drawn
     again over the whole, with base's seed and fraction, so new examples reach both training and validation.
-    Residency is inherited; `parent` names base.
+    Residency is inherited; `parent` names base. An image set is rewritten a file at a time (_image_stream), so
+    a set of any size is extended in the memory of a few photos.
     """
-    examples = _examples(base.task, content(store, base))
-    position = {example.content: index for index, example in enumerate(examples)}
-    relabelled = 0
-    for added, label in additions:
-        if added in position:
-            earlier = examples[position[added]]
-            relabelled += earlier.label != label
-            entry = f"{label}/{earlier.entry.partition('/')[2]}" if base.task == IMAGE else ""
-            examples[position[added]] = dataclasses.replace(earlier, label=label, entry=entry)
-        else:
-            position[added] = len(examples)
-            if isinstance(added, bytes):
-                entry = f"{label}/feedback-{hashlib.sha256(added).hexdigest()[:16]}"
-                examples.append(_Example(entry, label, added, entry))
-            else:
-                examples.append(_Example(added, label, added))
-    canonical = _canonical(base.task, examples)
-    labels = [example.label for example in examples]
-    details = {"base": base.ref, "source": source, "added": len(examples) - base.examples, "relabelled": relabelled}
+    if base.task == IMAGE:
+        labels, relabelled, canonical = _extended_images(store, base, additions)
+    else:
+        labels, relabelled, canonical = _extended_texts(store, base, additions)
+    details = {"base": base.ref, "source": source, "added": len(labels) - base.examples, "relabelled": relabelled}
     with audit.operation(store, "dataset.extend", base.name, actor=actor, **details) as recorded:
-        existing = _kept(store, base.name, hashlib.sha256(canonical).hexdigest())
+        existing = _kept(store, base.name, _digest(canonical))
         if existing is not None:
             recorded["unchanged"] = existing.ref
             return existing
-        blob_id = blobs.put(store, canonical)
+        blob_id = blobs.put(store, canonical())
         version = _next_version(store, base.name)
         dataset_id = _identity(base.name, version, blob_id)
         warnings = [f"{relabelled} examples of {base.ref} relabelled by newer feedback"] if relabelled else []
         _insert(store, DatasetVersion(
             id=dataset_id, name=base.name, version=version, task=base.task, blob_id=blob_id, source=source,
-            examples=len(examples), labels=sorted(set(labels)),
+            examples=len(labels), labels=sorted(set(labels)),
             split=_split(labels, base.split["validation_fraction"], base.split["seed"]), warnings=warnings,
             residency=base.residency, created_at=clock.stamp(), parent=base.id))
         recorded.update(id=dataset_id, version=version)
     return _select(store, "id = ?", (dataset_id,))[0]
+
+
+def _extended_texts(store: Store, base: DatasetVersion, additions: list[tuple[str | bytes, str]]
+                    ) -> tuple[list[str], int, Stream]:
+    """A text set with additions (extend()): its labels, how many were relabelled, its canonical content."""
+    examples = _examples(content(store, base))
+    position = {example.content: index for index, example in enumerate(examples)}
+    relabelled = 0
+    for added, label in additions:
+        if added in position:
+            relabelled += examples[position[added]].label != label
+            examples[position[added]] = dataclasses.replace(examples[position[added]], label=label)
+        else:
+            position[added] = len(examples)
+            examples.append(_Example(str(added), label, added))
+    return [example.label for example in examples], relabelled, _canonical(examples)
+
+
+def _extended_images(store: Store, base: DatasetVersion, additions: list[tuple[str | bytes, str]]
+                     ) -> tuple[list[str], int, Stream]:
+    """An image set with additions (extend()), matched to its photos by their SHA-256, each read once to hash it:
+    its labels, how many were relabelled, its canonical content as a stream."""
+    if not all(isinstance(added, bytes) for added, _ in additions):
+        raise DatasetError(f"{base.ref} is an image dataset: what joins it must be image files, not texts")
+    blob = blobs.Opened(store, _blob_of(store, base))
+    files: list[ImageFile] = list(_image_entries(blob))
+    position = {hashlib.sha256(blob.read(*where)).digest(): index for index, (_, where) in enumerate(files)}
+    relabelled = 0
+    for added, label in additions:
+        assert isinstance(added, bytes)
+        digest = hashlib.sha256(added).digest()
+        if digest in position:
+            name, where = files[position[digest]]
+            relabelled += name.split("/", 1)[0] != label
+            files[position[digest]] = f"{label}/{name.partition('/')[2]}", where
+        else:
+            position[digest] = len(files)
+            files.append((f"{label}/feedback-{digest.hex()[:16]}", added))
+    return [name.split("/", 1)[0] for name, _ in files], relabelled, _image_stream(blob, files)
+
+
+def _image_stream(blob: blobs.Opened, files: list[ImageFile]) -> Stream:
+    """An image set's canonical tar, made a file at a time: each stored file read from blob as the stream reaches
+    it (only the chunks that hold it decrypted, each once when read in order), new ones given as bytes."""
+
+    def entries() -> Iterator[tuple[str, bytes]]:
+        for name, where in files:
+            yield name, where if isinstance(where, bytes) else blob.read(*where)
+
+    return lambda: archive.stream(entries(), mode=0o644)
+
+
+def _digest(canonical: Stream) -> str:
+    """The SHA-256 of a canonical content, which is its blob's id."""
+    digest = hashlib.sha256()
+    for piece in canonical():
+        digest.update(piece)
+    return digest.hexdigest()
 
 
 def _identity(name: str, version: int, blob_id: str) -> str:
@@ -634,8 +678,7 @@ def _packed(source: sources.Source, task: str, examples: list[_Example]) -> Call
     time, and one that changed since it was checked (its hash differs) fails the import: so a folder of any size
     is imported in the memory of one photo."""
     if task != IMAGE:
-        content = _canonical(task, examples)
-        return lambda: iter((content,))
+        return _canonical(examples)
 
     def files() -> Iterator[tuple[str, bytes]]:
         kept = {example.entry: example for example in examples}
@@ -658,14 +701,14 @@ def _packed(source: sources.Source, task: str, examples: list[_Example]) -> Call
     return lambda: archive.stream(files(), mode=0o644)
 
 
-def _canonical(task: str, examples: list[_Example]) -> bytes:
-    """The one byte form of the examples that the version's id is the hash of."""
-    if task == IMAGE:
-        return archive.pack(((e.entry, e.content) for e in examples), mode=0o644)
-    return b"".join(
+def _canonical(examples: list[_Example]) -> Stream:
+    """The one byte form of a text set's examples that the version's id is the hash of, whole in one piece (an image
+    set's is made a file at a time: _packed, _image_stream)."""
+    content = b"".join(
         json.dumps({"text": example.content, "label": example.label}, ensure_ascii=False).encode() + b"\n"
         for example in examples
     )
+    return lambda: iter((content,))
 
 
 
@@ -733,7 +776,7 @@ def load(store: Store, version: DatasetVersion) -> LoadedDataset:
         entries = _image_entries(blob)
         return LoadedDataset(version, [name.split("/", 1)[0] for name, _ in entries], version.labels, *split,
                              images=StoredImages(blob, [span for _, span in entries]))
-    examples = _examples(version.task, content(store, version))
+    examples = _examples(content(store, version))
     return LoadedDataset(version, [example.label for example in examples], version.labels, *split,
                          texts=[example.content for example in examples])
 
@@ -779,7 +822,7 @@ def matching_rows(store: Store, version: DatasetVersion, needle: str) -> list[in
     if version.task == IMAGE:  # an image's name (label/file) is all there is to match: the photos stay unread
         entries = _image_entries(blobs.Opened(store, _blob_of(store, version)))
         return [index for index, (name, _) in enumerate(entries) if folded in name.casefold()]
-    return [index for index, example in enumerate(_examples(version.task, content(store, version)))
+    return [index for index, example in enumerate(_examples(content(store, version)))
             if folded in example.where.casefold() or folded in example.label.casefold()]
 
 
@@ -790,9 +833,17 @@ def erase_rows(store: Store, version: DatasetVersion, rows: set[int]) -> Dataset
     still read; its blob (every chunk, and the wrapped data key) is deleted. Returns the replacement, or None
     when no example is left. The caller holds the audited transaction (privacy.erase).
     """
-    examples = _examples(version.task, content(store, version))
-    kept = [index for index in range(len(examples)) if index not in rows]
-    replacement = _without(store, version, examples, kept) if kept else None
+    kept = [index for index in range(version.examples) if index not in rows]
+    if version.task == IMAGE:  # rewritten a file at a time, as extend() does
+        blob = blobs.Opened(store, _blob_of(store, version))
+        files = _image_entries(blob)
+        labels = [files[index][0].split("/", 1)[0] for index in kept]
+        canonical = _image_stream(blob, [files[index] for index in kept])
+    else:
+        examples = _examples(content(store, version))
+        labels = [examples[index].label for index in kept]
+        canonical = _canonical([examples[index] for index in kept])
+    replacement = _without(store, version, kept, labels, canonical) if kept else None
     _drop_content(store, version, replaced_by=replacement and replacement.id)
     return replacement
 
@@ -824,12 +875,13 @@ def _drop_content(store: Store, version: DatasetVersion, *, replaced_by: str | N
     blobs.release(store, version.blob_id)
 
 
-def _without(store: Store, version: DatasetVersion, examples: list[_Example], kept: list[int]) -> DatasetVersion:
-    canonical = _canonical(version.task, [examples[index] for index in kept])
-    found = _kept(store, version.name, hashlib.sha256(canonical).hexdigest())
+def _without(store: Store, version: DatasetVersion, kept: list[int], labels: list[str], canonical: Stream
+             ) -> DatasetVersion:
+    """The version written again with only the kept rows (their labels, and the canonical content they make)."""
+    found = _kept(store, version.name, _digest(canonical))
     if found is not None:
         return found  # an earlier version held exactly the rows that are left
-    blob_id = blobs.put(store, canonical)
+    blob_id = blobs.put(store, canonical())
     position = {old: new for new, old in enumerate(kept)}
     split = {**version.split, **{part: [position[i] for i in version.split[part] if i in position]
                                  for part in ("train", "validation")}}
@@ -837,18 +889,14 @@ def _without(store: Store, version: DatasetVersion, examples: list[_Example], ke
     dataset_id = _identity(version.name, number, blob_id)
     _insert(store, dataclasses.replace(
         version, id=dataset_id, blob_id=blob_id, version=number,
-        source=f"{version.ref} without {len(examples) - len(kept)} erased examples", examples=len(kept),
-        labels=sorted({examples[index].label for index in kept}), split=split,
+        source=f"{version.ref} without {version.examples - len(kept)} erased examples", examples=len(kept),
+        labels=sorted(set(labels)), split=split,
         created_at=clock.stamp()))
     return _select(store, "id = ?", (dataset_id,))[0]
 
 
-def _examples(task: str, content: bytes) -> list[_Example]:
-    """The canonical content back as examples (where: the text, or the image's label/file name)."""
-    if task == IMAGE:
-        with tarfile.open(fileobj=io.BytesIO(content)) as tar:
-            return [_Example(member.name, member.name.split("/", 1)[0], tar.extractfile(member).read(), member.name)
-                    for member in tar]
+def _examples(content: bytes) -> list[_Example]:
+    """A text set's canonical content back as examples (an image set's is read a file at a time: _image_entries)."""
     records = [json.loads(line) for line in content.decode("utf-8").split("\n") if line]
     return [_Example(record["text"], record["label"], record["text"]) for record in records]
 
