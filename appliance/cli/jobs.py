@@ -211,6 +211,8 @@ def _describe(progress: dict[str, Any]) -> str:
         speed = f" {progress['samples_per_s']:.1f} samples/s" if progress.get("samples_per_s") is not None else ""
         if progress.get("phase") == "embed":
             return f"embed texts (fast mode){speed}{eta}"
+        if progress.get("phase") == "fit-head":
+            return f"fit the head on frozen features{speed}{eta}"
         return f"train epoch {progress['epoch']}/{progress['epochs']} loss {progress['loss']:.4f}{speed}{eta}"
     if progress.get("stage") == "tune" and "trial" in progress:
         return tune_label(progress)

@@ -52,7 +52,7 @@ from appliance.train.params import TrainParams
 class Progress:
     """What a progress bar or the TUI shows while a run trains."""
 
-    phase: str  # embed (fast mode) | train | evaluate
+    phase: str  # embed (fast mode) | fit-head (an image run's first) | train | evaluate
     epoch: int
     epochs: int
     step: int
@@ -100,6 +100,7 @@ class _Position:
     elapsed_s: float = 0.0
     best_epoch: int = 0
     eval_s_per_example: float | None = None  # measured at the last evaluation
+    schedule_steps: int | None = None  # where the learning rate's schedule ends, when a budget ends the run first
     checkpoint_s: float | None = None  # what training waited for at the last checkpoint
 
     @classmethod
@@ -126,6 +127,7 @@ GPU_PAD_TO = 32  # on a GPU, text batches are padded to a multiple of this many 
 # new shape costs a choice and load of kernels (seconds over an epoch of every length), padding costs next to nothing
 IMAGE_LAYERS = 20  # an image model's depth as the planner counts it (_image_shape)
 PROGRESS_EVERY_S = 0.5  # between progress reports while training: each reads the loss, which waits for a GPU
+HEAD_FIT_SHARE = 0.25  # of an image run's budget that fitting the new head on frozen features may take
 EMBED_SHARE = 0.8  # of a fast run's budget that embedding may take; the rest trains and evaluates the head
 DEFAULTS = TrainParams()  # frozen: one instance is every call's default
 EpochFn = Callable[[runs.Epoch], bool]  # after each epoch's evaluation; True ends the run there (a pruned trial)
@@ -452,13 +454,19 @@ def _train(
     torch.manual_seed(params.seed)
     random.seed(params.seed)
     model = task.build_model().to(device)
+    head_fitted_on = 0  # images: an image run's new head is fitted on frozen features first
+    if isinstance(task, images.ImageClassification) and state is None:
+        if group.leads:  # the others take the lead's weights as DistributedDataParallel starts
+            head_fitted_on = _fit_head(task, model, data, device, params, began, progress, should_stop)
+        head_fitted_on = group.share(head_fitted_on)
     trained = model if group.size == 1 else torch.nn.parallel.DistributedDataParallel(model,
                                                                                      gradient_as_bucket_view=True)
     optimizer = _optimizer(model, params)
     batches_per_epoch = math.ceil(len(data.train) / (plan.micro_batch * group.size))
     steps_per_epoch = math.ceil(batches_per_epoch / plan.accumulation)
     total_steps = steps_per_epoch * params.epochs
-    scheduler = _scheduler(optimizer, params, total_steps)
+    position = _Position.of(state["position"]) if state is not None else _Position()
+    scheduler = _scheduler(optimizer, params, lambda: position.schedule_steps or total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaler)
     autocast_dtype = _autocast_dtype(plan)
     sample = evaluation_sample(data, params.seed)
@@ -468,13 +476,12 @@ def _train(
     if isinstance(task, tasks.TextClassification) and state is None:
         say(_window_note(task))
     elif isinstance(task, images.ImageClassification) and state is None:
-        say(f"image backbone {task.backbone.name} at {task.image_size}x{task.image_size}; its new head learns at"
-            f" {images.HEAD_LR_FACTOR:g}x the rate; photos decoded and augmented batch by batch")
+        say(f"image backbone {task.backbone.name} at {task.image_size}x{task.image_size}; photos decoded and"
+            " augmented batch by batch")
     if group.size > 1:
         say(f"data-parallel over {group.size} workers: each trains on {plan.micro_batch * plan.accumulation} of every"
             f" batch of {params.batch_size}")
 
-    position = _Position()
     best_state: dict[str, torch.Tensor] | None = None  # the best weights so far, in host memory: stored once, at the end
     if state is not None:
         model.load_state_dict(state["model"])
@@ -482,7 +489,6 @@ def _train(
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         _set_rng(state["helper_rng"][group.rank - 1] if group.rank else state["rng"])
-        position = _Position.of(state["position"])
         best_state = state.get("best")  # not in a checkpoint that named a stored best model (position.best_blob)
     writer = checkpoint.Writer(store, run_id) if store is not None else None
     unsettled_loss = torch.zeros((), device=device)  # this epoch's loss not yet in position.loss_sum: read seldom,
@@ -517,6 +523,15 @@ def _train(
         metrics = evaluate(model, task, indices, plan, device, autocast_dtype, group)
         position.eval_s_per_example = (time.monotonic() - started) / len(indices)
         return metrics
+
+    if head_fitted_on:
+        metrics = score(sample)
+        position.best, position.best_metrics, position.best_epoch = metrics[params.metric], metrics, 0
+        best_state = checkpoint.snapshot(model.state_dict())
+        on = "" if len(sample) == len(data.validation) else f" on a sample of {len(sample):,}"
+        say(f"the new head fitted on the frozen backbone's features of {head_fitted_on:,} training images: validation"
+            f" {_figures(metrics)}{on}; the whole network fine-tunes from there, and keeps this as epoch 0 if no"
+            " epoch does better")
 
     session_start = time.monotonic() - position.elapsed_s
     last_checkpoint = last_report = time.monotonic()
@@ -563,10 +578,14 @@ def _train(
                 if not estimated and (train_s_this_session >= budget.probe_s() or position.batch == len(batches)):
                     estimated = True
                     say(budget.estimate(position, len(data.train), rate, params.epochs, epoch))
-                interrupted, out_of_time, due = group.agree(
+                    if position.schedule_steps is None:
+                        position.schedule_steps = budget.steps_within(position, len(data.train), rate,
+                                                                      params.epochs, epoch)
+                interrupted, out_of_time, due, position.schedule_steps = group.share((
                     should_stop(), budget.must_stop_training(position, rate),
                     now - last_checkpoint >= budget.checkpoint_s_every
-                    or bool(params.checkpoint_every and position.step % params.checkpoint_every == 0))
+                    or bool(params.checkpoint_every and position.step % params.checkpoint_every == 0),
+                    position.schedule_steps))
                 if progress and (now - last_report >= PROGRESS_EVERY_S or position.batch == len(batches)
                                  or interrupted or out_of_time):
                     last_report = now
@@ -693,6 +712,25 @@ def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, devi
     return kept
 
 
+def _fit_head(task: images.ImageClassification, model: torch.nn.Module, data: datasets.LoadedDataset,
+              device: torch.device, params: TrainParams, began: float | None, progress: ProgressFn | None,
+              should_stop: Callable[[], bool]) -> int:
+    """An image run's first phase (train/images.py): the new head fitted on frozen features of the training images,
+    in a seeded random order, until they are all read, the run is told to stop, or HEAD_FIT_SHARE of its budget is
+    spent. How many images it was fitted on."""
+    order = [data.train[i] for i in torch.randperm(len(data.train), generator=torch.Generator().manual_seed(
+        params.seed)).tolist()]
+    limit_s = params.max_minutes * 60 * HEAD_FIT_SHARE if params.max_minutes else None
+    started = began if began is not None else time.monotonic()
+
+    def report(done: int, total: int, rate: float) -> bool:
+        if progress:
+            progress(Progress("fit-head", 0, params.epochs, done, total, 0.0, rate, (total - done) / rate))
+        return not (should_stop() or limit_s is not None and time.monotonic() - started >= limit_s)
+
+    return task.fit_head(model, order, device, report)
+
+
 def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:
     """The validation examples evaluated after each epoch: all up to EVAL_SAMPLE, else a stratified sample of that
     many (each label in its share, at least one each), the same for every epoch and every resume."""
@@ -763,16 +801,34 @@ class Budget:
     def estimate(self, position: _Position, train_size: int, train_rate: float, epochs: int, epoch: int) -> str:
         """The run's length at the rates measured so far, and where the budget ends it when it is shorter."""
         done = epoch + position.seen / train_size
-        whole = self.used(position) + self.left_s(position, round((epochs - done) * train_size), epochs - done,
-                                                  train_rate)
         said = (f"measured {train_rate:,.1f} examples/s: an epoch of {train_size:,} takes about"
                 f" {duration(train_size / train_rate)}, the run to its last epoch with evaluations about"
-                f" {duration(whole)}")
-        if self.seconds is None or whole <= self.seconds:
+                f" {duration(self._whole_s(position, train_size, train_rate, epochs, done))}")
+        reached = self._reached(position, train_size, train_rate, epochs, done)
+        if reached is None:
             return said + (f", within its {duration(self.seconds)} budget" if self.seconds else "")
-        reached = done + (self.seconds - self.used(position)) / self.left_s(position, train_size, 1.0, train_rate)
         return (said + f"; the {duration(self.seconds)} budget stops it after about {reached:.1f} epochs, keeping the"
-                " best model by then (fewer --epochs, a sample of the data or a longer --max-minutes change that)")
+                " best model by then, its learning rate scheduled to end there (fewer --epochs, a sample of the data"
+                " or a longer --max-minutes change that)")
+
+    def steps_within(self, position: _Position, train_size: int, train_rate: float, epochs: int, epoch: int
+                     ) -> int | None:
+        """The optimizer steps the budget holds, where it ends the run before its last epoch: the learning rate's
+        schedule is fitted to them, as training to a budget does best when its rate decays to the budget's end (Li,
+        Yumer and Ramanan, "Budgeted Training", ICLR 2020). None where the run ends first."""
+        reached = self._reached(position, train_size, train_rate, epochs, epoch + position.seen / train_size)
+        return None if reached is None else max(position.step + 1, round(reached * self.steps_per_epoch))
+
+    def _whole_s(self, position: _Position, train_size: int, train_rate: float, epochs: int, done: float) -> float:
+        return self.used(position) + self.left_s(position, round((epochs - done) * train_size), epochs - done,
+                                                 train_rate)
+
+    def _reached(self, position: _Position, train_size: int, train_rate: float, epochs: int, done: float
+                 ) -> float | None:
+        """Epochs done when the budget ends the run; None where it does not."""
+        if self.seconds is None or self._whole_s(position, train_size, train_rate, epochs, done) <= self.seconds:
+            return None
+        return done + (self.seconds - self.used(position)) / self.left_s(position, train_size, 1.0, train_rate)
 
 
 def _window_note(task: tasks.TextClassification) -> str:
@@ -829,25 +885,23 @@ def evaluate(
 
 def _optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.AdamW:
     """AdamW without weight decay on biases and norms, as is usual for transformers; on a GPU its fused kernel, one
-    launch for every tensor's update. A model that names its new head (head_prefix: an image model on a pretrained
-    backbone) has it learn at images.HEAD_LR_FACTOR times the rate."""
-    head = getattr(model, "head_prefix", None)
-    kinds: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}  # (decays, in the head): parameters
-    for name, parameter in model.named_parameters():
+    launch for every tensor's update."""
+    decay, no_decay = [], []
+    for parameter in model.parameters():
         if parameter.requires_grad:
-            kinds.setdefault((parameter.ndim >= 2, bool(head) and name.startswith(head)), []).append(parameter)
-    groups = [{"params": kinds[decays, in_head], "weight_decay": params.weight_decay if decays else 0.0,
-               "lr": params.learning_rate * (images.HEAD_LR_FACTOR if in_head else 1.0)}
-              for in_head in (False, True) for decays in (True, False) if (decays, in_head) in kinds]
-    # in this order, so a checkpoint of a text run from before heads had a rate of their own still loads
+            (no_decay if parameter.ndim < 2 else decay).append(parameter)
+    groups = [{"params": decay, "weight_decay": params.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     on_gpu = next(model.parameters()).device.type == "cuda"
     return torch.optim.AdamW(groups, lr=params.learning_rate, fused=True if on_gpu else None)
 
 
-def _scheduler(optimizer: torch.optim.Optimizer, params: TrainParams, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    warmup = max(1, int(total_steps * params.warmup_ratio))
+def _scheduler(optimizer: torch.optim.Optimizer, params: TrainParams, horizon: Callable[[], int]
+               ) -> torch.optim.lr_scheduler.LambdaLR:
+    """Warm-up, then linear or cosine decay to zero at horizon() steps: the run's last, or the budget's."""
 
     def factor(step: int) -> float:
+        total_steps = horizon()
+        warmup = max(1, int(total_steps * params.warmup_ratio))
         if step < warmup:
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total_steps - warmup)

@@ -97,8 +97,8 @@ class Outcome:
             why = "all epochs run" if self.stopped == "epochs" else "ended by the search (pruned)"
         whole = ("all" if self.evaluated_on == self.validation_examples
                  else f"a stratified sample of {self.evaluated_on:,} of") + f" {self.validation_examples:,}"
-        return (f"kept epoch {self.best_epoch} of {self.epochs_run}; stopped: {why}; final figures on {whole}"
-                " validation examples")
+        kept = f"epoch {self.best_epoch}" + (" (the head fitted on frozen features)" if self.best_epoch == 0 else "")
+        return f"kept {kept} of {self.epochs_run}; stopped: {why}; final figures on {whole} validation examples"
 
 
 def record_epoch(store: Store, run_id: str, row: Epoch) -> None:

@@ -36,7 +36,7 @@ TEXT: Space = {
     "lora_rank": [4, 8, 16],  # searched only in trials that train LoRA adapters
     "max_length": [64, 128, 256],  # capped at what the base model can take
 }
-IMAGE: Space = {  # fine-tuning a pretrained CNN, its head at ten times the rate (images.py)
+IMAGE: Space = {  # fine-tuning a pretrained CNN whose head was fitted first (images.py)
     "learning_rate": {"low": 5e-5, "high": 2e-3, "log": True},
     "epochs": {"low": 3, "high": 15},
     "batch_size": [8, 16, 32],

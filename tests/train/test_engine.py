@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import tarfile
 from pathlib import Path
 
@@ -249,3 +250,30 @@ def test_a_run_says_early_how_long_it_takes_and_where_its_budget_ends_it(
     assert "; the 3s budget stops it after about " in said and "epochs, keeping the best model by then" in said
     reached = float(said.split("stops it after about ")[1].split()[0])
     assert 0 < reached < 50
+    assert "its learning rate scheduled to end there" in said
+
+
+def test_a_run_cut_by_its_budget_decays_its_learning_rate_to_the_budget_s_end_and_keeps_that_on_resume(
+        opened: Store, many_tickets: str, tiny_base: Path) -> None:
+    """The schedule is fitted to the steps the budget holds once training speed is measured; a resumed run keeps it,
+    so its rate goes on falling where the first session left it."""
+    lines: list[str] = []
+    params = TrainParams(**{**FAST, "epochs": 50, "max_minutes": 0.2, "schedule": "linear", "warmup_ratio": 0.0})
+    checks_since_estimate = iter(range(10**6))
+    stopped = engine.start(  # a step after the estimate, the first whose rate follows the new schedule
+        opened, dataset=many_tickets, base_dir=tiny_base, log=lines.append, params=params,
+        should_stop=lambda: any(line.startswith("measured ") for line in lines) and next(checks_since_estimate) == 1)
+    assert stopped.status == "interrupted"
+    [said] = [line for line in lines if line.startswith("measured ")]
+    reached = float(said.split("stops it after about ")[1].split()[0])
+    saved = checkpoint.state(checkpoint.latest(opened, stopped.run_id))
+    horizon = saved["position"]["schedule_steps"]
+    steps_per_epoch = math.ceil(9600 / 16)
+    assert abs(horizon - reached * steps_per_epoch) <= 0.05 * steps_per_epoch + 1  # the estimate's one decimal
+    assert horizon < 50 * steps_per_epoch
+    rate = saved["optimizer"]["param_groups"][0]["lr"]
+    warmed = saved["position"]["step"] - 1  # warm-up is one step at least
+    assert rate == pytest.approx(FAST["learning_rate"] * (1 - warmed / (horizon - 1)), rel=1e-6)
+
+    resumed = engine.resume(opened, stopped.run_id)
+    assert resumed.status == "finished" and resumed.outcome is not None and resumed.outcome.stopped == "budget"

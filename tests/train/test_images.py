@@ -73,7 +73,7 @@ def test_the_pretrained_backbone_learns_shapes_from_a_few_photos_where_a_cnn_fro
     assert pretrained.metrics["accuracy"] >= 0.85, pretrained.metrics  # 8 of the 9 validation photos
     run = runs.get(opened, pretrained.run_id)
     assert run.base_model == str(settings.image_base_model)
-    assert run.params["learning_rate"] == 5e-4 and run.params["schedule"] == "cosine"  # not text's defaults
+    assert run.params["learning_rate"] == 2e-4 and run.params["schedule"] == "cosine"  # not text's defaults
     manifest = json.loads(_bundle_files(opened, pretrained.model_blob)["appliance.json"])
     assert manifest == {"task": "image-classification", "labels": ["circle", "square", "triangle"],
                         "architecture": "efficientnet-lite0", "image_size": 224,
@@ -85,6 +85,44 @@ def test_the_pretrained_backbone_learns_shapes_from_a_few_photos_where_a_cnn_fro
                            params=TrainParams(epochs=5, batch_size=8, seed=1, learning_rate=3e-3))
     assert scratch.status == "finished"
     assert scratch.metrics["accuracy"] < pretrained.metrics["accuracy"]
+
+
+def test_the_new_head_is_fitted_on_frozen_features_first_and_kept_where_fine_tuning_does_no_better(
+        opened: Store, shapes: str, settings: Settings) -> None:
+    """The run's epoch 0 is the pretrained network with its head fitted alone; a learning rate that wrecks the
+    network in its one epoch leaves the run that model, scored as it was, not the wreck."""
+    said: list[str] = []
+    reports: list[engine.Progress] = []
+    result = engine.start(opened, dataset=shapes, base_dir=settings.image_base_model,
+                          params=TrainParams(epochs=1, batch_size=8, seed=1, learning_rate=0.5),
+                          log=said.append, progress=reports.append)
+    fitted = next(line for line in said if line.startswith("the new head fitted"))
+    assert "features of 39 training images" in fitted, fitted
+    assert any(report.phase == "fit-head" and report.step == 39 for report in reports)
+    epochs = runs.epochs(opened, result.run_id)
+    assert len(epochs) == 1 and epochs[0].metrics["accuracy"] < result.metrics["accuracy"]
+    assert f"accuracy {result.metrics['accuracy']:.4f}" in fitted
+    assert result.outcome is not None and result.outcome.best_epoch == 0
+    assert "kept epoch 0 (the head fitted on frozen features) of 1" in said[-1]
+    assert result.metrics["accuracy"] >= 0.66, result.metrics  # 6 of the 9 validation photos on frozen features
+
+
+def test_the_head_fit_matches_scikit_learns_logistic_regression_on_standardised_features() -> None:
+    """The same objective (multinomial, L2 with C=1, standardised inputs) gives the same predictions, and the
+    standardisation folded into the layer leaves it taking the features as they come."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(0)
+    scales = rng.uniform(0.1, 10, 64)  # features on very different scales
+    targets = rng.integers(0, 4, 800)
+    features = ((rng.normal(0, 1, (4, 64))[targets] + rng.normal(0, 6, (800, 64))) * scales).astype(np.float32)
+    weight, bias = images.logistic_regression(torch.from_numpy(features), torch.from_numpy(targets), 4)
+    ours = (torch.from_numpy(features) @ weight.T + bias).argmax(1).numpy()
+    theirs = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)).fit(features, targets)
+    assert np.mean(ours == theirs.predict(features)) >= 0.99
+    assert 0.6 < np.mean(ours == targets) < 1.0  # a task with overlap, so agreeing is not trivial
 
 
 def test_a_stopped_image_run_resumes_to_what_an_uninterrupted_one_learns(opened: Store, shapes: str,
@@ -232,20 +270,44 @@ def test_an_image_set_is_read_a_file_at_a_time_from_the_encrypted_store(opened: 
             written[hashlib.sha256(photo.read_bytes()).hexdigest()] = label
     assert sum(path.stat().st_size for path in (tmp_path / "set").rglob("*.png")) > 27 * 2**20
 
+    relabelled = (tmp_path / "set" / "noisy" / "0.png").read_bytes()
+    new_photo = pixels.encoded(rng.integers(0, 256, (120, 160, 3), dtype=np.uint8))
+
+    def contents(version: datasets.DatasetVersion) -> dict[str, str]:
+        data = datasets.load(opened, version)
+        return {hashlib.sha256(data.images[i]).hexdigest(): data.labels[i] for i in range(len(data.images))}
+
+    peaks = {}
     tracemalloc.start()
     try:
         version = datasets.import_file(opened, tmp_path / "set", name="noise", task="image-classification")
-        imported = tracemalloc.get_traced_memory()[1]
+        peaks["importing"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.reset_peak()
         data = datasets.load(opened, version)
         read = {hashlib.sha256(data.images[i]).hexdigest(): data.labels[i] for i in range(len(data.images))}
-        loaded = tracemalloc.get_traced_memory()[1]
+        peaks["loading"] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        extended = datasets.extend(opened, version, [(relabelled, "noisier"), (new_photo, "noisy")],
+                                   source="feedback")
+        peaks["extending"] = tracemalloc.get_traced_memory()[1]
+        before_erasing = contents(extended)
+        tracemalloc.reset_peak()
+        erased = datasets.erase_rows(opened, extended, {0, 500})
+        peaks["erasing"] = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert read == written
-    for step, peak in (("importing", imported), ("loading", loaded)):  # a few 1 MiB chunks, not the set
+    for step, peak in peaks.items():  # a few 1 MiB chunks, not the set
         assert peak < 12 * 2**20, f"{step} held {peak / 2**20:.1f} MiB"
     assert pickle.loads(pickle.dumps(data.images)) == list(data.images)  # what a helper process receives
+
+    digest_of = {name: hashlib.sha256(content).hexdigest() for name, content in (("old", relabelled),
+                                                                                 ("new", new_photo))}
+    assert extended.examples == 501 and extended.parent == version.id
+    assert before_erasing == {**written, digest_of["old"]: "noisier", digest_of["new"]: "noisy"}
+    assert erased is not None and erased.examples == 499
+    gone = list(before_erasing)[0], digest_of["new"]  # rows 0 and 500: the first photo and the one added last
+    assert contents(erased) == {digest: label for digest, label in before_erasing.items() if digest not in gone}
 
     storage_id, index, sealed = opened.db.execute(
         "SELECT c.storage_id, c.idx, c.data FROM blob_chunks c JOIN blobs b ON b.storage_id = c.storage_id"

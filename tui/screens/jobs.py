@@ -214,6 +214,8 @@ def _describe(report: dict[str, Any]) -> str:
         eta = f", eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""
         if report.get("phase") == "embed":
             return f"embedding texts (fast mode), {report['step']:,} of {report['total_steps']:,}{eta}"
+        if report.get("phase") == "fit-head":
+            return f"fitting the head on frozen image features, {report['step']:,} of {report['total_steps']:,}{eta}"
         return f"train epoch {report['epoch']}/{report['epochs']}, loss {report['loss']:.4f}{eta}"
     if report.get("stage") == "tune" and "trial" in report:
         best = f", best {report['best']:.4f}" if report.get("best") is not None else ""
