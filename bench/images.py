@@ -18,13 +18,14 @@ Three systems, each given --minutes of wall clock to train:
   iterations, standardised features) fits on them; its clock covers the embedding and the fit.
 
 The fine-tuned version is then optimised as `appliance optimize` does it (OpenVINO FP32 and INT8 under the
-accuracy guard, calibrated on training images), and the INT8 variant is timed against PyTorch eager (the
-fine-tuned network in torch, eval mode, no grad) at batch 16 on the same pixels, read once beforehand: the
-model's time alone, in interleaved rounds. The optimiser's own figures, reading (decoding) included, are printed
-beside them.
+accuracy guard, calibrated on training images; the gentler INT8, its classifier head left exact, where plain
+INT8 falls outside the guard), and every variant it made is timed against PyTorch eager (the fine-tuned network
+in torch, eval mode, no grad) at batch 16 on the same pixels, read once beforehand: the model's time alone, in
+interleaved rounds. The optimiser's own figures, reading (decoding) included, are printed beside them.
 
-Targets: fine-tuned test accuracy at least 10 points above the CNN's, and at least the frozen baseline's;
-OpenVINO INT8 at batch 16 at least 3x PyTorch eager, its test accuracy within the guard (1 point) of FP32's.
+Targets: fine-tuned test accuracy at least 10 points above the CNN's, and at least the frozen baseline's; the
+INT8 variant the guard serves (INT8, else the gentler one) at batch 16 at least 3x PyTorch eager, its test
+accuracy within the guard (1 point) of FP32's.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import torch
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.debian, beside bench/
 from appliance import inference, pixels
@@ -207,8 +207,8 @@ def optimised(store: Store, run_id: str, test_images: list[bytes], test_labels: 
     version = pipeline.optimize_version(store, pipeline.register_run(store, run_id, "fashion").ref)
     model, manifest = images.load_image_classifier(archive.unpack(blobs.read(store, runs.get(store, run_id)
                                                                              .model_blob)))
-    servables = {name: inference.load_ir(blobs.read(store, version.variants[name].blob_id))
-                 for name in ("fp32", "int8") if name in version.variants}
+    servables = {name: inference.load_ir(blobs.read(store, variant.blob_id))
+                 for name, variant in version.variants.items() if name != "torch"}
     accuracy = {name: _accuracy(inference.predict(servable.compiled, servable.reader, test_images),
                                 servable.labels, test_labels) for name, servable in servables.items()}
     batch = pixels.Pictures.of(manifest).feeds(test_images[:16])[pixels.INPUT]
@@ -266,7 +266,7 @@ def report(args: argparse.Namespace, outcomes: list[Outcome], serving: Serving) 
     print(f"fine-tuned over the frozen baseline: {over_frozen:+.1f} points (target at least {FROZEN_TARGET_PT:+.0f})")
 
     print(f"\noptimised: serves {serving.chosen}; {serving.reason}")
-    header = f"{'variant':<16} {'images/s b16, model':>20} {'x eager':>8} {'incl. reading':>14} {'test accuracy':>14}"
+    header = f"{'variant':<22} {'images/s b16, model':>20} {'x eager':>8} {'incl. reading':>14} {'test accuracy':>14}"
     print(header)
     print("-" * len(header))
     eager = serving.images_per_s["pytorch eager"]
@@ -274,19 +274,20 @@ def report(args: argparse.Namespace, outcomes: list[Outcome], serving: Serving) 
         variant = name.removeprefix("openvino ")
         reading = serving.with_reading.get(variant if name != "pytorch eager" else "torch")
         accuracy = serving.test_accuracy.get(variant)
-        print(f"{name:<16} {rate:>20.1f} {rate / eager:>7.2f}x {f'{reading:.1f}' if reading else '-':>14} "
+        print(f"{name:<22} {rate:>20.1f} {rate / eager:>7.2f}x {f'{reading:.1f}' if reading else '-':>14} "
               f"{f'{accuracy:.2%}' if accuracy is not None else '-':>14}")
-    int8_speedup = serving.images_per_s.get("openvino int8", 0.0) / eager
-    int8_drop = (serving.test_accuracy.get("fp32", 0.0) - serving.test_accuracy.get("int8", 0.0)) * 100
+    served = serving.chosen if serving.chosen.startswith("int8") else "int8"  # the guard served FP32: INT8 missed
+    int8_speedup = serving.images_per_s.get(f"openvino {served}", 0.0) / eager
+    int8_drop = (serving.test_accuracy.get("fp32", 0.0) - serving.test_accuracy.get(served, 0.0)) * 100
     print(f"(model alone: the median of {ROUNDS} interleaved rounds of {ROUND_S:g} s on the same 16 photos, read "
           "once; incl. reading: the optimiser's figure, decoding each photo)")
-    print(f"INT8 over eager at batch 16: {int8_speedup:.2f}x (target {INT8_SPEEDUP_TARGET:g}x); INT8 test accuracy "
-          f"{int8_drop:+.1f} points under FP32's (guard {GUARD_PT:g})")
+    print(f"{served} (the INT8 variant the guard serves) over eager at batch 16: {int8_speedup:.2f}x (target "
+          f"{INT8_SPEEDUP_TARGET:g}x); FP32's test accuracy minus its: {int8_drop:+.1f} points (guard {GUARD_PT:g})")
     print(json.dumps({
         "finetuned_over_scratch_pt": round(over_scratch, 2), "finetuned_over_scratch_target_pt": SCRATCH_TARGET_PT,
         "finetuned_over_frozen_pt": round(over_frozen, 2), "finetuned_over_frozen_target_pt": FROZEN_TARGET_PT,
         "int8_over_eager_b16": round(int8_speedup, 2), "int8_over_eager_b16_target": INT8_SPEEDUP_TARGET,
-        "int8_drop_pt": round(int8_drop, 2), "int8_drop_target_pt": GUARD_PT,
+        "int8_drop_pt": round(int8_drop, 2), "int8_drop_target_pt": GUARD_PT, "int8_variant": served,
     }))
 
 

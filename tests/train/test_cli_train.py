@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import run_cli, write_tickets
 from tests.daemon import Daemon
+from tests.train.test_images import write_shapes
 
 LONG = ["--epochs", "12", "--patience", "12", "--lr", "3e-3", "--batch-size", "16", "--seed", "5",
         "--checkpoint-every", "3"]
@@ -97,11 +98,24 @@ def test_train_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) -
     assert run_cli("train").returncode == 2
 
 
+@pytest.fixture(params=["text", "image"])
+def long_run(request: pytest.FixtureRequest, tmp_path: Path, tiny_base: Path) -> list[str]:
+    """The arguments of a run long enough to be killed after its first checkpoint: a text one, and an image one on
+    the pretrained backbone, whose head is fitted before its first step (the checkpoint keeps that model too)."""
+    run_cli("keys", "init", check=True)
+    if request.param == "text":
+        run_cli("data", "import", str(write_tickets(tmp_path / "tickets.csv")), "--name", "tickets", check=True)
+        return ["train", "--data", "tickets", "--base", str(tiny_base), *LONG]
+    write_shapes(tmp_path / "shapes", per_class=8)
+    run_cli("data", "import", str(tmp_path / "shapes"), "--name", "shapes", "--task", "image-classification",
+            check=True)
+    return ["train", "--data", "shapes", "--epochs", "3", "--batch-size", "8", "--seed", "5", "--checkpoint-every", "2"]
+
+
 @pytest.mark.slow
-def test_sigkill_then_resume_ends_with_the_metrics_of_an_uninterrupted_run(
-    imported: str, tiny_base: Path, tmp_path: Path
-) -> None:
-    args = ["train", "--data", imported, "--base", str(tiny_base), *LONG]
+def test_sigkill_then_resume_ends_with_the_metrics_of_an_uninterrupted_run(long_run: list[str], tmp_path: Path
+                                                                           ) -> None:
+    args = long_run
     child = _start(args)
     run_id = _wait_for_checkpoint(tmp_path / "var" / "appliance.db", child)
     child.send_signal(signal.SIGKILL)
