@@ -267,14 +267,14 @@ def _extended_images(store: Store, base: DatasetVersion, additions: list[tuple[s
                      ) -> tuple[list[str], int, Stream]:
     """An image set with additions (extend()), matched to its photos by their SHA-256, each read once to hash it:
     its labels, how many were relabelled, its canonical content as a stream."""
-    if not all(isinstance(added, bytes) for added, _ in additions):
+    photos = [(added, label) for added, label in additions if isinstance(added, bytes)]
+    if len(photos) < len(additions):
         raise DatasetError(f"{base.ref} is an image dataset: what joins it must be image files, not texts")
     blob = blobs.Opened(store, _blob_of(store, base))
     files: list[ImageFile] = list(_image_entries(blob))
     position = {hashlib.sha256(blob.read(*where)).digest(): index for index, (_, where) in enumerate(files)}
     relabelled = 0
-    for added, label in additions:
-        assert isinstance(added, bytes)
+    for added, label in photos:
         digest = hashlib.sha256(added).digest()
         if digest in position:
             name, where = files[position[digest]]

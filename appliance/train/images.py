@@ -264,7 +264,7 @@ def _embedder(model: EfficientNetLite, image_size: int, device: torch.device) ->
 
         compiled = inference.compile_openvino(_converted(_Pooled(model), image_size, "pooled"))
         return lambda batch: torch.from_numpy(compiled({pixels.INPUT: batch})[0].copy())
-    model.to(device).eval()
+    model.eval()
 
     @torch.no_grad()
     def embed(batch: Any) -> torch.Tensor:
