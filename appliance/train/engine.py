@@ -683,8 +683,7 @@ def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, devi
     """Fast mode's first phase: the validation texts, then the training texts in a seeded random order, through the
     frozen encoder once. The training examples it embedded (all, unless EMBED_SHARE of the budget, counted from
     began, ran out first: then a random share of them); None when told to stop (a resumed run embeds again)."""
-    order = [data.train[i] for i in torch.randperm(len(data.train), generator=torch.Generator().manual_seed(
-        params.seed)).tolist()]
+    order = _shuffled(data.train, params.seed)
     limit_s = params.max_minutes * 60 * EMBED_SHARE if params.max_minutes else None
     rate, stopped = 0.0, False
 
@@ -718,8 +717,7 @@ def _fit_head(task: images.ImageClassification, model: torch.nn.Module, data: da
     """An image run's first phase (train/images.py): the new head fitted on frozen features of the training images,
     in a seeded random order, until they are all read, the run is told to stop, or HEAD_FIT_SHARE of its budget is
     spent. How many images it was fitted on."""
-    order = [data.train[i] for i in torch.randperm(len(data.train), generator=torch.Generator().manual_seed(
-        params.seed)).tolist()]
+    order = _shuffled(data.train, params.seed)
     limit_s = params.max_minutes * 60 * HEAD_FIT_SHARE if params.max_minutes else None
     started = began if began is not None else time.monotonic()
 
@@ -729,6 +727,12 @@ def _fit_head(task: images.ImageClassification, model: torch.nn.Module, data: da
         return not (should_stop() or limit_s is not None and time.monotonic() - started >= limit_s)
 
     return task.fit_head(model, order, device, report)
+
+
+def _shuffled(indices: list[int], seed: int) -> list[int]:
+    """The examples in a seeded random order: what a first phase that may be cut short (fast mode's embedding, an
+    image run's head fit) reads, so the share it reaches is a random one, the same on every run."""
+    return [indices[i] for i in torch.randperm(len(indices), generator=torch.Generator().manual_seed(seed)).tolist()]
 
 
 def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:
