@@ -34,6 +34,9 @@ from appliance.train.params import TrainParams
                help="Effective batch; the plan splits it into micro-batches that fit memory.")
 @schema_option(TrainParams, "max_length", "--max-length")
 @click.option("--lora", is_flag=True, help="Train LoRA adapters instead of every weight.")
+@schema_option(TrainParams, "freeze", "--freeze",
+               help="Share of a pretrained image backbone's blocks, from the input on, kept as pretrained while the "
+                    f"rest fine-tunes [image runs: {TrainParams.IMAGE_DEFAULTS['freeze']}].")
 @schema_option(TrainParams, "schedule", "--schedule")
 @schema_option(TrainParams, "patience", "--patience",
                help="Stop after this many epochs without a better validation metric "
@@ -64,6 +67,7 @@ def train(
     batch_size: int,
     max_length: int,
     lora: bool,
+    freeze: float,
     schedule: str,
     patience: int,
     seed: int,
@@ -93,8 +97,8 @@ def train(
         job = {"resume": resume_run, "name": model_name}
     else:
         values = {"mode": mode, "epochs": epochs, "learning_rate": lr, "batch_size": batch_size,
-                  "max_length": max_length, "lora": lora, "schedule": schedule, "patience": patience, "seed": seed,
-                  "max_minutes": max_minutes, "checkpoint_minutes": checkpoint_minutes,
+                  "max_length": max_length, "lora": lora, "freeze": freeze, "schedule": schedule, "patience": patience,
+                  "seed": seed, "max_minutes": max_minutes, "checkpoint_minutes": checkpoint_minutes,
                   "checkpoint_every": checkpoint_every, "workers": workers}
         given = click.get_current_context().get_parameter_source
         # Only what was given: the rest takes the mode's default (fast mode has its own learning rate and epochs).

@@ -798,6 +798,13 @@ def content(store: Store, version: DatasetVersion) -> bytes:
     return blobs.read(store, _blob_of(store, version))
 
 
+def content_chunks(store: Store, version: DatasetVersion) -> tuple[int, Iterator[bytes]]:
+    """The canonical content of a version, decrypted a chunk at a time as the caller reads (an image set may hold
+    gigabytes), and its size in bytes; a removed one says how and names what to use."""
+    blob_id = _blob_of(store, version)
+    return blobs.size(store, blob_id), blobs.get(store, blob_id)
+
+
 def _blob_of(store: Store, version: DatasetVersion) -> str:
     """The blob that holds a version's content; a removed one says how and names what to use."""
     if version.blob_id is None:

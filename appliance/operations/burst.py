@@ -65,7 +65,7 @@ KEY_ENV = "APPLIANCE_BURST_JOB_KEY"
 TOKEN_CREDENTIAL = "burst.token"  # the token's name in $CREDENTIALS_DIRECTORY
 PROGRESS, ERROR = "APPLIANCE-BURST-PROGRESS", "APPLIANCE-BURST-ERROR"
 RESULT, CHECKPOINT = "APPLIANCE-BURST-RESULT", "APPLIANCE-BURST-CHECKPOINT"  # sealed, a chunk per line
-CHUNK_BYTES = 4 * 2**20  # plaintext per sealed payload chunk
+CHUNK_BYTES = 2**20  # plaintext per sealed payload chunk: sealing holds a few at a time
 LINE_BYTES = 192 * 2**10  # plaintext per sealed line in the job's log (a result or a checkpoint)
 PACKAGE_BYTES = 64 * 2**20  # sealed bytes per py_modules package: well under Ray's package cap
 UNREACHABLE_GRACE_S = 120.0  # a cluster silent this long while a job runs there fails the job
@@ -88,7 +88,7 @@ def new_key() -> bytes:
     return AESGCM.generate_key(bit_length=256)
 
 
-def seal(key: bytes, label: str, data: bytes, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+def seal(key: bytes, label: str, data: sealing.Source, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
     """data as sealed chunks (seal.py, framed: one key seals every payload of a job); the AAD binds the label."""
     return sealing.seal_framed(AESGCM(key), sealing.pieces(data, chunk_bytes), functools.partial(_aad, label))
 
@@ -341,7 +341,7 @@ def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -
     check_residency(store, version, backend.address, request.actor)
     key = new_key()
     submission_id = f"appliance-{request.job_id}-{secrets.token_hex(4)}"
-    content = datasets.content(store, version)
+    content_bytes, content = datasets.content_chunks(store, version)
     base = archive.pack(sorted(_base_files(request.base_dir)))
     manifest = json.dumps({"dataset": asdict(version), "params": request.params.model_dump(), "device": request.device,
                            "submission": submission_id}).encode()
@@ -352,7 +352,7 @@ def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -
         packages, sent = _packages(Path(folder), submission_id, key,
                                    {"manifest": manifest, "dataset": content, "base": base})
         audit.record(store, "burst.send", submission_id, actor=request.actor, cluster=backend.address,
-                     dataset=version.id, dataset_ref=version.ref, dataset_bytes=len(content),
+                     dataset=version.id, dataset_ref=version.ref, dataset_bytes=content_bytes,
                      base_model=hashlib.sha256(base).hexdigest(), base_model_path=str(request.base_dir),
                      base_model_bytes=len(base), sealed_bytes=sent, job=request.job_id)
         with audit.operation(store, "burst.submit", submission_id, actor=request.actor, cluster=backend.address):
@@ -537,8 +537,11 @@ def _nap(watcher: Watcher, seconds: float) -> None:
         time.sleep(min(0.2, seconds))
 
 
-def _packages(folder: Path, submission_id: str, key: bytes, payloads: dict[str, bytes]) -> tuple[list[Path], int]:
-    """The payloads sealed into package folders of at most PACKAGE_BYTES each; the folders and bytes written."""
+def _packages(folder: Path, submission_id: str, key: bytes, payloads: dict[str, sealing.Source]
+              ) -> tuple[list[Path], int]:
+    """The payloads sealed into package folders of at most PACKAGE_BYTES each, a chunk at a time (the dataset's
+    comes from the store as it is sealed, so a large one is never in memory whole); the folders and bytes
+    written."""
     packages: list[Path] = []
     sent = filled = 0
     for label, data in payloads.items():

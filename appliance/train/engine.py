@@ -96,7 +96,9 @@ class _Position:
     best: float | None = None
     best_metrics: dict[str, float] = field(default_factory=dict)
     best_blob: str | None = None  # once stored: at the run's end (earlier versions stored each better epoch's)
-    bad_epochs: int = 0
+    bad_epochs: int = 0  # since the best epoch trained (trained_best)
+    trained_best: float | None = None  # the best metric an epoch of training reached: an image run's fitted head
+    # (epoch 0) may be the best model, but fine-tuning dips below it at first, so patience counts from this
     elapsed_s: float = 0.0
     best_epoch: int = 0
     eval_s_per_example: float | None = None  # measured at the last evaluation
@@ -367,7 +369,10 @@ def _task(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: Train
         if params.mode == "fast":
             raise JobError("fast mode is for text: an image model trains whole",
                            hint="leave out --mode fast for an image dataset")
-        return images.ImageClassification(data, images.Backbone.load(base_dir))
+        return images.ImageClassification(data, images.Backbone.load(base_dir), params.freeze)
+    if params.freeze:
+        raise JobError("freeze is for image backbones: a text model fine-tunes whole, or trains LoRA adapters",
+                       hint="leave out --freeze for a text dataset (--lora trains a small share of the weights)")
     if params.mode == "fast":
         return fast.FastTextClassification(data, base_dir, params.max_length)
     lora = tasks.LoraSettings(rank=params.lora_rank, alpha=2 * params.lora_rank) if params.lora else None
@@ -403,8 +408,9 @@ def _image_shape(task: images.ImageClassification) -> tuple[hardware.ModelShape,
     image in fp32, as measured (88 MiB)."""
     model = task.build_model()
     count = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     features = next(module for module in reversed(list(model.modules())) if isinstance(module, torch.nn.Linear))
-    return (hardware.ModelShape(count, count, features.in_features, IMAGE_LAYERS, 0, 0, 0),
+    return (hardware.ModelShape(count, trainable, features.in_features, IMAGE_LAYERS, 0, 0, 0),
             max(1, (task.image_size // 32) ** 2))
 
 
@@ -476,8 +482,8 @@ def _train(
     if isinstance(task, tasks.TextClassification) and state is None:
         say(_window_note(task))
     elif isinstance(task, images.ImageClassification) and state is None:
-        say(f"image backbone {task.backbone.name} at {task.image_size}x{task.image_size}; photos decoded and"
-            " augmented batch by batch")
+        say(f"image backbone {task.backbone.name} at {task.image_size}x{task.image_size}{task.frozen_note(model)};"
+            " photos decoded and augmented batch by batch")
     if group.size > 1:
         say(f"data-parallel over {group.size} workers: each trains on {plan.micro_batch * plan.accumulation} of every"
             f" batch of {params.batch_size}")
@@ -485,7 +491,12 @@ def _train(
     best_state: dict[str, torch.Tensor] | None = None  # the best weights so far, in host memory: stored once, at the end
     if state is not None:
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except ValueError:  # torch's "loaded state dict has a different number of parameter groups", and the like
+            raise JobError(f"run {run_id}'s checkpoint holds an optimizer laid out by an earlier version of the"
+                           " appliance, which this one cannot continue", hint=f"start a new run with the same parameters"
+                           f" ('appliance runs show {run_id}' lists them)") from None
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         _set_rng(state["helper_rng"][group.rank - 1] if group.rank else state["rng"])
@@ -536,7 +547,8 @@ def _train(
     session_start = time.monotonic() - position.elapsed_s
     last_checkpoint = last_report = time.monotonic()
     samples_this_session, train_s_this_session = 0, 0.0
-    estimated = False  # the run's length is said once a session, after PROBE_S of training
+    speed = _Speed()
+    estimated_at: int | None = None  # the step after which the run's length was said (once a session, after PROBE_S)
     stopped: runs.Stop = "epochs"
     interrupted = False
 
@@ -546,7 +558,7 @@ def _train(
             batches = [batch for batch in task.batches(data.train, plan.micro_batch * group.size, generator)
                        if len(batch) >= group.size]  # each rank takes its share: one too small for all is left out
             model.train()
-            step_start = time.monotonic()
+            step_start, step_samples = time.monotonic(), 0
             for index, collated in enumerate(_collated(task, batches, position.batch, group, params.seed * 1009 + epoch),
                                              start=position.batch):
                 inputs = _on(device, collated)
@@ -559,6 +571,7 @@ def _train(
                 unsettled_loss += loss.detach() * len(batches[index])  # the lead's share stands for the batch
                 position.seen += len(batches[index])
                 samples_this_session += len(batches[index])
+                step_samples += len(batches[index])
                 if accumulating:
                     continue
                 scaler.unscale_(optimizer)
@@ -572,11 +585,11 @@ def _train(
                 now = time.monotonic()
                 train_s_this_session += now - step_start
                 position.elapsed_s = now - session_start
-                rate = samples_this_session / max(train_s_this_session, 1e-9)
+                rate = speed.step(step_samples, now - step_start)
                 if budget.seconds is not None and position.eval_s_per_example is None and sample:
                     score(sample[:4 * plan.micro_batch])  # what an evaluation costs, before the budget counts on it
-                if not estimated and (train_s_this_session >= budget.probe_s() or position.batch == len(batches)):
-                    estimated = True
+                if estimated_at is None and (speed.measured_s >= budget.probe_s() or position.batch == len(batches)):
+                    estimated_at = position.step
                     say(budget.estimate(position, len(data.train), rate, params.epochs, epoch))
                     if position.schedule_steps is None:
                         position.schedule_steps = budget.steps_within(position, len(data.train), rate,
@@ -606,7 +619,7 @@ def _train(
                 if out_of_time:
                     stopped = "budget"
                     break
-                step_start = time.monotonic()
+                step_start, step_samples = time.monotonic(), 0
 
             settle_loss()
             if progress:
@@ -627,12 +640,21 @@ def _train(
                 runs.record_epoch(store, run_id, row)
             improved = position.best is None or metrics[params.metric] > position.best
             if improved:
-                position.best, position.best_metrics, position.bad_epochs = metrics[params.metric], metrics, 0
+                position.best, position.best_metrics = metrics[params.metric], metrics
                 position.best_epoch = epoch + 1
                 best_state = checkpoint.snapshot(model.state_dict())
+            if position.trained_best is None or metrics[params.metric] > position.trained_best:
+                position.trained_best, position.bad_epochs = metrics[params.metric], 0
             else:
                 position.bad_epochs += 1
             say(_epoch_line(row, params, len(data.validation), improved))
+            if (epoch == 0 and epoch + 1 < params.epochs and budget.seconds is not None and stopped != "budget"
+                    and position.step != estimated_at):
+                # A whole epoch and its evaluation measured since the early estimate: the budget's horizon again
+                position.schedule_steps = budget.steps_within(position, len(data.train), speed.rate, params.epochs,
+                                                              epoch)
+                say("after the first epoch, " + budget.estimate(position, len(data.train), speed.rate,
+                                                                 params.epochs, epoch))
             position.epoch, position.batch, position.loss_sum, position.seen = epoch + 1, 0, 0.0, 0
             (told_to_end,) = group.agree(on_epoch is not None and on_epoch(row))
             if stopped == "budget":
@@ -752,6 +774,30 @@ def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:
     rng = random.Random(seed)
     return sorted(index for label in labels
                   for index in rng.sample(by_label[label], min(shares[label], len(by_label[label]))))
+
+
+class _Speed:
+    """Training's examples/s this session, its first optimizer step left out where later ones were measured: that
+    step pays once for what the rest reuse (on a GPU, loading the kernels: 10 s of an image run on an H100, whose
+    next steps took 70 ms), and counted in, it made an early estimate 40 times too long."""
+
+    def __init__(self) -> None:
+        self.first = (0, 0.0)  # examples and seconds of the session's first step
+        self.examples, self.measured_s = 0, 0.0  # of the steps after it
+
+    def step(self, examples: int, seconds: float) -> float:
+        """Count one optimizer step; the rate so far."""
+        if self.first == (0, 0.0):
+            self.first = (examples, seconds)
+        else:
+            self.examples, self.measured_s = self.examples + examples, self.measured_s + seconds
+        return self.rate
+
+    @property
+    def rate(self) -> float:
+        if self.measured_s > 0:
+            return self.examples / self.measured_s
+        return self.first[0] / max(self.first[1], 1e-9)
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,7 @@ class EfficientNetLite(nn.Module):
 
         super().__init__()
         self.net = EfficientNet.from_name(architecture, num_classes=num_labels)
+        self.frozen_blocks = 0  # freeze() sets it
         if weights is not None:
             kept = {name: tensor for name, tensor in weights.items() if not name.startswith("_fc.")}
             missing, unexpected = self.net.load_state_dict(kept, strict=False)
@@ -159,6 +160,16 @@ class EfficientNetLite(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> ModelOutput:
         return ModelOutput.of(self.net(pixel_values), labels)
+
+    def freeze(self, share: float) -> None:
+        """Keep the stem and this share of the blocks, from the input on, as pretrained: they compute general
+        features (edges, textures) that a few thousand photos would only disturb, and backpropagation stops before
+        them. Half of EfficientNet-Lite0's 16 blocks halves a training step on a CPU."""
+        self.frozen_blocks = round(share * len(self.net._blocks))
+        if not self.frozen_blocks:
+            return
+        for module in (self.net._conv_stem, self.net._bn0, *self.net._blocks[: self.frozen_blocks]):
+            module.requires_grad_(False)
 
     def train(self, mode: bool = True) -> EfficientNetLite:
         """Training mode, with every BatchNorm still normalising by the backbone's own statistics: a small batch's
@@ -189,9 +200,10 @@ class ImageClassification:
 
     kind = "image-classification"
 
-    def __init__(self, data: LoadedDataset, backbone: Backbone) -> None:
+    def __init__(self, data: LoadedDataset, backbone: Backbone, freeze: float = 0.0) -> None:
         self.label_names = data.label_names
         self.backbone = backbone
+        self.freeze = freeze  # share of a pretrained network's blocks kept frozen (TrainParams.freeze)
         self.image_size = backbone.image_size
         self.pictures = pixels.Pictures(backbone.image_size, backbone.mean, backbone.std)
         index = {name: i for i, name in enumerate(self.label_names)}
@@ -205,7 +217,14 @@ class ImageClassification:
             model: nn.Module = SmallCNN(len(self.label_names))
         else:
             model = EfficientNetLite(self.backbone.architecture, len(self.label_names), self.backbone.weights)
+            model.freeze(self.freeze)
         return model.to(memory_format=torch.channels_last)
+
+    def frozen_note(self, model: nn.Module) -> str:
+        """What of the network stays as pretrained, for the run's log ("" for none)."""
+        if not isinstance(model, EfficientNetLite) or not (frozen := model.frozen_blocks):
+            return ""
+        return f", its stem and first {frozen} of {len(model.net._blocks)} blocks frozen"
 
     def batches(self, indices: Sequence[int], size: int, generator: torch.Generator) -> list[list[int]]:
         order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]

@@ -42,9 +42,10 @@ IMAGE: Space = {  # fine-tuning a pretrained CNN whose head was fitted first (im
     "batch_size": [8, 16, 32],
     "warmup_ratio": {"low": 0.0, "high": 0.2},
     "weight_decay": {"low": 0.0, "high": 0.1},
+    "freeze": [0.0, 0.25, 0.5, 0.75],  # the share of the backbone's blocks kept as pretrained
 }
 SEARCHABLE = {"learning_rate", "epochs", "batch_size", "warmup_ratio", "weight_decay", "lora", "lora_rank",
-              "max_length", "schedule", "max_grad_norm"}
+              "max_length", "schedule", "max_grad_norm", "freeze"}
 _TYPES = {name: type(getattr(TrainParams(), name)) for name in SEARCHABLE}
 
 

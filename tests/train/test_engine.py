@@ -253,6 +253,30 @@ def test_a_run_says_early_how_long_it_takes_and_where_its_budget_ends_it(
     assert "its learning rate scheduled to end there" in said
 
 
+def test_a_budgeted_run_fits_its_schedule_again_once_its_first_epoch_is_measured(
+        opened: Store, many_tickets: str, tiny_base: Path) -> None:
+    """The early estimate rests on seconds of training; after the first epoch and its evaluation the run says how
+    long it takes again and sets the budget's horizon from those figures, the one a resumed run keeps."""
+    lines: list[str] = []
+    params = TrainParams(**{**FAST, "epochs": 1000, "max_minutes": 0.2, "checkpoint_every": None})
+    stopped = engine.start(opened, dataset=many_tickets, base_dir=tiny_base, log=lines.append, params=params,
+                           should_stop=lambda: any(line.startswith("after the first epoch") for line in lines))
+    assert stopped.status == "interrupted"
+    [said] = [line for line in lines if line.startswith("after the first epoch, measured ")]
+    assert lines.index(said) == lines.index(next(line for line in lines if line.startswith("epoch 1/1000"))) + 1
+    reached = float(said.split("stops it after about ")[1].split()[0])
+    horizon = checkpoint.state(checkpoint.latest(opened, stopped.run_id))["position"]["schedule_steps"]
+    steps_per_epoch = runs.epochs(opened, stopped.run_id)[0].step
+    assert abs(horizon - reached * steps_per_epoch) <= 0.05 * steps_per_epoch + 1  # the estimate's one decimal
+
+
+def test_freeze_is_refused_for_a_text_run(opened: Store, tickets: str, tiny_base: Path) -> None:
+    from appliance.core.errors import JobError
+
+    with pytest.raises(JobError, match="freeze is for image backbones"):
+        engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**{**FAST, "freeze": 0.5}))
+
+
 def test_a_run_cut_by_its_budget_decays_its_learning_rate_to_the_budget_s_end_and_keeps_that_on_resume(
         opened: Store, many_tickets: str, tiny_base: Path) -> None:
     """The schedule is fitted to the steps the budget holds once training speed is measured; a resumed run keeps it,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -23,7 +24,7 @@ from appliance import inference, pixels
 from appliance.core.config import Settings, bundled_image_base_model
 from appliance.core.errors import BadRequest, DatasetError, JobError, PayloadTooLarge, RegistryError, TamperDetected
 from appliance.data import datasets, sources
-from appliance.operations import pipeline
+from appliance.operations import burst, pipeline
 from appliance.store import Store, blobs
 from appliance.train import engine, images, runs
 from appliance.train.params import TrainParams
@@ -74,6 +75,7 @@ def test_the_pretrained_backbone_learns_shapes_from_a_few_photos_where_a_cnn_fro
     run = runs.get(opened, pretrained.run_id)
     assert run.base_model == str(settings.image_base_model)
     assert run.params["learning_rate"] == 2e-4 and run.params["schedule"] == "cosine"  # not text's defaults
+    assert run.params["freeze"] == 0.5
     manifest = json.loads(_bundle_files(opened, pretrained.model_blob)["appliance.json"])
     assert manifest == {"task": "image-classification", "labels": ["circle", "square", "triangle"],
                         "architecture": "efficientnet-lite0", "image_size": 224,
@@ -96,6 +98,7 @@ def test_the_new_head_is_fitted_on_frozen_features_first_and_kept_where_fine_tun
     result = engine.start(opened, dataset=shapes, base_dir=settings.image_base_model,
                           params=TrainParams(epochs=1, batch_size=8, seed=1, learning_rate=0.5),
                           log=said.append, progress=reports.append)
+    assert any("its stem and first 8 of 16 blocks frozen" in line for line in said), said
     fitted = next(line for line in said if line.startswith("the new head fitted"))
     assert "features of 39 training images" in fitted, fitted
     assert any(report.phase == "fit-head" and report.step == 39 for report in reports)
@@ -105,6 +108,59 @@ def test_the_new_head_is_fitted_on_frozen_features_first_and_kept_where_fine_tun
     assert result.outcome is not None and result.outcome.best_epoch == 0
     assert "kept epoch 0 (the head fitted on frozen features) of 1" in said[-1]
     assert result.metrics["accuracy"] >= 0.66, result.metrics  # 6 of the 9 validation photos on frozen features
+
+
+def test_patience_counts_from_the_best_epoch_trained_not_from_the_fitted_head(
+        opened: Store, shapes: str, settings: Settings) -> None:
+    """Fine-tuning starts below the head fitted on frozen features; a first epoch under it is not yet a reason to
+    stop, though the head stays the model kept while no epoch beats it."""
+    result = engine.start(opened, dataset=shapes, base_dir=settings.image_base_model,
+                          params=TrainParams(epochs=3, patience=1, batch_size=8, seed=1, learning_rate=0.5))
+    assert result.outcome is not None and result.outcome.best_epoch == 0
+    assert result.outcome.epochs_run >= 2, result.outcome  # counted from the head, it stopped after epoch 1
+
+
+def test_a_frozen_share_of_the_backbone_stays_as_pretrained_while_the_rest_learns(
+        opened: Store, shapes: str, settings: Settings) -> None:
+    """With freeze 0.5 a training step moves the last eight blocks and the head, and leaves the stem and the first
+    eight blocks bit for bit as the backbone shipped them; the optimizer holds none of their tensors."""
+    data = datasets.load(opened, datasets.get(opened, shapes))
+    task = images.ImageClassification(data, images.Backbone.load(settings.image_base_model), freeze=0.5)
+    model = task.build_model()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    optimizer = engine._optimizer(model, TrainParams(learning_rate=1e-2))
+    model.train()
+    model(**task.collate(list(range(8)), augment_seed=1)).loss.backward()
+    optimizer.step()
+    after = model.state_dict()
+    frozen = ("net._conv_stem.", "net._bn0.", *(f"net._blocks.{n}." for n in range(8)))
+    for name, tensor in after.items():
+        if name.startswith(frozen):
+            assert torch.equal(tensor, before[name]), name
+    moved = {name.split(".")[2] for name, tensor in after.items()
+             if name.startswith("net._blocks.") and not torch.equal(tensor, before[name])}
+    assert moved == {str(n) for n in range(8, 16)}
+    assert not torch.equal(after["net._fc.weight"], before["net._fc.weight"])
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert held == {id(p) for p in model.parameters() if p.requires_grad} and len(held) < len(list(model.parameters()))
+
+
+def test_a_checkpoint_whose_optimizer_does_not_fit_the_run_is_refused_with_a_reason(
+        opened: Store, shapes: str, settings: Settings) -> None:
+    """A checkpoint laid out otherwise (here: the run's record altered to freeze a quarter of the blocks where its
+    checkpoint holds the optimizer of half; in use, one written by an earlier version) cannot continue: resume says
+    so and what to do instead of failing inside torch."""
+    said: list[str] = []
+    stopped = engine.start(opened, dataset=shapes, base_dir=settings.image_base_model, log=said.append,
+                           params=TrainParams(epochs=2, batch_size=8, seed=1),
+                           should_stop=lambda: any(line.startswith("the new head fitted") for line in said))
+    assert stopped.status == "interrupted" and stopped.steps == 1
+    with opened.db.conn:
+        opened.db.execute("UPDATE runs SET params = json_set(params, '$.freeze', 0.25) WHERE id = ?",
+                          [stopped.run_id])
+    with pytest.raises(JobError, match="optimizer laid out by an earlier version") as refused:
+        engine.resume(opened, stopped.run_id)
+    assert f"appliance runs show {stopped.run_id}" in refused.value.hint
 
 
 def test_the_head_fit_matches_scikit_learns_logistic_regression_on_standardised_features() -> None:
@@ -294,6 +350,12 @@ def test_an_image_set_is_read_a_file_at_a_time_from_the_encrypted_store(opened: 
         tracemalloc.reset_peak()
         erased = datasets.erase_rows(opened, extended, {0, 500})
         peaks["erasing"] = tracemalloc.get_traced_memory()[1]
+        datasets.set_residency(opened, erased.ref, datasets.BURST_ALLOWED)
+        tracemalloc.reset_peak()
+        backend, base = _KeepingBackend(tmp_path / "uploaded"), tmp_path / "base"
+        base.mkdir()
+        burst.submit(opened, backend, burst.Request(erased.ref, base, TrainParams(), None, "job1"), _Quiet())
+        peaks["sealing for a burst"] = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert read == written
@@ -308,6 +370,10 @@ def test_an_image_set_is_read_a_file_at_a_time_from_the_encrypted_store(opened: 
     assert erased is not None and erased.examples == 499
     gone = list(before_erasing)[0], digest_of["new"]  # rows 0 and 500: the first photo and the one added last
     assert contents(erased) == {digest: label for digest, label in before_erasing.items() if digest not in gone}
+    shipped = sorted(backend.kept.glob("*/dataset.*"), key=lambda path: path.name)
+    key = base64.b64decode(backend.env[burst.KEY_ENV])
+    assert burst.unseal(key, "dataset", [path.read_bytes() for path in shipped]) == blobs.read(opened,
+                                                                                             erased.blob_id)
 
     storage_id, index, sealed = opened.db.execute(
         "SELECT c.storage_id, c.idx, c.data FROM blob_chunks c JOIN blobs b ON b.storage_id = c.storage_id"
@@ -318,6 +384,31 @@ def test_an_image_set_is_read_a_file_at_a_time_from_the_encrypted_store(opened: 
         [data.images[i] for i in range(len(data.images))]
     with pytest.raises(TamperDetected, match="chunk 3 of"):
         datasets.load(opened, version)
+
+
+class _KeepingBackend:
+    """A cluster that keeps what a burst uploads (the folders of sealed chunks) and starts nothing."""
+
+    address = "http://127.0.0.1:1"
+
+    def __init__(self, folder: Path) -> None:
+        self.kept, self.env = folder, {}
+
+    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str]) -> None:
+        for package in packages:
+            shutil.copytree(package, self.kept / package.name)
+        self.env = env
+
+    def where(self, submission_id: str) -> str:
+        return f"{self.address}/{submission_id}"
+
+
+class _Quiet:
+    def submitted(self, submission: dict[str, str]) -> None:
+        pass
+
+    def log(self, line: str) -> None:
+        pass
 
 
 def test_a_photo_changed_or_gone_while_its_folder_is_imported_fails_the_import(opened: Store, tmp_path: Path) -> None:
