@@ -5,7 +5,7 @@ What serving, evaluation, the optimiser's guard and distillation share, with num
 nor transformers, so the inference server never maps libtorch. A runner is anything that
 answers feeds with logits: an OpenVINO CompiledModel, an onnxruntime session, or a torch
 classifier wrapped by `train.bundle.TorchRunner`. A reader turns examples into feeds: a
-text model's tokenizer, or an image model's `pixels.Pictures`.
+text model's `words.Words`, or an image model's `pixels.Pictures`.
 """
 
 from __future__ import annotations
@@ -19,20 +19,18 @@ from typing import Any
 
 import numpy as np
 import openvino as ov
-import tokenizers
 
-from appliance import pixels
+from appliance import pixels, words
 from appliance.core import archive, scoring
 from appliance.core.errors import ArtifactError, OptimizeError
 from appliance.data.datasets import IMAGE
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what load_tokenizer reads
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what words.Words.of reads
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-PAD_MULTIPLE = 8  # batches are padded to a length in these steps (see load_tokenizer)
 COMPARE_ROUNDS, COMPARE_SECONDS = 5, 0.1  # interleaved rounds of compare(), and each one's time per batch size
 COMPARE_EXAMPLES = 64  # the examples compare() times on: enough for every length, few enough that a round is short
 Runner = Any  # an openvino.CompiledModel, an onnxruntime.InferenceSession or a train.bundle.TorchRunner
-Reader = tokenizers.Tokenizer | pixels.Pictures  # a text model's examples to feeds, or an image model's
+Reader = words.Words | pixels.Pictures  # a text model's examples to feeds, or an image model's
 
 
 @dataclass(frozen=True)
@@ -54,22 +52,6 @@ class Servable:
 
 
 # -- a model from bytes -------------------------------------------------------------------
-
-
-def load_tokenizer(files: Mapping[str, bytes], max_length: int) -> tokenizers.Tokenizer:
-    """The fast tokenizer, truncating as training did and padding to the longest text of each call, rounded up to a
-    multiple of PAD_MULTIPLE: OpenVINO keeps kernels and buffers for every input shape it has seen, about half a
-    MB each and never given back, so lengths in steps of 8 bound a server's memory (336 shapes of mixed batches
-    grew MiniLM's process by 183 MB, 64 shapes by 59) at no measured cost in speed."""
-    tokenizer = tokenizers.Tokenizer.from_str(files["tokenizer.json"].decode())
-    pad_token = json.loads(files.get("tokenizer_config.json", b"{}")).get("pad_token") or "[PAD]"
-    pad_token = pad_token["content"] if isinstance(pad_token, dict) else pad_token
-    pad_id = tokenizer.token_to_id(pad_token)
-    tokenizer.enable_truncation(max_length)  # tokenizer.json may carry its own (all-MiniLM: pad to a fixed 128)
-    multiple = PAD_MULTIPLE if max_length % PAD_MULTIPLE == 0 else None  # never past the length the model was given
-    tokenizer.enable_padding(pad_id=pad_id or 0, pad_token=pad_token if pad_id is not None else "[PAD]",
-                             pad_to_multiple_of=multiple)
-    return tokenizer
 
 
 def read_openvino(artifact: Artifact) -> ov.Model:
@@ -120,10 +102,10 @@ def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = No
 
 
 def reader_of(files: Mapping[str, bytes], manifest: Mapping[str, Any]) -> Reader:
-    """What reads a packed model's examples: an image model's Pictures, or a text model's tokenizer from files."""
+    """What reads a packed model's examples: an image model's Pictures, or a text model's Words from files."""
     if manifest.get("task") == IMAGE:
         return pixels.Pictures.of(manifest)
-    return load_tokenizer(files, manifest["max_length"])
+    return words.Words.of(files, manifest)
 
 
 def onnx_session(onnx: bytes) -> Any:
@@ -146,17 +128,8 @@ def encode(reader: Reader, examples: Sequence[Any], names: set[str] | Sequence[s
     """A model's feeds for a batch of examples: texts tokenised, or images read as their pixels."""
     if isinstance(reader, pixels.Pictures):
         return reader.feeds(examples)
-    return feeds(reader.encode_batch(list(examples)), names)
-
-
-def feeds(encodings: list[tokenizers.Encoding], names: set[str] | Sequence[str]) -> dict[str, np.ndarray]:
-    """The model's named int64 inputs from a padded batch of encodings."""
-    columns = {
-        "input_ids": [e.ids for e in encodings],
-        "attention_mask": [e.attention_mask for e in encodings],
-        "token_type_ids": [e.type_ids for e in encodings],
-    }
-    return {name: np.asarray(columns[name], dtype=np.int64) for name in names}
+    read = reader.see(examples)
+    return {name: read.feeds[name] for name in names}
 
 
 def bind(runner: Runner) -> tuple[list[str], Callable[[dict[str, np.ndarray]], np.ndarray]]:

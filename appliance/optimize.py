@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import openvino as ov
-import tokenizers
 import torch
 
 from appliance import inference
@@ -42,6 +41,7 @@ from appliance.data.datasets import IMAGE
 from appliance.inference import Artifact, Reader
 from appliance.pixels import Pictures
 from appliance.train.bundle import convert_openvino, load_text_classifier, onnx_bytes, traceable
+from appliance.words import Words
 
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products that cannot saturate
 # node names of the head in the traced graph: BERT, DistilBERT, RoBERTa; EfficientNet-Lite's _fc, the small CNN's head
@@ -140,7 +140,7 @@ def quantize_int8(
         raise OptimizeError("INT8 quantisation needs calibration examples, and none were given")
     names = {port.get_any_name() for port in model.inputs}
     dataset = nncf.Dataset(list(calibration), lambda example: inference.encode(reader, [example], names))
-    text = isinstance(reader, tokenizers.Tokenizer)
+    text = isinstance(reader, Words)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its rich progress bars would garble the caller's own
             return nncf.quantize(
@@ -205,15 +205,15 @@ def _beyond_noise(gain: float, candidate: Mapping[str, float], baseline: Mapping
 
 
 def export_bundle(files: Mapping[str, bytes]) -> tuple[Artifact, Reader, dict[str, Any]]:
-    """A trained bundle's FP32 IR, with its reader (a text model's tokenizer, an image model's Pictures) and its
+    """A trained bundle's FP32 IR, with its reader (a text model's Words, an image model's Pictures) and its
     manifest (labels in logit order; max_length, or the image size and normalisation)."""
     if json.loads(files.get("appliance.json", b"{}")).get("task") == IMAGE:
         from appliance.train import images
 
         model, manifest = images.load_image_classifier(files)
         return serialize(images.convert_openvino(model, manifest["image_size"])), Pictures.of(manifest), manifest
-    model, tokenizer, manifest = load_text_classifier(files)
-    return export_openvino(model, manifest["max_length"]), tokenizer, manifest
+    model, reader, manifest = load_text_classifier(files)
+    return export_openvino(model, manifest["max_length"]), reader, manifest
 
 
 def optimize(bundle: bytes, **options: Any) -> Outcome:

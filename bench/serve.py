@@ -418,11 +418,11 @@ def naive_server(port: int, threads: int) -> None:
     with store.open(config.load()) as opened:
         version = registry.get(opened, f"{MODEL}@production")
         bundle = blobs.read(opened, version.variants["torch"].blob_id)
-    model, tokenizer, manifest = load_text_classifier(archive.unpack(bundle))
+    model, reader, manifest = load_text_classifier(archive.unpack(bundle))
 
     def probabilities(texts: list[str]) -> list[list[float]]:
-        encodings = tokenizer.encode_batch(texts)
-        inputs = {key: torch.from_numpy(value) for key, value in inference.feeds(encodings, inference.INPUTS).items()}
+        feeds = inference.encode(reader, texts, inference.INPUTS)
+        inputs = {key: torch.from_numpy(value) for key, value in feeds.items()}
         with torch.no_grad():
             return torch.softmax(model(**inputs).logits, dim=-1).tolist()
 
@@ -472,7 +472,7 @@ def peer_server(port: int) -> None:
     names, infer = inference.bind(servable.compiled)
 
     def probabilities(texts: list[str]) -> list[list[float]]:
-        return drift.softmax(infer(inference.feeds(servable.reader.encode_batch(texts), names))).tolist()
+        return drift.softmax(infer(inference.encode(servable.reader, texts, names))).tolist()
 
     hand_built(port, version, servable.labels, probabilities)
 
@@ -508,7 +508,7 @@ def ray_server(port: int) -> None:
             from appliance import inference
             from appliance.serve import drift
 
-            logits = self.infer(inference.feeds(self.servable.reader.encode_batch(texts), self.names))
+            logits = self.infer(inference.encode(self.servable.reader, texts, self.names))
             return drift.softmax(logits).tolist()
 
         async def __call__(self, request: Request) -> Any:
@@ -714,7 +714,7 @@ def threads_classify(pool: concurrent.futures.ThreadPoolExecutor, servable: Any)
     def infer(text: str) -> str:
         if not hasattr(local, "request"):
             local.request = servable.compiled.create_infer_request()
-        logits = local.request.infer(inference.feeds(servable.reader.encode_batch([text]), names))[0]
+        logits = local.request.infer(inference.encode(servable.reader, [text], names))[0]
         return servable.labels[int(np.argmax(logits[0]))]
 
     async def classify(text: str) -> str:

@@ -37,6 +37,11 @@ shown too: run it twice before trusting a small difference.
 --synthetic N trains on N synthetic support tickets (bench/train_budget.py's) instead of a
 file: with --device cuda, the set of 20,000 the GPU figure is measured on. --fortunes trains
 on 3,093 real quotations of four topics from Debian's fortunes package (bench/fortunes.py).
+--manpages trains on 978 Linux manual pages (Debian's manpages and manpages-dev), each labelled
+by its section, system call, library function or overview (bench/manpages.py): long real text,
+most of each page past the 128-token window. With --truncation-peer, the engine also trains
+reading long texts the other way (head only, beside its default head+tail), the same run
+otherwise: the accuracy between them is what reading a long text's end is worth.
 """
 
 from __future__ import annotations
@@ -109,6 +114,10 @@ def main() -> None:
                         help="instead of --dataset, this many synthetic support tickets (bench/train_budget.py's)")
     parser.add_argument("--fortunes", action="store_true",
                         help="instead of --dataset, Debian's fortunes on four topics (bench/fortunes.py): real text")
+    parser.add_argument("--manpages", action="store_true",
+                        help="instead of --dataset, Linux manual pages by section (bench/manpages.py): long real text")
+    parser.add_argument("--truncation-peer", action="store_true",
+                        help="also the engine reading a long text's first tokens only (head), beside head+tail")
     parser.add_argument("--seed", type=int, default=engine.TrainParams().seed, help="split and training seed")
     parser.add_argument("--engine-epochs", type=int, help="the engine's epochs (default: its TrainParams default)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both systems train")
@@ -140,12 +149,21 @@ def main() -> None:
 
             args.dataset = state_dir / "fortunes.csv"
             fortunes.write_csv(args.dataset)
+        elif args.manpages:
+            import manpages  # beside this file
+
+            args.dataset = state_dir / "manpages.csv"
+            manpages.write_csv(args.dataset)
         with lifecycle.init(config.load()) as store:
             name = import_dataset(store, args.dataset, args.seed)
             data = datasets.load(store, datasets.get(store, name))
             engine_outcome, threads = run_engine(store, name, len(data.train), base_dir, params, args.device)
             peers = [run_fast(store, name, len(data.train), base_dir, params.changed(
                 mode="fast", max_minutes=args.setfit_budget / 60), args.device)] if args.fast else []
+            if args.truncation_peer:
+                other = "head" if params.truncation == "head+tail" else "head+tail"
+                peers.append(run_engine(store, name, len(data.train), base_dir, params.changed(truncation=other),
+                                        args.device, f"engine {other}")[0])
             if args.workers:
                 peers.append(run_engine(store, name, len(data.train), base_dir, params.changed(workers=args.workers),
                                         args.device, f"engine x{args.workers}")[0])
@@ -242,7 +260,8 @@ def engine_notes(plan: dict[str, Any], params: engine.TrainParams, epochs: int, 
         ),
         (
             f"params: epochs {params.epochs}, lr {params.learning_rate:g}, batch {params.batch_size}, "
-            f"warm-up {params.warmup_ratio:g}, {params.schedule}, patience {params.patience} on {params.metric}"
+            f"warm-up {params.warmup_ratio:g}, {params.schedule}, patience {params.patience} on {params.metric}, "
+            f"window {params.max_length} tokens ({params.truncation})"
         ),
         f"ran {epochs} epochs ({result.steps} optimizer steps){', stopped early' if result.stopped_early else ''}",
     ]
@@ -383,7 +402,7 @@ def report(
             print(f"  epoch {epoch}: validation accuracy {reached:.2%} at {elapsed:.1f} s")
     print()
     header = (
-        f"{'system':<11} {'epochs':>6} {'train samples/s':>16} {'time to target acc':>19} "
+        f"{'system':<16} {'epochs':>6} {'train samples/s':>16} {'time to target acc':>19} "
         f"{'total time':>11} {'final acc':>10} {'incl. setup':>12} {'CPU time':>9}"
     )
     print(f"target accuracy: {target:.2%} (the Trainer's final validation accuracy)")
@@ -391,7 +410,7 @@ def report(
     print("-" * len(header))
     for outcome in (trainer_outcome, engine_outcome, *peers):
         print(
-            f"{outcome.system:<11} {outcome.epochs:>6} {outcome.samples_per_s:>16.1f} "
+            f"{outcome.system:<16} {outcome.epochs:>6} {outcome.samples_per_s:>16.1f} "
             f"{seconds(outcome.time_to(target)):>19} {seconds(outcome.total_s):>11} "
             f"{outcome.final_accuracy:>10.2%} {seconds(outcome.end_to_end_s):>12} {seconds(outcome.cpu_s):>9}"
         )
@@ -427,6 +446,9 @@ def report(
         figures["parallel_scaling_target"] = PARALLEL_SCALING_TARGET
         figures["parallel_accuracy_delta_pt"] = round(
             (parallel.final_accuracy - engine_outcome.final_accuracy) * 100, 2)
+    if head := by_name.get("engine head"):
+        figures["head_tail_accuracy_delta_pt_vs_head"] = round(
+            (engine_outcome.final_accuracy - head.final_accuracy) * 100, 2)
     if fast and (setfit := by_name.get("SetFit")):
         figures["fast_accuracy_delta_pt_vs_setfit"] = round((fast.final_accuracy - setfit.final_accuracy) * 100, 2)
         figures["fast_accuracy_delta_floor_pt_vs_setfit"] = FAST_VS_SETFIT_DELTA_FLOOR_PT

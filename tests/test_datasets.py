@@ -213,19 +213,23 @@ def test_a_problem_is_named_by_file_and_line(
 def test_a_text_over_the_character_bound_is_cut_or_left_out_and_never_refuses_the_file(
     opened: Store, tmp_path: Path, handling: str
 ) -> None:
-    content = "text,label\n" + GOOD + f'"{"x" * 20001}",billing\n' + f'"{"y" * 40}",billing\n'
+    long = "x" * 10001 + "m" * 200_000 + "z" * 10000  # past the csv module's own field limit too (128 Ki)
+    content = "text,label\n" + GOOD + f'"{long}",billing\n' + f'"{"y" * 40}",billing\n'
     path = _write(tmp_path, "customers.csv", content)
     version = datasets.import_file(opened, path, name="tickets", long_texts=handling)
     kept = datasets.load(opened, version).texts
     if handling == "truncate":
-        assert version.examples == len(ROWS) + 2 and "x" * 20000 in kept and "x" * 20001 not in kept
-        assert "1 text cut to their first 20,000 characters (max_text_chars): customers.csv line 10" in version.warnings
+        assert version.examples == len(ROWS) + 2 and "x" * 10000 + " " + "z" * 9999 in kept  # its two ends
+        assert ("1 text cut to their beginning and end, 20,000 characters (max_text_chars): customers.csv line 10"
+                in version.warnings)
     else:
         assert version.examples == len(ROWS) + 1 and not any(text.startswith("x") for text in kept)
         assert ("1 text left out, being longer than 20,000 characters (max_text_chars): customers.csv line 10"
                 in version.warnings)
     shorter = datasets.import_file(opened, path, name="short", max_text_chars=35)
-    assert "2 texts cut to their first 35 characters (max_text_chars): customers.csv lines 10, 11" in shorter.warnings
+    assert ("2 texts cut to their beginning and end, 35 characters (max_text_chars): customers.csv lines 10, 11"
+            in shorter.warnings)
+    assert "y" * 17 + " " + "y" * 17 in datasets.load(opened, shorter).texts
     with pytest.raises(DatasetError) as unknown:
         datasets.import_file(opened, path, name="other", long_texts="refuse")
     assert "truncate or skip" in (unknown.value.hint or "")

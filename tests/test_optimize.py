@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tokenizers
 import torch
 
-from appliance import inference, optimize
+from appliance import inference, optimize, words
 from appliance.core import archive, hardware
 from appliance.core.config import Settings
 from appliance.core.errors import ArtifactError, OptimizeError
@@ -28,7 +27,7 @@ HAS_ONNX = importlib.util.find_spec("onnx") is not None
 
 
 @pytest.fixture(scope="module")
-def loaded(trained: Trained) -> tuple[torch.nn.Module, tokenizers.Tokenizer, dict]:
+def loaded(trained: Trained) -> tuple[torch.nn.Module, words.Words, dict]:
     return load_text_classifier(archive.unpack(trained.bundle))
 
 
@@ -38,14 +37,9 @@ def fp32_ir(loaded: tuple) -> inference.Artifact:
     return optimize.export_openvino(model, manifest["max_length"])
 
 
-def torch_logits(model: torch.nn.Module, tokenizer: tokenizers.Tokenizer, texts: list[str]) -> np.ndarray:
+def torch_logits(model: torch.nn.Module, reader: words.Words, texts: list[str]) -> np.ndarray:
     """The reference: the rebuilt PyTorch model on the same padded batch."""
-    encodings = tokenizer.encode_batch(texts)
-    inputs = {
-        "input_ids": torch.tensor([e.ids for e in encodings]),
-        "attention_mask": torch.tensor([e.attention_mask for e in encodings]),
-        "token_type_ids": torch.tensor([e.type_ids for e in encodings]),
-    }
+    inputs = {name: torch.from_numpy(array) for name, array in reader.see(texts).feeds.items()}
     with torch.no_grad():
         return model(**inputs).logits.numpy()
 
@@ -59,14 +53,15 @@ def mixed_texts(trained: Trained) -> list[str]:
 
 
 def test_a_bundle_loads_into_memory_with_the_training_tokenization(trained: Trained, loaded: tuple) -> None:
-    model, tokenizer, manifest = loaded
+    model, reader, manifest = loaded
     assert manifest == {"task": "text-classification", "labels": ["billing", "shipping", "technical"],
-                        "max_length": MAX_LENGTH}
+                        "max_length": MAX_LENGTH, "truncation": "head+tail"}
     assert not model.training and model.config.num_labels == 3
     # Unpadded ids are those the training tokenizer made, [CLS] and [SEP] included.
-    for encoding, expected in zip(tokenizer.encode_batch(trained.data.texts), trained.input_ids):
-        assert encoding.ids[: sum(encoding.attention_mask)] == expected
-    assert len(tokenizer.encode("refund " * 80).ids) == MAX_LENGTH
+    read = reader.see(trained.data.texts)
+    for ids, mask, expected in zip(read.feeds["input_ids"], read.feeds["attention_mask"], trained.input_ids):
+        assert ids[: mask.sum()].tolist() == expected
+    assert reader.see(["refund " * 80]).feeds["input_ids"].shape == (1, MAX_LENGTH)
 
 
 def test_a_bundle_that_cannot_be_optimised_is_refused_with_the_reason() -> None:
@@ -91,34 +86,34 @@ def test_an_artifact_that_cannot_be_served_is_refused_with_what_it_lacks(fp32_ir
 def test_openvino_predicts_what_torch_predicts_for_any_batch_and_length(
     trained: Trained, loaded: tuple, fp32_ir: inference.Artifact
 ) -> None:
-    model, tokenizer, _ = loaded
+    model, reader, _ = loaded
     model_ir = inference.read_openvino(fp32_ir)
     assert [port.get_any_name() for port in model_ir.inputs] == list(inference.INPUTS)
     assert all(port.get_partial_shape().is_dynamic for port in model_ir.inputs)
     texts = mixed_texts(trained)
-    expected = torch_logits(model, tokenizer, texts)
+    expected = torch_logits(model, reader, texts)
     assert not model.training  # the export left the caller's model as it found it
 
     compiled = inference.compile_openvino(fp32_ir, config=F32)
     for batch_size in (1, 7, 64):  # batch and sequence sizes the trace never saw
-        got = inference.predict(compiled, tokenizer, texts, batch_size=batch_size)
+        got = inference.predict(compiled, reader, texts, batch_size=batch_size)
         np.testing.assert_allclose(got, expected, atol=1e-4)
     # On the default (possibly bf16) precision the logits move a little, the predictions not.
-    default = inference.predict(inference.compile_openvino(fp32_ir), tokenizer, texts)
+    default = inference.predict(inference.compile_openvino(fp32_ir), reader, texts)
     np.testing.assert_allclose(default, expected, atol=5e-2)
 
 
 @pytest.mark.skipif(not HAS_ONNX, reason="the TorchScript ONNX exporter needs the onnx package")
 def test_onnx_predicts_what_torch_predicts(trained: Trained, loaded: tuple) -> None:
-    model, tokenizer, manifest = loaded
+    model, reader, manifest = loaded
     session = inference.onnx_session(optimize.export_onnx(model, manifest["max_length"]))
     assert [i.name for i in session.get_inputs()] == list(inference.INPUTS)
     texts = mixed_texts(trained)
-    np.testing.assert_allclose(inference.predict(session, tokenizer, texts, batch_size=5),
-                               torch_logits(model, tokenizer, texts), atol=1e-4)
+    np.testing.assert_allclose(inference.predict(session, reader, texts, batch_size=5),
+                               torch_logits(model, reader, texts), atol=1e-4)
     _, validation_labels = trained.split(trained.data.validation)
     targets = [manifest["labels"].index(label) for label in validation_labels]
-    assert inference.evaluate(session, tokenizer, trained.split(trained.data.validation)[0], targets)["accuracy"] > 0.9
+    assert inference.evaluate(session, reader, trained.split(trained.data.validation)[0], targets)["accuracy"] > 0.9
 
 
 @pytest.mark.skipif(HAS_ONNX, reason="only where the onnx package is missing")
@@ -144,17 +139,17 @@ def fake_quantize_inputs(model: optimize.ov.Model) -> list[str]:
 def test_int8_quantisation_runs_and_keeps_the_accuracy(
     trained: Trained, loaded: tuple, fp32_ir: inference.Artifact
 ) -> None:
-    _, tokenizer, manifest = loaded
+    _, reader, manifest = loaded
     calibration, _ = trained.split(trained.data.train)
     texts, labels = trained.split(trained.data.validation)
     targets = [manifest["labels"].index(label) for label in labels]
 
-    fp32 = inference.evaluate(inference.compile_openvino(fp32_ir), tokenizer, texts, targets)
+    fp32 = inference.evaluate(inference.compile_openvino(fp32_ir), reader, texts, targets)
     # Scored on this CPU, so quantised for it: without VNNI, full 8-bit weights overflow its int16 sums.
     fix = optimize.overflow_fix_for(hardware.detect())
-    int8 = optimize.quantize_int8(inference.read_openvino(fp32_ir), calibration, tokenizer,
+    int8 = optimize.quantize_int8(inference.read_openvino(fp32_ir), calibration, reader,
                                   overflow_fix=fix, subset_size=64)
-    gentle = optimize.quantize_int8(inference.read_openvino(fp32_ir), calibration, tokenizer,
+    gentle = optimize.quantize_int8(inference.read_openvino(fp32_ir), calibration, reader,
                                     overflow_fix="enable", subset_size=64, keep_head_fp32=True)
     int8_ops, gentle_ops = fake_quantize_inputs(int8), fake_quantize_inputs(gentle)
     assert any("classifier" in name for name in int8_ops)
@@ -162,7 +157,7 @@ def test_int8_quantisation_runs_and_keeps_the_accuracy(
 
     artifact = optimize.serialize(int8)
     assert len(artifact.weights) < len(fp32_ir.weights) / 2  # int8 weights, embeddings included
-    scored = inference.evaluate(inference.compile_openvino(artifact), tokenizer, texts, targets)
+    scored = inference.evaluate(inference.compile_openvino(artifact), reader, texts, targets)
     assert fp32["accuracy"] > 0.9
     assert scored["accuracy"] >= fp32["accuracy"] - 0.05, (fp32, scored)
     assert set(scored) == {"accuracy", "macro_f1"}

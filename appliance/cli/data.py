@@ -32,7 +32,8 @@ def data_group() -> None:
 )
 @click.option("--seed", type=int, default=13, show_default=True, help="Seed of the train/validation split.")
 @click.option("--max-text-chars", type=click.IntRange(16, 10**7), default=datasets.MAX_TEXT_CHARS, show_default=True,
-              help="Characters of one text; a longer one is cut (or with --long-texts skip, left out), never refused.")
+              help="Characters of one text; a longer one is cut to its beginning and end (or with --long-texts skip, "
+                   "left out), never refused.")
 @click.option("--long-texts", type=click.Choice(datasets.LONG_TEXTS), default="truncate", show_default=True,
               help="A text over --max-text-chars: cut to its first characters, or left out; counted either way.")
 @click.option("--residency", type=click.Choice(datasets.RESIDENCIES), default=datasets.LOCAL_ONLY, show_default=True,

@@ -33,6 +33,9 @@ from appliance.train.params import TrainParams
 @schema_option(TrainParams, "batch_size", "--batch-size",
                help="Effective batch; the plan splits it into micro-batches that fit memory.")
 @schema_option(TrainParams, "max_length", "--max-length")
+@schema_option(TrainParams, "truncation", "--truncation",
+               help="How a text longer than --max-length is read: head, its first tokens; head+tail, its first "
+                    "quarter-window and its last three quarters (the beginning and the conclusion).")
 @click.option("--lora", is_flag=True, help="Train LoRA adapters instead of every weight.")
 @schema_option(TrainParams, "freeze", "--freeze",
                help="Share of a pretrained image backbone's blocks, from the input on, kept as pretrained while the "
@@ -66,6 +69,7 @@ def train(
     lr: float,
     batch_size: int,
     max_length: int,
+    truncation: str,
     lora: bool,
     freeze: float,
     schedule: str,
@@ -97,7 +101,7 @@ def train(
         job = {"resume": resume_run, "name": model_name}
     else:
         values = {"mode": mode, "epochs": epochs, "learning_rate": lr, "batch_size": batch_size,
-                  "max_length": max_length, "lora": lora, "freeze": freeze, "schedule": schedule, "patience": patience,
+                  "max_length": max_length, "truncation": truncation, "lora": lora, "freeze": freeze, "schedule": schedule, "patience": patience,
                   "seed": seed, "max_minutes": max_minutes, "checkpoint_minutes": checkpoint_minutes,
                   "checkpoint_every": checkpoint_every, "workers": workers}
         given = click.get_current_context().get_parameter_source

@@ -51,7 +51,9 @@ ACTION = "dataset.import"
 LOCAL_ONLY, BURST_ALLOWED = "local-only", "burst-allowed"
 RESIDENCIES = (LOCAL_ONLY, BURST_ALLOWED)  # whether a version may leave this box for a burst to a Ray cluster
 MAX_TEXT_CHARS = 20_000  # the default bound on one text at import; a longer one is cut (or skipped) and counted
-LONG_TEXTS = ("truncate", "skip")  # what happens to a text over the bound: cut to its first characters, or left out
+MAX_FIELD_CHARS = 64 * 2**20  # a CSV field the reader takes at all (Python's default, 128 Ki, refused whole files
+csv.field_size_limit(MAX_FIELD_CHARS)  # for one long text); max_text_chars then cuts it or leaves it out
+LONG_TEXTS = ("truncate", "skip")  # what happens to a text over the bound: its two ends kept, or left out
 
 Progress = Callable[[int, int], None]
 Stream = Callable[[], Iterator[bytes]]  # a version's canonical content, as a stream that can be started again
@@ -181,8 +183,8 @@ def import_data(
 
     Identical content under the same name returns the version that already holds it, residency unchanged
     (set_residency() changes it). Messages and the audit record name places (file, line, column), never
-    what the file holds. A text over max_text_chars never refuses the file: it is cut to its first max_text_chars
-    characters, or with long_texts="skip" left out, and the version's warnings say which lines.
+    what the file holds. A text over max_text_chars never refuses the file: it is cut to its first and last
+    max_text_chars / 2 characters, or with long_texts="skip" left out, and the version's warnings say which lines.
     """
     details: dict[str, Any] = {"source": source.origin, "task": task, "residency": residency}
     try:
@@ -519,12 +521,20 @@ def _read_text(
                 over.append(where.rpartition(" line ")[2])
                 if handling == "skip":
                     continue
-                example = dataclasses.replace(example, content=example.content[:max_chars])
+                example = dataclasses.replace(example, content=_ends(example.content, max_chars))
             collector.add(example)
     if over:
-        done = "cut to their first" if handling == "truncate" else "left out, being longer than"
+        done = ("cut to their beginning and end," if handling == "truncate" else "left out, being longer than")
         collector.warnings.append(f"{counted(len(over), 'text')} {done} {max_chars:,} characters"
                                   f" (max_text_chars): {source.name} line{'s' * (len(over) > 1)} {_listing(over)}")
+
+
+def _ends(text: str, max_chars: int) -> str:
+    """A text over max_chars as its first half and its last, joined by a space: what a model reads of a long text
+    is its beginning, and with head+tail truncation its end too (words.py), never its middle."""
+    head = max_chars // 2
+    tail = max_chars - head - 1
+    return text[:head] + " " + text[len(text) - tail :] if tail > 0 else text[:max_chars]
 
 
 def _decoded_lines(

@@ -190,7 +190,7 @@ class Autopilot:
             return
         try:  # a lasting refusal is said once, not audited at every check
             spec = jobspec.PipelineJob(retrain=model, dataset=trained_on.name, name=model,
-                                       base=_base_name(store.settings, run), params=TrainParams.parse(run.params),
+                                       base=_base_name(store.settings, run), params=TrainParams.stored(run.params),
                                        canary_percent=policy.canary_percent)
             jobspec.confine(spec, store)
         except ApplianceError as exc:

@@ -435,7 +435,7 @@ def adopt(store: Store, packed: bytes, dataset: str, base_dir: Path, device: str
         record, saved = json.loads(files["record.json"]), files["checkpoint.pt"]
     except (KeyError, ValueError) as exc:
         raise BurstError(f"a checkpoint from the cluster cannot be read: {exc}") from exc
-    run_id = engine.create(store, dataset=dataset, base_dir=base_dir, params=TrainParams.parse(record["params"]),
+    run_id = engine.create(store, dataset=dataset, base_dir=base_dir, params=TrainParams.stored(record["params"]),
                            device=device, log=log, group=group)
     step = engine.adopt_checkpoint(store, run_id, saved)
     for epoch in record["epochs"]:

@@ -38,12 +38,12 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import psutil
 
-from appliance import inference, pixels, registry
+from appliance import inference, pixels, registry, words
 from appliance.core import archive, hardware
 from appliance.core.errors import ArtifactError, ConfinementError, DatasetError, RegistryError
 from appliance.data import datasets, sources
@@ -52,6 +52,7 @@ from appliance.operations.pipeline import Progress
 from appliance.registry import exchange
 from appliance.store import Store, audit, blobs
 from appliance.train import runs
+from appliance.train.params import Truncation
 from appliance.train.tasks import TOKENIZER_FILES
 
 ACTION = "model.import"
@@ -254,7 +255,8 @@ def prepare(incoming: Incoming, labels: list[str], public_key: str | None = None
         packed_files, fp32 = _image_model(files, fmt, labels, reading.get("preprocessing"))
         torch_bundle = None
     else:
-        packed_files, fp32, torch_bundle = _text_model(files, fmt, labels, config, reading.get("max_length"))
+        packed_files, fp32, torch_bundle = _text_model(files, fmt, labels, config, reading.get("max_length"),
+                                                       reading.get("truncation", "head"))
     if "licence" not in provenance:
         provenance["licence"] = exchange.stated_licence(files.get("README.md", b"").decode(errors="replace")) or \
             "unknown: the model's card (README.md) states none"
@@ -262,20 +264,20 @@ def prepare(incoming: Incoming, labels: list[str], public_key: str | None = None
 
 
 def _text_model(files: dict[str, bytes], fmt: str, labels: list[str], config: dict[str, Any],
-                max_length: int | None) -> tuple[dict[str, bytes], inference.Artifact, bytes | None]:
+                max_length: int | None, truncation: str) -> tuple[dict[str, bytes], inference.Artifact, bytes | None]:
     """A text classifier's files to pack (tokenizer, appliance.json), its FP32 IR, and its torch bundle where it
     came with torch weights."""
     if "tokenizer.json" not in files:
         raise RegistryError("the model comes without tokenizer.json, so its texts cannot be tokenized as it was"
                             " trained", hint="save the tokenizer beside it: tokenizer.save_pretrained(folder)")
-    max_length = max_length or _max_length(files, config)
     tokenizer_files = {name: files[name] for name in TOKENIZER_FILES if name in files}
+    manifest = {"task": datasets.TEXT, "labels": labels, "max_length": max_length or _max_length(files, config),
+                "truncation": truncation, "imported_from": fmt}
     try:
-        inference.load_tokenizer(tokenizer_files, max_length)
+        words.Words.of(tokenizer_files, manifest)
     except Exception as exc:  # tokenizers raises its own Exception for any malformed file
         raise RegistryError(f"tokenizer.json is not a tokenizer the tokenizers library reads: {_said(exc)}",
                             hint="save it with a fast tokenizer: tokenizer.save_pretrained(folder)") from exc
-    manifest = {"task": datasets.TEXT, "labels": labels, "max_length": max_length, "imported_from": fmt}
     packed_files = tokenizer_files | {"appliance.json": json.dumps(manifest, indent=2).encode()}
     if fmt == "hf":
         bundle = _hf_bundle(files, config, labels) | packed_files
@@ -454,7 +456,11 @@ def _card_fields(card: dict[str, Any], task: str) -> tuple[str, list[str], dict[
             and all(isinstance(text, str) for text in (fmt, base_model, licence))):
         raise RegistryError(f"the archive's card names its format, labels, {reading} or base model wrongly",
                             hint="export the model again from the appliance")
-    return fmt, labels, {reading: how}, base_model, licence
+    truncation = card.get("truncation", "head")  # an archive exported before the choice existed: head
+    if task != datasets.IMAGE and truncation not in get_args(Truncation):
+        raise RegistryError(f"the archive's card names its truncation {truncation!r}, none of"
+                            f" {', '.join(get_args(Truncation))}", hint="export the model again from the appliance")
+    return fmt, labels, {reading: how, "truncation": truncation}, base_model, licence
 
 
 def _read_onnx(files: dict[str, bytes]) -> Any:

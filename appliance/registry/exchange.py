@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from appliance import inference, pixels, registry
+from appliance import inference, pixels, registry, words
 from appliance.core import archive, clock
 from appliance.core.errors import ArtifactError, RegistryError
 from appliance.data import datasets
@@ -70,9 +70,10 @@ The appliance's README shows it in ten lines for onnxruntime and for OpenVINO.
 """
 READING = {  # the README's words for how a text model and an image model read their examples
     False: {"and_tokenizer": " and its tokenizer's files", "reading": "max_length",
-            "predict": "tokenize with tokenizer.json (the `tokenizers` library; truncate to max_length,\n"
-                       "pad with the tokenizer's pad token), feed input_ids and attention_mask (and token_type_ids\n"
-                       "where the model takes them) as int64"},
+            "predict": "tokenize with tokenizer.json (the `tokenizers` library; a text longer than max_length\n"
+                       "tokens keeps card.json's kept_tokens: its first `head` and last `tail` tokens between the\n"
+                       "special ones; pad with the tokenizer's pad token), feed input_ids and attention_mask (and\n"
+                       "token_type_ids where the model takes them) as int64"},
     True: {"and_tokenizer": "", "reading": "preprocessing",
            "predict": "prepare each image as card.json's preprocessing says (the centre square,\n"
                       "resized, normalised, channels first), feed the batch as pixel_values (float32)"},
@@ -234,7 +235,7 @@ def model_card(store: Store, version: registry.ModelVersion, bundle: dict[str, b
     return {
         "model": version.ref, "task": version.task, "format": fmt, "variant": variant,
         "exported_at": clock.stamp(),
-        "labels": manifest["labels"], **_reading(manifest),
+        "labels": manifest["labels"], **_reading(manifest, bundle),
         "inputs": graph_inputs(fmt, files),
         "outputs": ["logits"], "probabilities": "softmax over logits; label i is labels[i]",
         "base_model": {"path": run.base_model,
@@ -248,11 +249,13 @@ def model_card(store: Store, version: registry.ModelVersion, bundle: dict[str, b
     }
 
 
-def _reading(manifest: dict[str, Any]) -> dict[str, Any]:
-    """How the model reads an example: a text model's max_length (its tokenizer's files are beside it), an image
-    model's preprocessing, spelled out for a user without the appliance."""
+def _reading(manifest: dict[str, Any], bundle: dict[str, bytes]) -> dict[str, Any]:
+    """How the model reads an example: a text model's max_length and how a longer text is cut (its tokenizer's files
+    are beside it), an image model's preprocessing, spelled out for a user without the appliance."""
     if manifest.get("task") != datasets.IMAGE:
-        return {"max_length": manifest["max_length"]}
+        reader = words.Words.of(bundle, manifest)
+        return {"max_length": reader.max_length, "truncation": reader.truncation,
+                "kept_tokens": {"head": reader.head, "tail": reader.tail}}
     return {"preprocessing": {
         "image_size": manifest["image_size"], "mean": manifest["mean"], "std": manifest["std"],
         "centre": pixels.CENTRE,

@@ -27,9 +27,9 @@ calls: they never go inline.
 One text never fails the others: a piece whose tokenisation or inference fails is tried
 again text by text, so only the guilty request fails (400 when its text would not
 tokenise, 503 when the model failed on it alone). And a text's CPU is bounded by what
-the model can see: the tail that truncation would drop anyway is cut before tokenising
-(`tail_cut`), so a long text costs no more than one the length of the model's window.
-Each answer says which texts the model saw only the beginning of (`Inferred.truncated`).
+the model can see: what the window would drop anyway is cut before tokenising
+(`words.Words.cut`), so a long text costs no more than one the length of the model's
+window. Each answer says which texts the window cut short (`Inferred.truncated`).
 OpenVINO's threads hold the GIL no longer than it takes to hand the logits over: the batch
 is recorded (`on_batch`: metrics, drift) on the event loop once its answers have gone out.
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -52,16 +51,13 @@ from typing import NamedTuple
 
 import numpy as np
 import openvino as ov
-import tokenizers
-from tokenizers import models, normalizers, pre_tokenizers
 
-from appliance import inference, pixels
+from appliance import inference, pixels, words
 from appliance.core.errors import BadRequest, Overloaded, ServeError
 
 log = logging.getLogger(__name__)
 SPLIT_RATIO = 2.0  # start a new piece when a text is this much longer than the piece's shortest...
 SPLIT_FLOOR = 256  # ...and this long (characters, ~64 tokens): below it, one more inference costs more than padding
-_WORDY = re.compile(r"\w[^ ]*+")  # from a word character to the end of its chunk between spaces; never backtracks
 INLINE_TEXTS = 4  # an idle model's batch of up to this many texts may be inferred on the event loop
 RELEASE_AFTER_S = 5.0  # quiet this long, the model's intermediate buffers go back; the next batch makes them again
 
@@ -115,7 +111,7 @@ class _Failure:
 class Batch:
     """One finished inference, for the metrics and the drift monitor (on the event loop, after its answers)."""
 
-    inputs: list[tokenizers.Encoding] | pixels.Seen  # what the model was given: texts' encodings, or images seen
+    inputs: words.Read | pixels.Seen  # what the model was given: texts read, or images seen
     logits: np.ndarray
     seconds: float
 
@@ -140,7 +136,6 @@ class Batcher:
         self._names, _ = inference.bind(compiled)
         self._reader = reader
         self._images = isinstance(reader, pixels.Pictures)
-        self._chunks = None if self._images else tail_cut(reader)
         self._max_batch, self._max_delay = max_batch_size, max_delay_ms / 1000
         self._max_queue = max_queue
         self.on_batch = on_batch or (lambda batch: None)
@@ -175,8 +170,8 @@ class Batcher:
         if self.depth + len(examples) > self._max_queue:
             raise Overloaded(f"the queue holds {self.depth} examples; {len(examples)} more would pass "
                              f"{self._max_queue}")
-        if self._chunks is not None:
-            examples = [cut_tail(text, self._chunks) for text in examples]
+        if not self._images:
+            examples = [self._reader.cut(text) for text in examples]
         count = len(examples)
         request = _Request(examples, asyncio.get_running_loop().create_future(), inline and not self._images,
                            [None] * count, [False] * count, count)
@@ -266,18 +261,18 @@ class Batcher:
         self._deliver(flight, piece, _Rows(logits, _truncated(inputs)), None,
                       Batch(inputs, logits, self._inline.latency / 1000))
 
-    def _read(self, flight: _Flight, piece: list[Item]) -> tuple[list[tokenizers.Encoding] | pixels.Seen,
+    def _read(self, flight: _Flight, piece: list[Item]) -> tuple[words.Read | pixels.Seen,
                                                                   dict[str, np.ndarray]] | None:
         """A piece as the model reads it (texts tokenised, images decoded) and its feeds, or None when that fails
         (its callers are answered)."""
         examples = [request.examples[index] for request, index in piece]
         try:
-            inputs = self._reader.see(examples) if self._images else self._reader.encode_batch(examples)
+            inputs = self._reader.see(examples)
         except Exception as exc:  # noqa: BLE001
             self._answer(flight, piece, None, _Failure(exc, input_fault=True))
             return None
         try:
-            return inputs, inputs.feeds if self._images else inference.feeds(inputs, self._names)
+            return inputs, inputs.feeds if self._images else {name: inputs.feeds[name] for name in self._names}
         except Exception as exc:  # noqa: BLE001
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return None
@@ -330,11 +325,11 @@ class Batcher:
             asyncio.get_running_loop().call_soon(self._observe, batch)
 
 
-def _truncated(inputs: list[tokenizers.Encoding] | pixels.Seen) -> list[bool]:
-    """Which examples the model's window cut short: texts it read only the beginning of; never an image."""
+def _truncated(inputs: words.Read | pixels.Seen) -> list[bool]:
+    """Which examples the model's window cut short: texts longer than it; never an image."""
     if isinstance(inputs, pixels.Seen):
         return [False] * len(inputs.sides)
-    return [bool(encoding.overflowing) for encoding in inputs]
+    return inputs.truncated
 
 
 def _refusal(failure: _Failure, index: int, images: bool) -> ServeError:
@@ -348,36 +343,6 @@ def _refusal(failure: _Failure, index: int, images: bool) -> ServeError:
     log.error("the model failed on one example (instance %d of its request): %s: %s", index,
               type(failure.error).__name__, failure.error)
     return ServeError("the model failed on this request", hint="retry later; the server's log says why")
-
-
-def tail_cut(tokenizer: tokenizers.Tokenizer) -> int | None:
-    """How many chunks (between spaces) holding a word character a text needs before the rest of it can be cut
-    without changing its encoding; None when this tokenizer gives no such guarantee.
-
-    With BERT's normaliser (which works character by character), its pre-tokeniser (which splits at every space)
-    and WordPiece (one token or more per word, [UNK] for a word it cannot spell), the tokens of a text cut after a
-    chunk are the first tokens of the whole text, and each chunk with a word character in it gives one token at
-    least. So once a text holds max_length such chunks, what follows is past the truncation. Other tokenizers
-    (byte-level BPE, SentencePiece) keep whitespace in their tokens: their texts are not cut.
-    """
-    truncation = tokenizer.truncation
-    spaced = any(" " in token.content for token in tokenizer.get_added_tokens_decoder().values())
-    if (truncation is None or truncation["direction"] != "right" or spaced
-            or not isinstance(tokenizer.model, models.WordPiece)
-            or not isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
-            or not isinstance(tokenizer.normalizer, normalizers.BertNormalizer | None)):
-        return None
-    return truncation["max_length"]
-
-
-def cut_tail(text: str, chunks: int) -> str:
-    """text up to the end of its chunks-th chunk with a word character in it (see tail_cut), in one regex pass."""
-    if len(text) < 2 * chunks:  # chunks such chunks need a character and a space each: nothing to cut
-        return text
-    for count, found in enumerate(_WORDY.finditer(text), 1):
-        if count == chunks:
-            return text[: found.end()]
-    return text
 
 
 def _pieces(batch: list[Item]) -> list[list[Item]]:

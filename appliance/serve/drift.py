@@ -16,16 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import tokenizers
 
-from appliance import pixels
+from appliance import pixels, words
 
 LENGTH_EDGES = (0, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 10**9)
 SIDE_EDGES = (0, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 10**9)  # pixels
 BRIGHTNESS_EDGES = tuple(range(0, 256, 16)) + (257,)  # 0..255 in sixteen steps
 CONFIDENCE_EDGES = (0.0, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
 TOKEN_BUCKETS = 32
-Inputs = list[tokenizers.Encoding] | pixels.Seen  # what a batch gave the model: encodings, or images seen
+Inputs = words.Read | pixels.Seen  # what a batch gave the model: texts read, or images seen
 
 
 def psi(expected: Sequence[float], observed: Sequence[float]) -> float:
@@ -61,12 +60,12 @@ class Histograms:
             self.counts["side"] += _binned(inputs.sides, SIDE_EDGES)
             self.counts["brightness"] += _binned(inputs.brightness, BRIGHTNESS_EDGES)
             self.examples += len(inputs.sides)
-        elif inputs:  # the padding left out
-            mask = np.asarray([e.attention_mask for e in inputs], dtype=bool)
-            ids = np.asarray([e.ids for e in inputs], dtype=np.int64)[mask]
+        elif inputs.truncated:  # the padding left out
+            mask = inputs.feeds["attention_mask"].astype(bool)
+            ids = inputs.feeds["input_ids"][mask]
             self.counts["length"] += _binned(mask.sum(axis=1), LENGTH_EDGES)
             self.counts["tokens"] += np.bincount(ids % TOKEN_BUCKETS, minlength=TOKEN_BUCKETS)
-            self.examples += len(inputs)
+            self.examples += len(inputs.truncated)
 
     def add_outputs(self, probabilities: np.ndarray) -> None:
         if not self.counts["label"].size:
@@ -89,14 +88,14 @@ class Histograms:
         return {name: psi(expected, self.counts[name]) for name, expected in reference.counts.items()}
 
 
-def reference(reader: tokenizers.Tokenizer | pixels.Pictures, train_examples: Sequence[str | bytes],
+def reference(reader: words.Words | pixels.Pictures, train_examples: Sequence[str | bytes],
               train_labels: Sequence[int], validation_probabilities: np.ndarray) -> Histograms:
     """The reference of a version: inputs and labels from training, confidence from validation."""
     images = isinstance(reader, pixels.Pictures)
     made = Histograms.of(images)
     for start in range(0, len(train_examples), 64):  # a batch at a time: images' pixels take room
         chunk = list(train_examples[start:start + 64])
-        made.add_inputs(reader.see(chunk) if images else reader.encode_batch(chunk))
+        made.add_inputs(reader.see(chunk))
     made.counts["label"] = np.bincount(np.asarray(train_labels, dtype=np.int64),
                                        minlength=validation_probabilities.shape[1]).astype(float)
     made.counts["confidence"] += np.histogram(validation_probabilities.max(axis=1), bins=CONFIDENCE_EDGES)[0]

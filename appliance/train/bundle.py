@@ -1,4 +1,4 @@
-"""A trained text-classification bundle back in torch: the classifier, its tokenizer and its manifest.
+"""A trained text-classification bundle back in torch: the classifier, its reader and its manifest.
 
 The bundle is the one `tasks.TextClassification.bundle` writes: a Hugging Face sequence
 classifier, or fast mode's MeanPooledClassifier where its manifest says so. It is rebuilt from bytes,
@@ -20,16 +20,15 @@ from typing import Any
 
 import numpy as np
 import openvino as ov
-import tokenizers
 import torch
 
-from appliance import inference
+from appliance import inference, words
 from appliance.core.errors import OptimizeError
 from appliance.train import fast, tasks
 
 
-def load_text_classifier(files: Mapping[str, bytes]) -> tuple[torch.nn.Module, tokenizers.Tokenizer, dict[str, Any]]:
-    """Rebuild the classifier, its tokenizer and its manifest from bundle bytes, without temporary files."""
+def load_text_classifier(files: Mapping[str, bytes]) -> tuple[torch.nn.Module, words.Words, dict[str, Any]]:
+    """Rebuild the classifier, its reader and its manifest from bundle bytes, without temporary files."""
     from safetensors.torch import load as load_safetensors
     from transformers import CONFIG_MAPPING, AutoModelForSequenceClassification
     from transformers.utils import logging as transformers_logging
@@ -51,7 +50,7 @@ def load_text_classifier(files: Mapping[str, bytes]) -> tuple[torch.nn.Module, t
     else:
         model = AutoModelForSequenceClassification.from_config(config)
     model.load_state_dict(load_safetensors(files["model.safetensors"]))
-    return model.eval(), inference.load_tokenizer(files, manifest["max_length"]), manifest
+    return model.eval(), words.Words.of(files, manifest), manifest
 
 
 def input_names(model: torch.nn.Module) -> list[str]:

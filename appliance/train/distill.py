@@ -68,7 +68,7 @@ def distill(
     started = time.monotonic()
     files = archive.unpack(teacher_bundle)
     try:
-        model, tokenizer, manifest = load_text_classifier(files)
+        model, reader, manifest = load_text_classifier(files)
     except OptimizeError as exc:
         raise OptimizeError(f"cannot distil this model: {exc.message}", hint=exc.hint or (
             "distillation takes a fine-tuned text-classification bundle, as 'appliance train' makes")) from exc
@@ -78,9 +78,9 @@ def distill(
     validation = [data.texts[i] for i in data.validation], targets[data.validation].tolist()
 
     runner = TorchRunner(model)
-    teacher_metrics = inference.evaluate(runner, tokenizer, *validation)
+    teacher_metrics = inference.evaluate(runner, reader, *validation)
     soft = torch.zeros(len(data.texts), len(manifest["labels"]))
-    soft[data.train] = torch.from_numpy(inference.predict(runner, tokenizer, [data.texts[i] for i in data.train]))
+    soft[data.train] = torch.from_numpy(inference.predict(runner, reader, [data.texts[i] for i in data.train]))
     del layers[params.layers :]  # the teacher is not needed any more: it becomes the student in place
     model.config.num_hidden_layers = params.layers
 
@@ -95,7 +95,7 @@ def distill(
         for batch in _batches(data.texts, data.train, params.batch_size, generator):
             if should_stop and should_stop():
                 raise JobError("distillation stopped before it finished", hint="nothing was kept; start it again")
-            feeds = inference.feeds(tokenizer.encode_batch([data.texts[i] for i in batch]), runner.names)
+            feeds = inference.encode(reader, [data.texts[i] for i in batch], runner.names)
             logits = model(**{name: torch.from_numpy(array) for name, array in feeds.items()}).logits
             _loss(logits, soft[batch], targets[batch], params).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -106,7 +106,7 @@ def distill(
             if progress:
                 progress(step, total)
         model.eval()
-        metrics = inference.evaluate(runner, tokenizer, *validation)
+        metrics = inference.evaluate(runner, reader, *validation)
         if best is None or metrics["macro_f1"] > best["macro_f1"]:
             best, best_state = metrics, copy.deepcopy(model.state_dict())
     model.load_state_dict(best_state)

@@ -249,7 +249,7 @@ def _continue(
     group: parallel.Group | None = None, on_checkpoint: CheckpointFn | None = None,
 ) -> RunResult:
     global _prepared
-    params = TrainParams.parse(run.params)
+    params = TrainParams.stored(run.params)
     if _prepared is not None and _prepared.run_id == run.id:
         data, task, began = _prepared.data, _prepared.task, _prepared.began
     else:
@@ -319,7 +319,7 @@ def _full_rate(data: datasets.LoadedDataset, base_dir: Path, params: TrainParams
     picked = random.Random(params.seed).sample(data.train, min(len(data.train), (PROBE_BATCHES + 1) * params.batch_size))
     sample = replace(data, labels=[data.labels[i] for i in picked], texts=[data.texts[i] for i in picked],
                      train=list(range(len(picked))), validation=[])
-    task = tasks.TextClassification(sample, base_dir, params.max_length, lora=None)
+    task = tasks.TextClassification(sample, base_dir, params.max_length, None, params.truncation)
     plan = hardware.plan(hardware.detect(), _request(task, sample, base_dir, params.changed(workers=None), device))
     torch.set_num_threads(plan.threads)
     on, autocast_dtype = torch.device(plan.device), _autocast_dtype(plan)
@@ -374,9 +374,9 @@ def _task(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: Train
         raise JobError("freeze is for image backbones: a text model fine-tunes whole, or trains LoRA adapters",
                        hint="leave out --freeze for a text dataset (--lora trains a small share of the weights)")
     if params.mode == "fast":
-        return fast.FastTextClassification(data, base_dir, params.max_length)
+        return fast.FastTextClassification(data, base_dir, params.max_length, params.truncation)
     lora = tasks.LoraSettings(rank=params.lora_rank, alpha=2 * params.lora_rank) if params.lora else None
-    return tasks.TextClassification(data, base_dir, params.max_length, lora)
+    return tasks.TextClassification(data, base_dir, params.max_length, lora, params.truncation)
 
 
 def _request(
@@ -882,14 +882,17 @@ class Budget:
 
 
 def _window_note(task: tasks.TextClassification) -> str:
-    """How many texts the token window cuts, and how long a window the base model would take."""
-    cut = sum(len(ids) >= task.max_length for ids in task.input_ids)
-    note = (f"{cut:,} of {len(task.input_ids):,} texts ({cut / len(task.input_ids):.0%}) reach the {task.max_length}-token"
-            " window and are cut to their first tokens")
+    """How many texts the token window cuts and how it reads them, and how long a window the base model takes."""
+    cut, count, window = task.truncated, len(task.input_ids), task.max_length
+    if not cut:
+        return f"every text fits the {window}-token window"
+    other = "head" if task.words.truncation == "head+tail" else "head+tail"
+    note = (f"{cut:,} of {count:,} texts ({cut / count:.0%}) are longer than the {window}-token window: the model reads"
+            f" {task.words.describe()} of each ({task.words.truncation}; --truncation {other} for the other way)")
     longest = hardware.max_positions(task.base_dir)
-    if cut and longest > task.max_length:
+    if longest > window:
         note += f"; the base model takes up to {longest} (--max-length), at a cost in time"
-    return note if cut else f"every text fits the {task.max_length}-token window"
+    return note
 
 
 def _epoch_line(row: runs.Epoch, params: TrainParams, validation: int, improved: bool) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from appliance import words
 from appliance.data.datasets import LoadedDataset
 from appliance.train import tasks
 
@@ -92,10 +93,10 @@ class FastTextClassification(tasks.TextClassification):
 
     architecture = ARCHITECTURE
 
-    def __init__(self, data: LoadedDataset, base_dir: Path, max_length: int) -> None:
+    def __init__(self, data: LoadedDataset, base_dir: Path, max_length: int, truncation: words.Truncation) -> None:
         from transformers import AutoModel
 
-        super().__init__(data, base_dir, max_length, lora=None)
+        super().__init__(data, base_dir, max_length, None, truncation)
         self.encoder = AutoModel.from_pretrained(
             base_dir, local_files_only=True, dtype=torch.float32, id2label=dict(enumerate(self.label_names)),
             label2id={name: i for i, name in enumerate(self.label_names)},

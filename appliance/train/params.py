@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from appliance.core.schema import Strict, refusal
 
 Metric = Literal["macro_f1", "accuracy"]
+Truncation = Literal["head", "head+tail"]  # how a text longer than the window is read (words.py)
 
 
 class TrainParams(Strict):
@@ -29,6 +30,8 @@ class TrainParams(Strict):
     # blocks frozen, a step took half the time, the budget held 9 epochs instead of 5, and validation reached 89.5%.
     IMAGE_DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 2e-4, "epochs": 10, "patience": 3,
                                                 "schedule": "cosine", "freeze": 0.5}
+    # What a run stored before a field existed did, where that is not the field's default now (see stored()).
+    EARLIER: ClassVar[dict[str, Any]] = {"truncation": "head"}
 
     epochs: int = Field(5, ge=1, le=1000)
     learning_rate: float = Field(1e-4, gt=0, le=1)
@@ -37,7 +40,9 @@ class TrainParams(Strict):
     schedule: Literal["linear", "cosine"] = "linear"
     weight_decay: float = Field(0.01, ge=0, le=1)
     max_grad_norm: float = Field(1.0, gt=0, le=1e4)
-    max_length: int = Field(128, ge=8, le=8192, description="tokens a text is cut to")
+    max_length: int = Field(128, ge=8, le=8192, description="tokens of a text the model reads, special ones included")
+    truncation: Truncation = Field("head+tail", description="how a text longer than max_length is read: head, its"
+                                   " first tokens; head+tail, its first quarter-window and its last three quarters")
     lora: bool = Field(False, description="train LoRA adapters instead of every weight")
     lora_rank: int = Field(8, ge=1, le=1024)
     freeze: float = Field(0.0, ge=0, lt=1, description="share of a pretrained image backbone's blocks, from the"
@@ -65,6 +70,12 @@ class TrainParams(Strict):
         if isinstance(values, dict) and values.get("mode") == "fast":
             return {**cls.FAST_DEFAULTS, **values}
         return values
+
+    @classmethod
+    def stored(cls, values: dict[str, Any]) -> Self:
+        """Parameters as a run or a search stored them: a field added since reads as what such a run did before it
+        existed (truncation: head, where the default is now head+tail)."""
+        return cls.parse({**cls.EARLIER, **values})
 
     def for_images(self) -> Self:
         """These parameters with IMAGE_DEFAULTS where none was given."""

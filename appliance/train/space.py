@@ -35,6 +35,7 @@ TEXT: Space = {
     "lora": [False, True],
     "lora_rank": [4, 8, 16],  # searched only in trials that train LoRA adapters
     "max_length": [64, 128, 256],  # capped at what the base model can take
+    "truncation": ["head", "head+tail"],  # how a text longer than max_length is read
 }
 IMAGE: Space = {  # fine-tuning a pretrained CNN whose head was fitted first (images.py)
     "learning_rate": {"low": 5e-5, "high": 2e-3, "log": True},
@@ -45,7 +46,7 @@ IMAGE: Space = {  # fine-tuning a pretrained CNN whose head was fitted first (im
     "freeze": [0.0, 0.25, 0.5, 0.75],  # the share of the backbone's blocks kept as pretrained
 }
 SEARCHABLE = {"learning_rate", "epochs", "batch_size", "warmup_ratio", "weight_decay", "lora", "lora_rank",
-              "max_length", "schedule", "max_grad_norm", "freeze"}
+              "max_length", "truncation", "schedule", "max_grad_norm", "freeze"}
 _TYPES = {name: type(getattr(TrainParams(), name)) for name in SEARCHABLE}
 
 

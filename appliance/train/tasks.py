@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from appliance import words
 from appliance.core import archive
 from appliance.core.errors import JobError
 from appliance.data.datasets import LoadedDataset
@@ -60,7 +61,8 @@ class TextClassification:
     kind = "text-classification"
     architecture: str | None = None  # the manifest names any but a Hugging Face sequence classifier (fast.py)
 
-    def __init__(self, data: LoadedDataset, base_dir: Path, max_length: int, lora: LoraSettings | None) -> None:
+    def __init__(self, data: LoadedDataset, base_dir: Path, max_length: int, lora: LoraSettings | None,
+                 truncation: words.Truncation = "head+tail") -> None:
         from transformers import AutoTokenizer
         from transformers.utils import logging as transformers_logging
 
@@ -74,14 +76,19 @@ class TextClassification:
         self.lora = lora
         self.pad_to = 1  # a batch's width is rounded up to a multiple of this (the engine sets it for a GPU)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
         except (OSError, ValueError) as exc:
             raise JobError(
                 f"cannot load a tokenizer from {base_dir}: {exc}",
                 hint="--base must be a local Hugging Face model directory (config.json, tokenizer files, weights)",
             ) from exc
-        encoded = self.tokenizer(data.texts, truncation=True, max_length=max_length)
-        self.input_ids: list[list[int]] = encoded["input_ids"]
+        if not getattr(tokenizer, "is_fast", False):
+            raise JobError(f"{base_dir} has no fast tokenizer (tokenizer.json), which serving reads with",
+                           hint="save the base model with a fast tokenizer: AutoTokenizer(..., use_fast=True)"
+                                ".save_pretrained(DIR)")
+        self.words = words.Words(tokenizer.backend_tokenizer, tokenizer.pad_token_id or 0, max_length, truncation)
+        self.input_ids, _, truncated = self.words.encode(data.texts)
+        self.truncated = sum(truncated)  # texts the window cut
         index = {name: i for i, name in enumerate(self.label_names)}
         self.targets = torch.tensor([index[label] for label in data.labels])
 
@@ -119,7 +126,7 @@ class TextClassification:
         """Pad to the longest example of this batch only (rounded up to pad_to); text is not augmented."""
         rows = [self.input_ids[i] for i in indices]
         width = -(-max(len(row) for row in rows) // self.pad_to) * self.pad_to
-        pad = self.tokenizer.pad_token_id or 0
+        pad = self.words.pad_id
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for n, row in enumerate(rows):
@@ -137,11 +144,13 @@ class TextClassification:
             "config.json": model.config.to_json_string().encode(),
             "model.safetensors": save_safetensors({k: v.contiguous() for k, v in model.state_dict().items()}),
             "appliance.json": manifest(self.kind, self.label_names, max_length=self.max_length,
+                                        truncation=self.words.truncation,
                                         **({"architecture": self.architecture} if self.architecture else {})),
         }
         for name in TOKENIZER_FILES:
             if (self.base_dir / name).is_file():
                 files[name] = (self.base_dir / name).read_bytes()
+        files.setdefault("tokenizer.json", self.words.tokenizer_json.encode())  # a base that saved only a vocabulary
         return archive.pack(sorted(files.items()))
 
 

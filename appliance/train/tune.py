@@ -135,7 +135,7 @@ class _Search:
         self.store, self.record, self.progress = store, record, progress
         self.log = log or (lambda _line: None)
         self.should_stop, self.max_threads = should_stop, max_threads
-        self.base = TrainParams.parse(record.base_params)
+        self.base = TrainParams.stored(record.base_params)
         self.done = studies.trials(store, record.id)
         self.study = _study(store, record, [trial for trial in self.done if trial.state != "running"])
         self.clock = time.monotonic()
@@ -190,7 +190,7 @@ class _Search:
             self.study.enqueue_trial(values)
             trial = self.study.ask()
             space.suggest(trial, self.record.space, self.base)
-        epochs = TrainParams.parse(runs.get(self.store, run_id).params).epochs
+        epochs = TrainParams.stored(runs.get(self.store, run_id).params).epochs
         best: float | None = None
         pruned = False
         for row in runs.epochs(self.store, run_id):
@@ -292,7 +292,7 @@ def _optuna() -> Any:
 def _study(store: Store, record: studies.Study, done: list[studies.Trial]) -> Any:
     """An in-memory Optuna study holding the trials the store recorded."""
     optuna = _optuna()
-    seed = TrainParams.parse(record.base_params).seed + len(done)  # a resumed search samples anew, not the same again
+    seed = TrainParams.stored(record.base_params).seed + len(done)  # a resumed search samples anew, not the same again
     sampler = (optuna.samplers.RandomSampler(seed=seed) if record.sampler == "random"
                else optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS))
     pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=REDUCTION_FACTOR)

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from appliance import inference
+from appliance import inference, words
 from appliance.core.errors import Overloaded
 from appliance.serve import batching
 from tests.conftest import Trained
@@ -156,10 +156,10 @@ def test_batches_come_in_few_shapes_so_the_models_memory_stays_bounded(servable:
     """OpenVINO keeps kernels and buffers for every input shape it has seen: lengths go in steps of 8, never past
     the model's max_length, and a padded batch answers as its texts do alone."""
     max_length = servable.manifest["max_length"]
-    texts = [" ".join(["parcel"] * words) for words in range(1, 3 * max_length)]
-    widths = {len(servable.reader.encode(text).ids) for text in texts}
-    assert all(width % inference.PAD_MULTIPLE == 0 or width == max_length for width in widths)
-    assert len(widths) <= max_length // inference.PAD_MULTIPLE + 1
+    texts = [" ".join(["parcel"] * count) for count in range(1, 3 * max_length)]
+    widths = {servable.reader.see([text]).feeds["input_ids"].shape[1] for text in texts}
+    assert all(width % words.PAD_MULTIPLE == 0 or width == max_length for width in widths)
+    assert len(widths) <= max_length // words.PAD_MULTIPLE + 1
     alone = np.concatenate([inference.predict(servable.compiled, servable.reader, [text]) for text in texts[:5]])
     together = inference.predict(servable.compiled, servable.reader, texts[:5])
     np.testing.assert_allclose(together, alone, atol=1e-4)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
+import random
 import tarfile
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from appliance.data import datasets
 from appliance.store import Store, audit, blobs
 from appliance.train import checkpoint, engine, runs
 from appliance.train.params import TrainParams
-from tests.conftest import write_tickets
+from tests.conftest import FILLER, WORDS, write_tickets
 
 FAST = dict(mode="full", epochs=8, learning_rate=3e-3, batch_size=16, checkpoint_every=5, seed=3)
 
@@ -216,8 +218,9 @@ def test_the_budget_leaves_room_for_the_last_evaluation_and_says_what_the_figure
                                           validation_examples=2400)
     assert any(line.startswith("the final figures stay on the 2,000-example sample: evaluating all 2,400 would take")
                for line in lines)
-    assert lines[0] == ("12,000 of 12,000 texts (100%) reach the 8-token window and are cut to their first tokens; the"
-                        " base model takes up to 128 (--max-length), at a cost in time")
+    assert lines[0] == ("12,000 of 12,000 texts (100%) are longer than the 8-token window: the model reads the first 1"
+                        " and last 5 tokens of each (head+tail; --truncation head for the other way); the base model"
+                        " takes up to 128 (--max-length), at a cost in time")
     assert lines[-1] == ("kept epoch 1 of 1; stopped: the 0.001-minute budget; final figures on a stratified sample"
                          " of 2,000 of 2,400 validation examples")
 
@@ -301,3 +304,29 @@ def test_a_run_cut_by_its_budget_decays_its_learning_rate_to_the_budget_s_end_an
 
     resumed = engine.resume(opened, stopped.run_id)
     assert resumed.status == "finished" and resumed.outcome is not None and resumed.outcome.stopped == "budget"
+
+
+def test_a_run_reads_the_end_of_a_long_text_and_learns_what_its_beginning_does_not_say(
+        opened: Store, tmp_path: Path, tiny_base: Path) -> None:
+    """What says the label comes last, after 20 words of filler: head+tail (the default) reads it, head-only cannot,
+    and the model is served as it was trained."""
+    rng = random.Random(5)
+    path = tmp_path / "letters.csv"
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["text", "label"])
+        for label, words in WORDS.items():
+            for _ in range(60):
+                writer.writerow([" ".join(rng.choices(FILLER, k=20) + rng.sample(words, 2)), label])
+    datasets.import_file(opened, path, name="letters")
+    lines: list[str] = []
+    params = TrainParams(**{**FAST, "max_length": 16, "epochs": 15, "patience": 15})
+    read_whole = engine.start(opened, dataset="letters", base_dir=tiny_base, params=params, log=lines.append)
+    head_only = engine.start(opened, dataset="letters", base_dir=tiny_base, params=params.changed(truncation="head"))
+    assert read_whole.metrics["accuracy"] > 0.75, read_whole  # chance is a third
+    assert head_only.metrics["accuracy"] < 0.55, head_only
+    assert lines[0].startswith("180 of 180 texts (100%) are longer than the 16-token window: the model reads the"
+                               " first 3 and last 11 tokens of each (head+tail;")
+    files = _bundle_files(opened, read_whole.model_blob)
+    assert json.loads(files["appliance.json"])["truncation"] == "head+tail"
+    assert json.loads(_bundle_files(opened, head_only.model_blob)["appliance.json"])["truncation"] == "head"

@@ -226,6 +226,8 @@ def _describe(report: dict[str, Any]) -> str:
 TRAINING_MODES = [  # TrainParams.mode; fast mode's own epochs and learning rate apply where those are left as shown
     ("auto: fast if full won't fit the budget", "auto"), ("full: fine-tune every weight", "full"),
     ("fast: a head on frozen embeddings", "fast")]
+LONG_TEXTS = [  # TrainParams.truncation: how a text longer than max length is read
+    ("head and tail", "head+tail"), ("head only", "head")]
 AFTER_TRAINING = [  # the wizard's choices: a pipeline job's deploy policy (jobspec.Deploy), or a train job
     ("optimise, deploy safely", "auto"), ("optimise, deploy to production", "now"),
     ("optimise, deploy as a canary", "canary"), ("optimise only", "never"), ("train only", "")]
@@ -259,7 +261,9 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
                          ("Max length", Input(str(defaults.max_length), type="integer", id="max_length")))
             yield fields(("Max minutes", Input(placeholder="no limit", type="number", id="max_minutes")),
                          ("LoRA", Switch(value=defaults.lora, id="lora")))
-            yield fields(("Mode", Select(TRAINING_MODES, value=defaults.mode, allow_blank=False, id="mode")))
+            yield fields(("Mode", Select(TRAINING_MODES, value=defaults.mode, allow_blank=False, id="mode")),
+                         ("Long texts", Select(LONG_TEXTS, value=defaults.truncation, allow_blank=False,
+                                               id="truncation")))
             yield fields(("Workers", Input(placeholder="as planned", type="integer", id="workers")),
                          ("Checkpoint (min)", Input(str(defaults.checkpoint_minutes), type="number",
                                                     id="checkpoint_minutes")))
@@ -292,7 +296,8 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
             raise ValueError("choose a dataset (import one on the Datasets screen first)")
         defaults = TrainParams().model_dump()
         training: dict[str, Any] = {"lora": self.query_one("#lora", Switch).value,
-                                    "mode": self.query_one("#mode", Select).value}
+                                    "mode": self.query_one("#mode", Select).value,
+                                    "truncation": self.query_one("#truncation", Select).value}
         for name in ("epochs", "learning_rate", "batch_size", "max_length", "max_minutes", "workers",
                      "checkpoint_minutes"):
             text = self.query_one(f"#{name}", Input).value.strip()

@@ -43,7 +43,8 @@ class ImportOptions(Body):
     max_text_chars: int = Field(datasets.MAX_TEXT_CHARS, ge=16, le=10**7,
                                 description="characters of one text; a longer one is cut, or left out")
     long_texts: Literal["truncate", "skip"] = Field(
-        "truncate", description="a text over max_text_chars: cut to its first characters, or left out")
+        "truncate", description="a text over max_text_chars: cut to its beginning and end (half of max_text_chars"
+                                " each), or left out")
     residency: Literal["local-only", "burst-allowed"] = Field(
         datasets.LOCAL_ONLY, description="local-only, or burst-allowed: may go (encrypted) to the Ray cluster")
 
