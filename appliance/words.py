@@ -27,7 +27,7 @@ import numpy as np
 import tokenizers
 from tokenizers import models, normalizers, pre_tokenizers
 
-from appliance.train.params import Truncation
+from appliance.data.datasets import Truncation
 
 PAD_MULTIPLE = 8  # batches are padded to a length in these steps (see Words.see)
 _WORDY = re.compile(r"\w[^ ]*+")  # from a word character to the end of its chunk between spaces; never backtracks

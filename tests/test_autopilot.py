@@ -89,8 +89,10 @@ def test_new_labels_start_one_retrain_then_the_cooldown_holds(opened: Store, tmp
     pilot.tick(opened, settings)
     [job] = jobs.list_jobs(opened)
     assert job.kind == "pipeline" and job.priority == POLICY.priority and job.submitted_by == autopilot.ACTOR
-    assert job.params == {"retrain": "tickets", "dataset": "tickets", "name": "tickets", "params": {"epochs": 3},
-                          "canary_percent": POLICY.canary_percent}  # the default base model: named by no one
+    # The default base model, named by no one; the run's parameters as stored, and those it stored none of as such a
+    # run read them (truncation: head, from before the choice existed).
+    assert job.params == {"retrain": "tickets", "dataset": "tickets", "name": "tickets",
+                          "params": {"epochs": 3, "truncation": "head"}, "canary_percent": POLICY.canary_percent}
     assert job.spec.deploy == "auto" and job.spec.params.epochs == 3  # it challenges production first
     [record] = [row for row in audit.rows(opened) if row["action"] == "autopilot.retrain"]
     assert json.loads(record["details"])["trigger"] == "new-examples"

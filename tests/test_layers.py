@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("appliance.core", "appliance.samples", "appliance")),
     ("store", ("appliance.store",)),
-    ("dataset", ("appliance.data", "appliance.pixels")),
+    ("dataset", ("appliance.data", "appliance.pixels", "appliance.words")),
     ("kernel", ("appliance.inference",)),
     ("train", ("appliance.train",)),
     ("optimise", ("appliance.optimize",)),

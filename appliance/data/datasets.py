@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, overload
+from typing import Any, BinaryIO, Literal, overload
 
 from appliance import pixels
 from appliance.core import archive, clock, schema
@@ -53,6 +53,7 @@ RESIDENCIES = (LOCAL_ONLY, BURST_ALLOWED)  # whether a version may leave this bo
 MAX_TEXT_CHARS = 20_000  # the default bound on one text at import; a longer one is cut (or skipped) and counted
 MAX_FIELD_CHARS = 64 * 2**20  # a CSV field the reader takes at all (Python's default, 128 Ki, refused whole files
 csv.field_size_limit(MAX_FIELD_CHARS)  # for one long text); max_text_chars then cuts it or leaves it out
+Truncation = Literal["head", "head+tail"]  # how a model reads a text longer than its token window (words.py)
 LONG_TEXTS = ("truncate", "skip")  # what happens to a text over the bound: its two ends kept, or left out
 
 Progress = Callable[[int, int], None]

@@ -52,7 +52,6 @@ from appliance.operations.pipeline import Progress
 from appliance.registry import exchange
 from appliance.store import Store, audit, blobs
 from appliance.train import runs
-from appliance.train.params import Truncation
 from appliance.train.tasks import TOKENIZER_FILES
 
 ACTION = "model.import"
@@ -457,9 +456,9 @@ def _card_fields(card: dict[str, Any], task: str) -> tuple[str, list[str], dict[
         raise RegistryError(f"the archive's card names its format, labels, {reading} or base model wrongly",
                             hint="export the model again from the appliance")
     truncation = card.get("truncation", "head")  # an archive exported before the choice existed: head
-    if task != datasets.IMAGE and truncation not in get_args(Truncation):
+    if task != datasets.IMAGE and truncation not in get_args(datasets.Truncation):
         raise RegistryError(f"the archive's card names its truncation {truncation!r}, none of"
-                            f" {', '.join(get_args(Truncation))}", hint="export the model again from the appliance")
+                            f" {', '.join(get_args(datasets.Truncation))}", hint="export the model again from the appliance")
     return fmt, labels, {reading: how, "truncation": truncation}, base_model, licence
 
 

@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import Field, model_validator
 
 from appliance.core.schema import Strict, refusal
+from appliance.data.datasets import Truncation
 
 Metric = Literal["macro_f1", "accuracy"]
-Truncation = Literal["head", "head+tail"]  # how a text longer than the window is read (words.py)
 
 
 class TrainParams(Strict):
