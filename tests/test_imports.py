@@ -230,7 +230,14 @@ def test_bad_models_are_refused_saying_what_and_how_to_fix_with_nothing_stored(
                 "model/model.onnx": (images / "model.onnx").read_bytes()}
     contents |= signed.sign(opened, contents, format=exchange.FORMAT)
     cardless.write_bytes(archive.pack(sorted(contents.items())))
+    cut_oddly = tmp_path / "cut-oddly.tar"  # a card whose truncation no model reads with: refused, never echoed
+    card = {"format": "onnx", "labels": list(labels), "max_length": 32, "base_model": {"path": "x", "licence": "y"},
+            "truncation": "middle-secret"}
+    contents = {"card.json": json.dumps(card).encode(), "model/model.onnx": (images / "model.onnx").read_bytes()}
+    contents |= signed.sign(opened, contents, format=exchange.FORMAT)
+    cut_oddly.write_bytes(archive.pack(sorted(contents.items())))
     cases = [
+        (cut_oddly, "the archive's card names a truncation that is none of head, head\\+tail$", {}),
         (vast, "the weights do not fit config.json", {}),
         (garbled, "tokenizer.json is not a tokenizer", {}),
         (cardless, "the archive's card lacks 'labels'", {}),

@@ -457,7 +457,7 @@ def _card_fields(card: dict[str, Any], task: str) -> tuple[str, list[str], dict[
                             hint="export the model again from the appliance")
     truncation = card.get("truncation", "head")  # an archive exported before the choice existed: head
     if task != datasets.IMAGE and truncation not in get_args(datasets.Truncation):
-        raise RegistryError(f"the archive's card names its truncation {truncation!r}, none of"
+        raise RegistryError("the archive's card names a truncation that is none of"  # its words are not echoed
                             f" {', '.join(get_args(datasets.Truncation))}", hint="export the model again from the appliance")
     return fmt, labels, {reading: how, "truncation": truncation}, base_model, licence
 
