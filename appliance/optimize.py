@@ -23,18 +23,16 @@ import io
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import openvino as ov
 import torch
 
 from appliance import inference
-from appliance.core import archive
+from appliance.core import archive, scratch
 from appliance.core.errors import OptimizeError
 from appliance.core.hardware import Hardware
 from appliance.data.datasets import IMAGE
@@ -79,8 +77,8 @@ def serialize(model: ov.Model) -> Artifact:
     """An IR as bytes: ov.serialize writes into memfds, reached through symlinks named .xml and .bin."""
     xml_fd, bin_fd = os.memfd_create("ir.xml", os.MFD_CLOEXEC), os.memfd_create("ir.bin", os.MFD_CLOEXEC)
     try:
-        with tempfile.TemporaryDirectory(prefix="appliance-ir-") as links:
-            xml_path, bin_path = Path(links, "model.xml"), Path(links, "model.bin")
+        with scratch.folder("appliance-ir-") as links:
+            xml_path, bin_path = links / "model.xml", links / "model.bin"
             xml_path.symlink_to(f"/proc/self/fd/{xml_fd}")
             bin_path.symlink_to(f"/proc/self/fd/{bin_fd}")
             ov.serialize(model, str(xml_path), str(bin_path))

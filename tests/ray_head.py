@@ -26,6 +26,7 @@ import psutil
 class RayHead:
     address: str
     token_file: Path
+    tmp: Path  # the temporary folder of its processes (TMPDIR)
 
     def client(self) -> Any:
         from ray.job_submission import JobSubmissionClient
@@ -41,11 +42,13 @@ def local_head(num_cpus: int = 2) -> Iterator[RayHead]:
     token_file = root / "token"
     token_file.write_text(secrets.token_hex(32))
     token_file.chmod(0o600)
+    tmp = root / "tmp"
+    tmp.mkdir()
     ports = free_ports(9)
     workers = _worker_ports_base()
     dashboard = f"http://127.0.0.1:{ports[0]}"
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file),
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "TMPDIR": str(tmp), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env = {name: value for name, value in env.items() if not name.startswith("APPLIANCE_")}
     command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--num-cpus", str(num_cpus),
                "--disable-usage-stats", "--node-ip-address", "127.0.0.1", "--include-dashboard", "true",
@@ -60,7 +63,7 @@ def local_head(num_cpus: int = 2) -> Iterator[RayHead]:
     # Its own working directory: jobs start there, and a checkout there would shadow the shipped package.
     process = subprocess.Popen(command, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
-    head = RayHead(dashboard, token_file)
+    head = RayHead(dashboard, token_file, tmp)
     try:
         _wait_for_dashboard(head, process, root / "head.log")
         yield head

@@ -301,7 +301,7 @@ class KillingWorkers(Recorder):
 @pytest.mark.slow
 @needs_ray
 def test_a_worker_killed_mid_burst_is_started_again_from_the_last_checkpoint(
-    burst_settings: config.Settings, tiny_base: Path, tmp_path: Path
+    burst_settings: config.Settings, tiny_base: Path, tmp_path: Path, ray_head: RayHead
 ) -> None:
     params = KILLED
     with lifecycle.init(burst_settings) as opened:
@@ -317,6 +317,9 @@ def test_a_worker_killed_mid_burst_is_started_again_from_the_last_checkpoint(
         history = runs.epochs(opened, run_id)
         assert [row.epoch for row in history] == list(range(1, params.epochs + 1))  # none lost, none twice
         assert runs.get(opened, run_id).status == "finished"
+    # The killed worker's scratch store (sealed dataset and model, under a key that died with it) went with the
+    # workers started again, not kept in the node's temporary folder for good.
+    assert not list(ray_head.tmp.glob("appliance-*")), sorted(path.name for path in ray_head.tmp.iterdir())
 
 
 @pytest.mark.slow

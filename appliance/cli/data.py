@@ -35,7 +35,7 @@ def data_group() -> None:
               help="Characters of one text; a longer one is cut to its beginning and end (or with --long-texts skip, "
                    "left out), never refused.")
 @click.option("--long-texts", type=click.Choice(datasets.LONG_TEXTS), default="truncate", show_default=True,
-              help="A text over --max-text-chars: cut to its first characters, or left out; counted either way.")
+              help="A text over --max-text-chars: cut to its beginning and end, or left out; counted either way.")
 @click.option("--residency", type=click.Choice(datasets.RESIDENCIES), default=datasets.LOCAL_ONLY, show_default=True,
               help="Whether it may be sent (encrypted) to the Ray cluster for a burst.")
 def data_import(

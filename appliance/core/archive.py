@@ -11,11 +11,11 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from appliance.core import scratch
 from appliance.core.errors import ArtifactError
 
 
@@ -76,13 +76,13 @@ def memory_folder(files: dict[str, bytes]) -> Iterator[Path]:
     """
     descriptors = []
     try:
-        with tempfile.TemporaryDirectory(prefix="appliance-mem-") as folder:
+        with scratch.folder("appliance-mem-") as folder:
             for name, content in files.items():
                 descriptor = os.memfd_create(name, os.MFD_CLOEXEC)
                 descriptors.append(descriptor)
                 _write_all(descriptor, content)
-                Path(folder, name).symlink_to(f"/proc/self/fd/{descriptor}")
-            yield Path(folder)
+                (folder / name).symlink_to(f"/proc/self/fd/{descriptor}")
+            yield folder
     finally:
         for descriptor in descriptors:
             os.close(descriptor)

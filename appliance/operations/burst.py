@@ -36,7 +36,6 @@ import logging
 import os
 import re
 import secrets
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -47,7 +46,7 @@ from urllib.parse import urlsplit
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 import appliance
-from appliance.core import archive
+from appliance.core import archive, scratch
 from appliance.core.config import BurstSettings, Settings
 from appliance.core.errors import ApplianceError, BurstError, ResidencyRefused, TamperDetected
 from appliance.data import datasets
@@ -348,8 +347,8 @@ def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -
     submission = {"id": submission_id, "cluster": backend.address, "where": backend.where(submission_id),
                   "key": base64.b64encode(keys.wrap(store.master, key, _key_aad(submission_id))).decode()}
     watcher.submitted(submission)  # before anything leaves: a later attempt finds the remote job again
-    with tempfile.TemporaryDirectory(prefix="appliance-burst-") as folder:  # sealed bytes only, mode 0700
-        packages, sent = _packages(Path(folder), submission_id, key,
+    with scratch.folder("appliance-burst-sealed-") as folder:  # sealed bytes only, mode 0700
+        packages, sent = _packages(folder, submission_id, key,
                                    {"manifest": manifest, "dataset": content, "base": base})
         audit.record(store, "burst.send", submission_id, actor=request.actor, cluster=backend.address,
                      dataset=version.id, dataset_ref=version.ref, dataset_bytes=content_bytes,

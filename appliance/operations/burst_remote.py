@@ -24,7 +24,6 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from appliance import store
-from appliance.core import archive, config
+from appliance.core import archive, config, scratch
 from appliance.core.errors import ApplianceError, BurstError
 from appliance.data import datasets
 from appliance.operations import burst
@@ -79,7 +78,7 @@ def _fit(submission_id: str, count: int, manifest: dict[str, Any]) -> list[bytes
         raise BurstError(f"{workers} training workers were asked for, a {unit} each, but the Ray cluster has"
                          f" {has:g}: ask for {int(has)} or fewer (--workers), or add nodes to the cluster")
     mailbox = ray.remote(num_cpus=0)(Mailbox).remote()
-    with tempfile.TemporaryDirectory(prefix="appliance-burst-run-") as storage:  # Ray Train's own records
+    with scratch.folder("appliance-burst-run-") as storage:  # Ray Train's own records
         trainer = TorchTrainer(
             _worker, train_loop_config={"submission": submission_id, "packages": count, "mailbox": mailbox},
             scaling_config=ScalingConfig(num_workers=workers, use_gpu=unit == "GPU"),
@@ -201,7 +200,7 @@ def _reporter(opened: store.Store, key: bytes, mailbox: Any) -> engine.Checkpoin
                                           runs.epochs(opened, done.run_id))
         sealed = list(burst.seal(key, "checkpoint", packed, burst.LINE_BYTES))
         ray.get(mailbox.keep.remote(sealed))
-        with tempfile.TemporaryDirectory(prefix="appliance-burst-checkpoint-") as folder:
+        with scratch.folder("appliance-burst-checkpoint-") as folder:
             for index, chunk in enumerate(sealed):
                 Path(folder, f"{index:06d}").write_bytes(chunk)
             ray.train.report({}, checkpoint=ray.train.Checkpoint.from_directory(folder))
@@ -212,8 +211,8 @@ def _reporter(opened: store.Store, key: bytes, mailbox: Any) -> engine.Checkpoin
 @contextmanager
 def _scratch(base: dict[str, bytes]) -> Iterator[tuple[store.Store, Path]]:
     """A store whose key lives in this process only, and the base model's files in memory."""
-    with tempfile.TemporaryDirectory(prefix="appliance-burst-") as folder, archive.memory_folder(base) as base_dir:
-        settings = config.Settings(state_dir=Path(folder), key_file=Path(folder, "no.key"), config_file=None,
+    with scratch.folder("appliance-burst-scratch-") as folder, archive.memory_folder(base) as base_dir:
+        settings = config.Settings(state_dir=folder, key_file=folder / "no.key", config_file=None,
                                    base_model=base_dir)
         with store.scratch(settings) as opened:
             yield opened, base_dir
