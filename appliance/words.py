@@ -73,6 +73,10 @@ class Words:
         return cls(tokenizer, tokenizer.token_to_id(pad_token) or 0, int(manifest["max_length"]),
                    manifest.get("truncation", "head"))
 
+    def at(self, max_length: int) -> Words:
+        """This reader with another window."""
+        return Words(self._tokenizer, self.pad_id, max_length, self.truncation)
+
     @property
     def tokenizer_json(self) -> str:
         """The tokenizer as tokenizer.json holds it (with no truncation or padding of its own)."""

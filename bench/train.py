@@ -42,6 +42,9 @@ by its section, system call, library function or overview (bench/manpages.py): l
 most of each page past the 128-token window. With --truncation-peer, the engine also trains
 reading long texts the other way (head only, beside its default head+tail), the same run
 otherwise: the accuracy between them is what reading a long text's end is worth.
+--engine-minutes gives the engine a budget, within which its plan reads long texts in a longer
+window where the base model takes one and the budget holds it; --window-peer trains the engine
+again with the default window named, the same budget otherwise: what the longer window is worth.
 """
 
 from __future__ import annotations
@@ -118,6 +121,10 @@ def main() -> None:
                         help="instead of --dataset, Linux manual pages by section (bench/manpages.py): long real text")
     parser.add_argument("--truncation-peer", action="store_true",
                         help="also the engine reading a long text's first tokens only (head), beside head+tail")
+    parser.add_argument("--engine-minutes", type=float, metavar="MINUTES",
+                        help="the engine's budget (--max-minutes); on a budget its plan may read long texts whole")
+    parser.add_argument("--window-peer", action="store_true",
+                        help="also the engine with the default window named, beside the window its plan chose")
     parser.add_argument("--seed", type=int, default=engine.TrainParams().seed, help="split and training seed")
     parser.add_argument("--engine-epochs", type=int, help="the engine's epochs (default: its TrainParams default)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both systems train")
@@ -135,6 +142,8 @@ def main() -> None:
     params = engine.TrainParams(seed=args.seed)
     if args.engine_epochs:
         params = params.changed(epochs=args.engine_epochs)
+    if args.engine_minutes:
+        params = params.changed(max_minutes=args.engine_minutes)
 
     state_dir = Path(tempfile.mkdtemp(prefix="appliance-bench-train-"))
     try:
@@ -164,6 +173,10 @@ def main() -> None:
                 other = "head" if params.truncation == "head+tail" else "head+tail"
                 peers.append(run_engine(store, name, len(data.train), base_dir, params.changed(truncation=other),
                                         args.device, f"engine {other}")[0])
+            if args.window_peer:
+                window = params.max_length
+                peers.append(run_engine(store, name, len(data.train), base_dir, params.changed(max_length=window),
+                                        args.device, f"engine {window} tok")[0])
             if args.workers:
                 peers.append(run_engine(store, name, len(data.train), base_dir, params.changed(workers=args.workers),
                                         args.device, f"engine x{args.workers}")[0])
@@ -200,7 +213,7 @@ def run_engine(
     result = engine.start(store, dataset=name, base_dir=base_dir, params=params, device=device)
     end_to_end, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     history = runs.epochs(store, result.run_id)
-    plan = runs.get(store, result.run_id).plan
+    run = runs.get(store, result.run_id)
     outcome = Outcome(
         system,
         train_size,
@@ -209,9 +222,9 @@ def run_engine(
         total_s=history[-1].elapsed_s,
         end_to_end_s=end_to_end,
         cpu_s=cpu,
-        notes=engine_notes(plan, params, len(history), result),
+        notes=engine_notes(run, len(history), result),
     )
-    return outcome, int(plan["threads"])
+    return outcome, int(run.plan["threads"])
 
 
 def run_fast(store: Store, name: str, train_size: int, base_dir: Path, params: engine.TrainParams,
@@ -229,7 +242,7 @@ def run_fast(store: Store, name: str, train_size: int, base_dir: Path, params: e
     history = runs.epochs(store, result.run_id)
     return Outcome("engine fast", train_size, curve=curve, final_accuracy=result.metrics["accuracy"],
                    total_s=end_to_end, end_to_end_s=end_to_end, cpu_s=time.process_time() - cpu_started,
-                   notes=engine_notes(runs.get(store, result.run_id).plan, params, len(history), result))
+                   notes=engine_notes(runs.get(store, result.run_id), len(history), result))
 
 
 def run_setfit(python: Path, data: datasets.LoadedDataset, base_dir: Path, seed: int, threads: int,
@@ -252,7 +265,9 @@ def run_setfit(python: Path, data: datasets.LoadedDataset, base_dir: Path, seed:
                            f" (budget {budget_s:.0f} s), {threads} threads; process wall {wall:.1f} s")])
 
 
-def engine_notes(plan: dict[str, Any], params: engine.TrainParams, epochs: int, result: engine.RunResult) -> list[str]:
+def engine_notes(run: runs.Run, epochs: int, result: engine.RunResult) -> list[str]:
+    """The run's plan and parameters as it stored them (what its plan settled: mode, window), and how it ended."""
+    plan, params = run.plan, engine.TrainParams.stored(run.params)
     return [
         (
             f"plan: {plan['device']}, {plan['precision']}, {plan.get('workers', 1)} x {plan['threads']} threads, micro-batch "
@@ -446,6 +461,10 @@ def report(
         figures["parallel_scaling_target"] = PARALLEL_SCALING_TARGET
         figures["parallel_accuracy_delta_pt"] = round(
             (parallel.final_accuracy - engine_outcome.final_accuracy) * 100, 2)
+    if default_window := next((outcome for outcome in peers if outcome.system.endswith(" tok")), None):
+        figures["window_accuracy_delta_pt_vs_default"] = round(
+            (engine_outcome.final_accuracy - default_window.final_accuracy) * 100, 2)
+        figures["window_speedup_vs_default"] = round(default_window.end_to_end_s / engine_outcome.end_to_end_s, 2)
     if head := by_name.get("engine head"):
         figures["head_tail_accuracy_delta_pt_vs_head"] = round(
             (engine_outcome.final_accuracy - head.final_accuracy) * 100, 2)

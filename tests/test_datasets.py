@@ -235,6 +235,23 @@ def test_a_text_over_the_character_bound_is_cut_or_left_out_and_never_refuses_th
     assert "truncate or skip" in (unknown.value.hint or "")
 
 
+def test_import_says_how_many_texts_are_longer_than_the_window_training_reads(
+    opened: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long = " ".join(["refund"] * 300)  # 300 tokens of the bundled base model: past its default 128, within its 512
+    content = _csv([*ROWS, (long, "billing"), (long + " twice", "shipping")])
+    version = datasets.import_file(opened, _write(tmp_path, "t.csv", content), name="tickets")
+    assert version.warnings == [(f"2 of {len(ROWS) + 2} texts ({2 / (len(ROWS) + 2):.0%}) are longer than the 128"
+                                 " tokens training reads by default: it reads their beginning and end, or up to 512"
+                                 " tokens of them on a budget (--max-minutes)")]
+    assert datasets.import_file(opened, _write(tmp_path, "s.csv", _csv(ROWS)), name="short").warnings == []
+    # A large set is counted on a sample, and says so.
+    monkeypatch.setattr(datasets, "WINDOW_SAMPLE", 4)
+    sampled = datasets.import_file(opened, _write(tmp_path, "m.csv", content), name="sampled")
+    [said] = sampled.warnings
+    assert said.startswith("about ") and "% of the texts (" in said and " of 4 sampled) are longer than the 128" in said
+
+
 def test_many_problems_are_reported_together(opened: Store, tmp_path: Path) -> None:
     content = "text,label\n" + GOOD + '"",billing\n' * 30
     with pytest.raises(DatasetError) as error:

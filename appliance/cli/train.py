@@ -32,7 +32,9 @@ from appliance.train.params import TrainParams
                help=f"[fast mode: {TrainParams.FAST_DEFAULTS['learning_rate']}]")
 @schema_option(TrainParams, "batch_size", "--batch-size",
                help="Effective batch; the plan splits it into micro-batches that fit memory.")
-@schema_option(TrainParams, "max_length", "--max-length")
+@schema_option(TrainParams, "max_length", "--max-length",
+               help="Tokens of a text the model reads. Left out, a run with --max-minutes whose texts are often "
+                    "longer reads more, up to what the base model takes, where the budget holds it.")
 @schema_option(TrainParams, "truncation", "--truncation",
                help="How a text longer than --max-length is read: head, its first tokens; head+tail, its first "
                     "quarter-window and its last three quarters (the beginning and the conclusion).")

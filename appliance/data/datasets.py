@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal, overload
 
 from appliance import pixels
-from appliance.core import archive, clock, schema
-from appliance.core.errors import ConfinementError, DatasetError, DatasetNotFound
+from appliance.core import archive, clock, hardware, schema
+from appliance.core.errors import ConfinementError, DatasetError, DatasetNotFound, PlanError
 from appliance.core.text import counted
 from appliance.data import sources
 from appliance.store import Store, audit, blobs, seal
@@ -54,6 +54,8 @@ MAX_TEXT_CHARS = 20_000  # the default bound on one text at import; a longer one
 MAX_FIELD_CHARS = 64 * 2**20  # a CSV field the reader takes at all (Python's default, 128 Ki, refused whole files
 csv.field_size_limit(MAX_FIELD_CHARS)  # for one long text); max_text_chars then cuts it or leaves it out
 Truncation = Literal["head", "head+tail"]  # how a model reads a text longer than its token window (words.py)
+DEFAULT_WINDOW = 128  # tokens of a text a model reads unless its run names another (TrainParams.max_length)
+WINDOW_SAMPLE = 2000  # texts read with the base model's tokenizer at import, to say how many the window cuts
 LONG_TEXTS = ("truncate", "skip")  # what happens to a text over the bound: its two ends kept, or left out
 
 Progress = Callable[[int, int], None]
@@ -196,6 +198,9 @@ def import_data(
                                hint=f"use {' or '.join(LONG_TEXTS)}")
         examples, warnings = _read(source, task, (text_column, label_column), (max_text_chars, long_texts),
                                    min_per_class, progress)
+        if task == TEXT and (note := _window_note([str(e.content) for e in examples], store.settings.base_model,
+                                                  seed)):
+            warnings.append(note)
         canonical = _packed(source, task, examples)
         existing = _kept(store, name, _digest(canonical))
     except (DatasetError, ConfinementError):
@@ -372,6 +377,30 @@ def _read(
     except OSError as exc:
         raise DatasetError(f"cannot read {source.name}: {exc.strerror}") from exc
     return collector.examples, collector.finish(min_per_class)
+
+
+def _window_note(texts: list[str], base_dir: Path, seed: int) -> str | None:
+    """How many texts are longer than the window training reads by default with the base model (counted on up to
+    WINDOW_SAMPLE of them), for the version's warnings; None where none is, or the base has no tokenizer.json."""
+    from appliance import words  # words takes Truncation from here
+
+    files = {name: (base_dir / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")
+             if (base_dir / name).is_file()}
+    if "tokenizer.json" not in files or not texts:
+        return None
+    sample = texts if len(texts) <= WINDOW_SAMPLE else random.Random(seed).sample(texts, WINDOW_SAMPLE)
+    longer = sum(words.Words.of(files, {"max_length": DEFAULT_WINDOW, "truncation": "head"}).encode(sample)[2])
+    if not longer:
+        return None
+    counted_on = (f"{longer:,} of {len(texts):,} texts ({longer / len(texts):.0%})" if sample is texts else
+                  f"about {longer / len(sample):.0%} of the texts ({longer:,} of {len(sample):,} sampled)")
+    try:
+        more = hardware.max_positions(base_dir)
+    except PlanError:  # no config.json: training will say so
+        more = DEFAULT_WINDOW
+    return (f"{counted_on} are longer than the {DEFAULT_WINDOW} tokens training reads by default: it reads their"
+            " beginning and end" + (f", or up to {more} tokens of them on a budget (--max-minutes)"
+                                    if more > DEFAULT_WINDOW else ""))
 
 
 def _check_request(source: sources.Source, name: str, task: str, validation_fraction: float) -> None:

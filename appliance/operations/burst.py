@@ -342,8 +342,9 @@ def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -
     submission_id = f"appliance-{request.job_id}-{secrets.token_hex(4)}"
     content_bytes, content = datasets.content_chunks(store, version)
     base = archive.pack(sorted(_base_files(request.base_dir)))
-    manifest = json.dumps({"dataset": asdict(version), "params": request.params.model_dump(), "device": request.device,
-                           "submission": submission_id}).encode()
+    # The parameters the caller named, so that the cluster's plan settles the rest as this box's would (mode, window).
+    manifest = json.dumps({"dataset": asdict(version), "params": request.params.model_dump(exclude_unset=True),
+                           "device": request.device, "submission": submission_id}).encode()
     submission = {"id": submission_id, "cluster": backend.address, "where": backend.where(submission_id),
                   "key": base64.b64encode(keys.wrap(store.master, key, _key_aad(submission_id))).decode()}
     watcher.submitted(submission)  # before anything leaves: a later attempt finds the remote job again

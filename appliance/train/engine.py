@@ -22,7 +22,9 @@ go to the run's log and its record (runs.Outcome).
 
 Before a new run starts in mode auto (the default), a few steps of full fine-tuning are
 timed on random training texts: the log says how long the run will take, and where a
-budget cannot hold one epoch, fast mode trains instead (train/fast.py).
+budget cannot hold one epoch, fast mode trains instead (train/fast.py). A run on a budget
+whose texts are often longer than the default window gets a longer one, up to what the base
+model takes, where the budget holds the run at the time the measured speed gives for it.
 """
 
 from __future__ import annotations
@@ -125,6 +127,10 @@ LogFn = Callable[[str], None]  # a line for the run's log: each epoch's validati
 EVAL_SAMPLE = 2000  # validation examples evaluated after each epoch; a larger split is sampled (evaluation_sample)
 PROBE_S = 10.0  # training measured before the run's length is estimated (or the first epoch, when shorter)
 PROBE_BATCHES = 3  # micro-batches of full fine-tuning timed (after one more to warm up) when mode auto decides
+WIDEN_SHARE = 0.1  # of the texts longer than the default window, from which a budgeted run considers a longer one
+WINDOW_COVERS = 0.9  # of the texts a longer window holds whole, where the base model and the budget allow
+WINDOW_STEP = 64  # tokens: a longer window is a multiple of this
+FIT_SHARE = 0.75  # of the budget that a longer window's run may take by the estimate (the rest: evaluation, storing)
 GPU_PAD_TO = 32  # on a GPU, text batches are padded to a multiple of this many tokens: its first batch of each
 # new shape costs a choice and load of kernels (seconds over an epoch of every length), padding costs next to nothing
 IMAGE_LAYERS = 20  # an image model's depth as the planner counts it (_image_shape)
@@ -147,9 +153,9 @@ def create(
 ) -> str:
     """Plan a new run on a dataset version and record it, untrained: a job keeps the id before the first step.
 
-    Mode auto is settled here, by measuring (_settle_mode). The data it loaded and tokenised to plan is kept for
-    the run's first session in this process (_Prepared). A group already joined (Ray Train's) is planned for as
-    it is: its size is the run's workers.
+    Mode auto and a budgeted text run's window are settled here, by measuring (_settle). The data it loaded and
+    tokenised to plan is kept for the run's first session in this process (_Prepared). A group already joined (Ray
+    Train's) is planned for as it is: its size is the run's workers.
     """
     global _prepared
     began = time.monotonic()
@@ -157,8 +163,8 @@ def create(
     data = datasets.load(store, version)
     if version.task == datasets.IMAGE:
         params = params.for_images()
-    if params.mode == "auto":
-        params = _settle_mode(version.task, data, base_dir, params, device, log or (lambda _line: None))
+    if params.mode == "auto" or _may_widen(version.task, params, base_dir):
+        params = _settle(version.task, data, base_dir, params, device, log or (lambda _line: None))
     task = _task(version.task, data, base_dir, params)
     placed = group if group is not None and group.size > 1 and params.mode != "fast" else None
     plan = hardware.plan(hardware.detect(), _request(task, data, base_dir, params, device, placed))
@@ -288,16 +294,38 @@ def assist(group: parallel.Group, data: datasets.LoadedDataset, base_dir: Path,
            None, lambda: False, group=group, on_checkpoint=on_checkpoint)
 
 
-def _settle_mode(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None,
-                 say: LogFn) -> TrainParams:
-    """Mode auto made full or fast: fast where a budget is set and one epoch of full fine-tuning, at the speed
-    measured on a random sample of the training texts here, would not fit in it. The log says how long the run
-    will take before it starts, which mode it chose and why."""
-    if kind != "text-classification" or params.lora or not data.train:
-        return params.changed(mode="full")
-    rate = _full_rate(data, base_dir, params, device)
-    epoch_s = len(data.train) / rate
-    measured = (f"full fine-tuning measured {rate:,.1f} examples/s here: an epoch of {len(data.train):,} texts takes"
+def _may_widen(kind: str, params: TrainParams, base_dir: Path) -> bool:
+    """Whether the plan may choose a longer window than the default: for a text run on a budget that names none,
+    where the base model takes a longer one."""
+    return (kind == datasets.TEXT and params.mode != "fast" and not params.lora and params.max_minutes is not None
+            and "max_length" not in params.model_fields_set and hardware.max_positions(base_dir) > params.max_length)
+
+
+def _settle(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None,
+            say: LogFn) -> TrainParams:
+    """Mode auto made full or fast, and the window made longer where long texts need it: both decided on the speed
+    of full fine-tuning measured here, on a random sample of the training texts. The log says how long the run will
+    take before it starts, what was chosen and why."""
+    if kind != datasets.TEXT or params.lora or not data.train:
+        return params.changed(mode="full") if params.mode == "auto" else params
+    sample = _probe_sample(data, params)
+    task = tasks.TextClassification(sample, base_dir, params.max_length, None, params.truncation)
+    wanted = _wanted_window(task, sample.texts) if _may_widen(kind, params, base_dir) else None
+    if params.mode != "auto" and wanted is None:
+        return params
+    rate = _full_rate(task, sample, params, device)
+    if params.mode == "auto":
+        params = _settle_mode(len(data.train), params, rate, say)
+    if params.mode == "full" and wanted is not None:
+        params = _settle_window(len(data.train), params, rate, *wanted, say)
+    return params
+
+
+def _settle_mode(train_size: int, params: TrainParams, rate: float, say: LogFn) -> TrainParams:
+    """Mode auto made full or fast: fast where a budget is set and one epoch of full fine-tuning, at rate (examples/s
+    measured here), would not fit in it."""
+    epoch_s = train_size / rate
+    measured = (f"full fine-tuning measured {rate:,.1f} examples/s here: an epoch of {train_size:,} texts takes"
                 f" about {duration(epoch_s)}")
     if params.max_minutes is None:
         say(f"{measured}, {params.epochs} epochs about {duration(params.epochs * epoch_s)} with no budget"
@@ -314,13 +342,59 @@ def _settle_mode(kind: str, data: datasets.LoadedDataset, base_dir: Path, params
     return params.changed(mode="fast", workers=None)
 
 
-def _full_rate(data: datasets.LoadedDataset, base_dir: Path, params: TrainParams, device: str | None) -> float:
-    """Examples/s of full fine-tuning: PROBE_BATCHES steps on random training texts, after one to warm up."""
+def _wanted_window(task: tasks.TextClassification, texts: list[str]) -> tuple[int, list[int]] | None:
+    """Where at least WIDEN_SHARE of the texts are longer than the task's window: the shortest multiple of WINDOW_STEP
+    tokens that holds WINDOW_COVERS of them whole, up to what the base model takes, and the texts' lengths in tokens
+    up to that. None where the window is long enough."""
+    longest, window = hardware.max_positions(task.base_dir), task.max_length
+    lengths = sorted(len(row) for row in task.words.at(longest).encode(texts)[0])
+    if sum(length > window for length in lengths) < WIDEN_SHARE * len(lengths):
+        return None
+    covers = lengths[min(len(lengths) - 1, math.ceil(WINDOW_COVERS * len(lengths)) - 1)]
+    return min(longest, -(-covers // WINDOW_STEP) * WINDOW_STEP), lengths
+
+
+def _settle_window(train_size: int, params: TrainParams, rate: float, wanted: int, lengths: list[int], say: LogFn
+                   ) -> TrainParams:
+    """The wanted window, or the longest step below it, where the run at the time this estimates fits FIT_SHARE of
+    the budget; the default one where none does. A step's time grows with the tokens it reads, so the time at a
+    longer window is the rate measured at the default one scaled by the tokens a text has there against here (the
+    sample's means)."""
+    window = params.max_length
+    budget_s = params.max_minutes * 60 if params.max_minutes else math.inf
+    here = sum(min(length, window) for length in lengths)
+
+    def run_s(width: int) -> float:
+        return params.epochs * train_size / rate * sum(min(length, width) for length in lengths) / here
+
+    fits = [width for width in range(wanted, window, -WINDOW_STEP) if run_s(width) <= FIT_SHARE * budget_s]
+    long_texts = (f"{sum(length > window for length in lengths) / len(lengths):.0%} of the texts sampled are longer"
+                  f" than the {window}-token window and {WINDOW_COVERS:.0%} fit in {wanted} tokens, which the base"
+                  " model takes")
+    if not fits:
+        say(f"{long_texts}, but {params.epochs} epochs at {wanted} tokens would take about {duration(run_s(wanted))},"
+            f" more than the {duration(budget_s)} budget holds: the {window}-token window, each long text read"
+            f" {params.truncation} (a longer --max-minutes or fewer --epochs make room for a longer window)")
+        return params
+    chosen = fits[0]
+    say(f"{long_texts}: a {chosen}-token window, {params.epochs} epochs about {duration(run_s(chosen))}"
+        f" (against {duration(run_s(window))} at {window}; --max-length {window} keeps the shorter one)")
+    return params.changed(max_length=chosen)
+
+
+def _probe_sample(data: datasets.LoadedDataset, params: TrainParams) -> datasets.LoadedDataset:
+    """Random training texts, enough for PROBE_BATCHES steps after one to warm up."""
     picked = random.Random(params.seed).sample(data.train, min(len(data.train), (PROBE_BATCHES + 1) * params.batch_size))
-    sample = replace(data, labels=[data.labels[i] for i in picked], texts=[data.texts[i] for i in picked],
-                     train=list(range(len(picked))), validation=[])
-    task = tasks.TextClassification(sample, base_dir, params.max_length, None, params.truncation)
-    plan = hardware.plan(hardware.detect(), _request(task, sample, base_dir, params.changed(workers=None), device))
+    return replace(data, labels=[data.labels[i] for i in picked], texts=[data.texts[i] for i in picked],
+                   train=list(range(len(picked))), validation=[])
+
+
+def _full_rate(task: tasks.TextClassification, sample: datasets.LoadedDataset, params: TrainParams,
+               device: str | None) -> float:
+    """Examples/s of full fine-tuning: PROBE_BATCHES steps on the sample's texts (as task reads them), after one to
+    warm up."""
+    plan = hardware.plan(hardware.detect(), _request(task, sample, task.base_dir, params.changed(workers=None),
+                                                     device))
     torch.set_num_threads(plan.threads)
     on, autocast_dtype = torch.device(plan.device), _autocast_dtype(plan)
     _fit(task, on)

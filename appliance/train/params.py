@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import Field, model_validator
 
 from appliance.core.schema import Strict, refusal
-from appliance.data.datasets import Truncation
+from appliance.data.datasets import DEFAULT_WINDOW, Truncation
 
 Metric = Literal["macro_f1", "accuracy"]
 
@@ -40,7 +40,9 @@ class TrainParams(Strict):
     schedule: Literal["linear", "cosine"] = "linear"
     weight_decay: float = Field(0.01, ge=0, le=1)
     max_grad_norm: float = Field(1.0, gt=0, le=1e4)
-    max_length: int = Field(128, ge=8, le=8192, description="tokens of a text the model reads, special ones included")
+    max_length: int = Field(DEFAULT_WINDOW, ge=8, le=8192, description="tokens of a text the model reads, special ones included;"
+                            " where none is named, a run on a budget whose texts are often longer reads more, up to"
+                            " what the base model takes, where its budget holds it")
     truncation: Truncation = Field("head+tail", description="how a text longer than max_length is read: head, its"
                                    " first tokens; head+tail, its first quarter-window and its last three quarters")
     lora: bool = Field(False, description="train LoRA adapters instead of every weight")

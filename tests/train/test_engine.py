@@ -306,19 +306,59 @@ def test_a_run_cut_by_its_budget_decays_its_learning_rate_to_the_budget_s_end_an
     assert resumed.status == "finished" and resumed.outcome is not None and resumed.outcome.stopped == "budget"
 
 
-def test_a_run_reads_the_end_of_a_long_text_and_learns_what_its_beginning_does_not_say(
-        opened: Store, tmp_path: Path, tiny_base: Path) -> None:
-    """What says the label comes last, after 20 words of filler: head+tail (the default) reads it, head-only cannot,
-    and the model is served as it was trained."""
-    rng = random.Random(5)
+def _letters(opened: Store, tmp_path: Path, per_label: int, filler: int, seed: int) -> None:
+    """The dataset "letters": per label, texts of `filler` random filler words, then two of the label's words."""
+    rng = random.Random(seed)
     path = tmp_path / "letters.csv"
     with path.open("w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["text", "label"])
         for label, words in WORDS.items():
-            for _ in range(60):
-                writer.writerow([" ".join(rng.choices(FILLER, k=20) + rng.sample(words, 2)), label])
+            for _ in range(per_label):
+                writer.writerow([" ".join(rng.choices(FILLER, k=filler) + rng.sample(words, 2)), label])
     datasets.import_file(opened, path, name="letters")
+
+
+def test_a_budgeted_run_on_long_texts_gets_a_longer_window_where_the_budget_holds_it(
+        opened: Store, tmp_path: Path, tiny_base: Path) -> None:
+    """Texts of about 150 tokens against the default 128-token window, a base model that takes 256: a run on a
+    budget reads them whole at 192 tokens where the budget holds it; not where it does not, nor where the caller
+    named a window or set no budget; and the log says which and why, before the run starts."""
+    from transformers import BertConfig, BertModel
+
+    roomy = tmp_path / "roomy-base"
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=256)).save_pretrained(roomy)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        (roomy / name).write_bytes((tiny_base / name).read_bytes())
+    _letters(opened, tmp_path, per_label=250, filler=150, seed=7)
+
+    def settled(**given: object) -> tuple[int, list[str]]:
+        lines: list[str] = []
+        run_id = engine.create(opened, dataset="letters", base_dir=roomy, params=TrainParams.parse(given),
+                               log=lines.append)
+        return runs.get(opened, run_id).params["max_length"], lines
+
+    window, said = settled(max_minutes=600)
+    assert window == 192
+    assert said[1].startswith("100% of the texts sampled are longer than the 128-token window and 90% fit in 192 tokens,"
+                              " which the base model takes: a 192-token window, 5 epochs about "), said
+    assert "--max-length 128 keeps the shorter one" in said[1]
+    # 1,000 epochs of 600 texts at 192 tokens do not fit in a minute (one epoch does: no fast mode).
+    window, said = settled(max_minutes=1, epochs=1000)
+    assert window == 128 and "but 1000 epochs at 192 tokens would take about" in said[1]
+    assert "the 128-token window, each long text read head+tail" in said[1]
+    assert settled(max_minutes=600, max_length=128)[0] == 128  # named: kept
+    window, said = settled()  # no budget: the default window, and no estimate of a longer one
+    assert window == 128 and len(said) == 1 and "with no budget" in said[0]
+
+
+def test_a_run_reads_the_end_of_a_long_text_and_learns_what_its_beginning_does_not_say(
+        opened: Store, tmp_path: Path, tiny_base: Path) -> None:
+    """What says the label comes last, after 20 words of filler: head+tail (the default) reads it, head-only cannot,
+    and the model is served as it was trained."""
+    _letters(opened, tmp_path, per_label=60, filler=20, seed=5)
     lines: list[str] = []
     params = TrainParams(**{**FAST, "max_length": 16, "epochs": 15, "patience": 15})
     read_whole = engine.start(opened, dataset="letters", base_dir=tiny_base, params=params, log=lines.append)

@@ -258,7 +258,8 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
             yield fields(("Epochs", Input(str(defaults.epochs), type="integer", id="epochs")),
                          ("Learning rate", Input(str(defaults.learning_rate), type="number", id="learning_rate")))
             yield fields(("Batch size", Input(str(defaults.batch_size), type="integer", id="batch_size")),
-                         ("Max length", Input(str(defaults.max_length), type="integer", id="max_length")))
+                         ("Max length", Input(placeholder=f"planned: {defaults.max_length}, longer for long texts on a"
+                                                            " budget", type="integer", id="max_length")))
             yield fields(("Max minutes", Input(placeholder="no limit", type="number", id="max_minutes")),
                          ("LoRA", Switch(value=defaults.lora, id="lora")))
             yield fields(("Mode", Select(TRAINING_MODES, value=defaults.mode, allow_blank=False, id="mode")),
@@ -307,8 +308,9 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
                     training[name] = kind(text)
                 except ValueError:
                     raise ValueError(f"{name.replace('_', ' ')} must be a number, not {text!r}") from None
-        params: dict[str, Any] = {"dataset": dataset,
-                                  "params": {k: v for k, v in training.items() if v != defaults.get(k)}}
+        # A max length typed in is kept even where it is the default: left empty, the plan may choose a longer one.
+        params: dict[str, Any] = {"dataset": dataset, "params": {k: v for k, v in training.items()
+                                                                 if v != defaults.get(k) or k == "max_length"}}
         for name in ("base", "name"):
             if value := self.query_one(f"#{name}", Input).value.strip():
                 params[name] = value
