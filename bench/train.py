@@ -50,6 +50,7 @@ again with the default window named, the same budget otherwise: what the longer 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -208,9 +209,11 @@ def run_engine(
     store: Store, name: str, train_size: int, base_dir: Path, params: engine.TrainParams, device: str,
     system: str = "engine",
 ) -> tuple[Outcome, int]:
-    """Train with the engine; also return the thread count its plan chose."""
+    """Train with the engine; also return the thread count its plan chose. Its notes end with what its log said
+    before the first epoch: the plan's measured speed, and the window it chose and why."""
     started, cpu_started = time.perf_counter(), time.process_time()
-    result = engine.start(store, dataset=name, base_dir=base_dir, params=params, device=device)
+    said: list[str] = []
+    result = engine.start(store, dataset=name, base_dir=base_dir, params=params, device=device, log=said.append)
     end_to_end, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     history = runs.epochs(store, result.run_id)
     run = runs.get(store, result.run_id)
@@ -222,7 +225,8 @@ def run_engine(
         total_s=history[-1].elapsed_s,
         end_to_end_s=end_to_end,
         cpu_s=cpu,
-        notes=engine_notes(run, len(history), result),
+        notes=[*engine_notes(run, len(history), result),
+               *itertools.takewhile(lambda line: not line.startswith("epoch "), said)],
     )
     return outcome, int(run.plan["threads"])
 

@@ -381,11 +381,15 @@ def _read(
 
 def _window_note(texts: list[str], base_dir: Path, seed: int) -> str | None:
     """How many texts are longer than the window training reads by default with the base model (counted on up to
-    WINDOW_SAMPLE of them), for the version's warnings; None where none is, or the base has no tokenizer.json."""
+    WINDOW_SAMPLE of them), for the version's warnings; None where none is, or where the base model's tokenizer
+    cannot be read (training says why, where it matters)."""
     from appliance import words  # words takes Truncation from here
 
-    files = {name: (base_dir / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")
-             if (base_dir / name).is_file()}
+    try:
+        files = {name: (base_dir / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")
+                 if (base_dir / name).is_file()}
+    except OSError:
+        return None
     if "tokenizer.json" not in files or not texts:
         return None
     sample = texts if len(texts) <= WINDOW_SAMPLE else random.Random(seed).sample(texts, WINDOW_SAMPLE)

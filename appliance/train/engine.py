@@ -24,7 +24,7 @@ Before a new run starts in mode auto (the default), a few steps of full fine-tun
 timed on random training texts: the log says how long the run will take, and where a
 budget cannot hold one epoch, fast mode trains instead (train/fast.py). A run on a budget
 whose texts are often longer than the default window gets a longer one, up to what the base
-model takes, where the budget holds the run at the time the measured speed gives for it.
+model takes, where the budget holds the run at the speed measured at that length.
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ WIDEN_SHARE = 0.1  # of the texts longer than the default window, from which a b
 WINDOW_COVERS = 0.9  # of the texts a longer window holds whole, where the base model and the budget allow
 WINDOW_STEP = 64  # tokens: a longer window is a multiple of this
 FIT_SHARE = 0.75  # of the budget that a longer window's run may take by the estimate (the rest: evaluation, storing)
+WIDE_PROBE_BATCH = 8  # texts per step when the speed at a longer window is measured
 GPU_PAD_TO = 32  # on a GPU, text batches are padded to a multiple of this many tokens: its first batch of each
 # new shape costs a choice and load of kernels (seconds over an epoch of every length), padding costs next to nothing
 IMAGE_LAYERS = 20  # an image model's depth as the planner counts it (_image_shape)
@@ -317,7 +318,13 @@ def _settle(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: Tra
     if params.mode == "auto":
         params = _settle_mode(len(data.train), params, rate, say)
     if params.mode == "full" and wanted is not None:
-        params = _settle_window(len(data.train), params, rate, *wanted, say)
+        def rate_at(width: int) -> float:  # a few steps of a smaller batch: a long window's step takes seconds
+            small = params.changed(batch_size=WIDE_PROBE_BATCH, max_length=width)
+            wide = _probe_sample(data, small)
+            return _full_rate(tasks.TextClassification(wide, base_dir, width, None, params.truncation), wide, small,
+                              device)
+
+        params = _settle_window(len(data.train), params, rate, *wanted, rate_at, say)
     return params
 
 
@@ -354,31 +361,54 @@ def _wanted_window(task: tasks.TextClassification, texts: list[str]) -> tuple[in
     return min(longest, -(-covers // WINDOW_STEP) * WINDOW_STEP), lengths
 
 
-def _settle_window(train_size: int, params: TrainParams, rate: float, wanted: int, lengths: list[int], say: LogFn
-                   ) -> TrainParams:
-    """The wanted window, or the longest step below it, where the run at the time this estimates fits FIT_SHARE of
-    the budget; the default one where none does. A step's time grows with the tokens it reads, so the time at a
-    longer window is the rate measured at the default one scaled by the tokens a text has there against here (the
-    sample's means)."""
-    window = params.max_length
-    budget_s = params.max_minutes * 60 if params.max_minutes else math.inf
-    here = sum(min(length, window) for length in lengths)
+def _settle_window(train_size: int, params: TrainParams, rate: float, wanted: int, lengths: list[int],
+                   rate_at: Callable[[int], float], say: LogFn) -> TrainParams:
+    """The wanted window, or the longest step below it, where the whole run at the time estimated for it fits
+    FIT_SHARE of the budget; the default one where none does.
 
-    def run_s(width: int) -> float:
-        return params.epochs * train_size / rate * sum(min(length, width) for length in lengths) / here
+    A text's time grows faster than its tokens (attention's cost is quadratic in them; on a 2-core CPU a 512-token
+    window took 15 times the time of a 128-token one, not 4). Linear in the tokens is the least it can cost, so the
+    steps that fit even so are kept, and the speed is measured (rate_at) at the longest of them; each step's time
+    is then read off the curve a.t + b.t^2 (t the mean tokens a text has there) through that measure and the
+    default window's (rate), never below linear."""
+    window, budget_s = params.max_length, FIT_SHARE * 60 * (params.max_minutes or math.inf)
 
-    fits = [width for width in range(wanted, window, -WINDOW_STEP) if run_s(width) <= FIT_SHARE * budget_s]
+    def tokens(width: int) -> float:
+        return sum(min(length, width) for length in lengths) / len(lengths)
+
+    def run_s(per_text_s: float) -> float:
+        return params.epochs * train_size * per_text_s
+
+    def linear_s(width: int) -> float:
+        return tokens(width) / tokens(window) / rate
+
     long_texts = (f"{sum(length > window for length in lengths) / len(lengths):.0%} of the texts sampled are longer"
                   f" than the {window}-token window and {WINDOW_COVERS:.0%} fit in {wanted} tokens, which the base"
                   " model takes")
+    keeps = f"the {window}-token window, each long text read {params.truncation}"
+    steps = [width for width in range(wanted, window, -WINDOW_STEP) if run_s(linear_s(width)) <= budget_s]
+    if not steps:
+        say(f"{long_texts}, but {params.epochs} epochs at {wanted} tokens would take at least"
+            f" {duration(run_s(linear_s(wanted)))}, more than the {duration(params.max_minutes * 60)} budget holds:"
+            f" {keeps} (a longer --max-minutes or fewer --epochs make room for a longer window)")
+        return params
+    measured_at, measured = steps[0], rate_at(steps[0])
+    low, high = tokens(window), tokens(measured_at)
+    bend = max(0.0, (rate * low / (measured * high) - 1) / (high - low)) if high > low else 0.0
+
+    def per_text_s(width: int) -> float:
+        return linear_s(width) * (1 + bend * (tokens(width) - low))
+
+    fits = [width for width in steps if run_s(per_text_s(width)) <= budget_s]
+    speeds = f"measured {measured:,.1f} examples/s at {measured_at} tokens against {rate:,.1f} at {window}"
     if not fits:
-        say(f"{long_texts}, but {params.epochs} epochs at {wanted} tokens would take about {duration(run_s(wanted))},"
-            f" more than the {duration(budget_s)} budget holds: the {window}-token window, each long text read"
-            f" {params.truncation} (a longer --max-minutes or fewer --epochs make room for a longer window)")
+        say(f"{long_texts}; {speeds}: no longer window fits the {duration(params.max_minutes * 60)} budget, so"
+            f" {keeps} (a longer --max-minutes or fewer --epochs make room for one)")
         return params
     chosen = fits[0]
-    say(f"{long_texts}: a {chosen}-token window, {params.epochs} epochs about {duration(run_s(chosen))}"
-        f" (against {duration(run_s(window))} at {window}; --max-length {window} keeps the shorter one)")
+    say(f"{long_texts}; {speeds}: a {chosen}-token window, {params.epochs} epochs about"
+        f" {duration(run_s(per_text_s(chosen)))} (against {duration(run_s(1 / rate))} at {window};"
+        f" --max-length {window} keeps the shorter one)")
     return params.changed(max_length=chosen)
 
 
@@ -398,7 +428,7 @@ def _full_rate(task: tasks.TextClassification, sample: datasets.LoadedDataset, p
     torch.set_num_threads(plan.threads)
     on, autocast_dtype = torch.device(plan.device), _autocast_dtype(plan)
     _fit(task, on)
-    model = task.build_model().to(on)
+    model = task.build_model().to(on).train()  # as training runs it, dropout and all (loaded, it is in eval mode)
     optimizer = _optimizer(model, params)
     batches = task.batches(sample.train, plan.micro_batch, torch.Generator().manual_seed(params.seed))
 
@@ -957,7 +987,7 @@ class Budget:
 
 def _window_note(task: tasks.TextClassification) -> str:
     """How many texts the token window cuts and how it reads them, and how long a window the base model takes."""
-    cut, count, window = task.truncated, len(task.input_ids), task.max_length
+    cut, count, window = task.texts_cut, len(task.input_ids), task.max_length
     if not cut:
         return f"every text fits the {window}-token window"
     other = "head" if task.words.truncation == "head+tail" else "head+tail"
