@@ -366,8 +366,9 @@ def _settle_window(train_size: int, params: TrainParams, rate: float, wanted: in
     """The wanted window, or the longest step below it, where the whole run at the time estimated for it fits
     FIT_SHARE of the budget; the default one where none does.
 
-    A text's time grows faster than its tokens (attention's cost is quadratic in them; on a 2-core CPU a 512-token
-    window took 15 times the time of a 128-token one, not 4). Linear in the tokens is the least it can cost, so the
+    A text's time grows faster than its tokens (attention's cost is quadratic in them: on a 2-core CPU a 512-token
+    window took 3.8 times the time of a 128-token one, and 15 times while attention dropout kept it off the fused
+    kernel; see TextClassification.build_model). Linear in the tokens is the least it can cost, so the
     steps that fit even so are kept, and the speed is measured (rate_at) at the longest of them; each step's time
     is then read off the curve a.t + b.t^2 (t the mean tokens a text has there) through that measure and the
     default window's (rate), never below linear."""
