@@ -258,8 +258,9 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
             yield fields(("Epochs", Input(str(defaults.epochs), type="integer", id="epochs")),
                          ("Learning rate", Input(str(defaults.learning_rate), type="number", id="learning_rate")))
             yield fields(("Batch size", Input(str(defaults.batch_size), type="integer", id="batch_size")),
-                         ("Max length", Input(placeholder=f"planned: {defaults.max_length}, longer for long texts on a"
-                                                            " budget", type="integer", id="max_length")))
+                         ("Max length", Input(placeholder=f"planned ({defaults.max_length})", type="integer",
+                                               tooltip="left empty: a run on a budget may read long texts whole",
+                                               id="max_length")))
             yield fields(("Max minutes", Input(placeholder="no limit", type="number", id="max_minutes")),
                          ("LoRA", Switch(value=defaults.lora, id="lora")))
             yield fields(("Mode", Select(TRAINING_MODES, value=defaults.mode, allow_blank=False, id="mode")),
