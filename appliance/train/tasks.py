@@ -101,9 +101,10 @@ class TextClassification:
         the speed at 48 tokens), so shorter windows keep the base model's dropout."""
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
-        config = AutoConfig.from_pretrained(self.base_dir, local_files_only=True)
-        long_window = self.max_length > DEFAULT_WINDOW
-        fused = {name: 0.0 for name in ATTENTION_DROPOUT if long_window and hasattr(config, name)}
+        fused = {}
+        if self.max_length > DEFAULT_WINDOW:
+            config = AutoConfig.from_pretrained(self.base_dir, local_files_only=True)
+            fused = {name: 0.0 for name in ATTENTION_DROPOUT if hasattr(config, name)}
         model = AutoModelForSequenceClassification.from_pretrained(
             self.base_dir,
             **fused,
