@@ -42,7 +42,10 @@ by its section, system call, library function or overview (bench/manpages.py): l
 most of each page past the 128-token window. With --truncation-peer, the engine also trains
 reading long texts the other way (head only, beside its default head+tail), the same run
 otherwise: the accuracy between them is what reading a long text's end is worth.
---engine-minutes gives the engine a budget, within which its plan reads long texts in a longer
+--pooling-peer trains the engine again on the same base read the Hugging Face way, by its first token through
+BERT's pooler, as the engine read every base before: the base model's folder without its sentence-transformers
+modules (symbolic links to its other files), the same run otherwise: what reading a sentence encoder by the mean
+of its token states is worth. --engine-minutes gives the engine a budget, within which its plan reads long texts in a longer
 window where the base model takes one and the budget holds it; --window-peer trains the engine
 again with the default window named, the same budget otherwise: what the longer window is worth.
 """
@@ -73,7 +76,8 @@ from appliance.store import Store, lifecycle
 from appliance.train import engine, runs
 
 SAMPLE = Path(__file__).resolve().parent.parent / "appliance" / "samples" / "support_tickets.csv"
-SPEEDUP_TARGET = 2.0
+SPEEDUP_TARGET = 2.0  # on the bundled sample, synthetic sets and a GPU
+REAL_DATA_SPEEDUP_TARGET = 3.0  # on a CPU, on a real labelled set (--fortunes, --manpages, --dataset)
 FAST_VS_SETFIT_DELTA_FLOOR_PT = -2.0  # fast mode's accuracy against SetFit's at the same budget
 FAST_VS_SETFIT_SPEEDUP_TARGET = 1.0
 PARALLEL_SCALING_TARGET = 1.0  # N workers' throughput over one process's, on the same cores: no worse
@@ -122,6 +126,8 @@ def main() -> None:
                         help="instead of --dataset, Linux manual pages by section (bench/manpages.py): long real text")
     parser.add_argument("--truncation-peer", action="store_true",
                         help="also the engine reading a long text's first tokens only (head), beside head+tail")
+    parser.add_argument("--pooling-peer", action="store_true",
+                        help="also the engine reading the base by its first token (the Hugging Face way)")
     parser.add_argument("--engine-minutes", type=float, metavar="MINUTES",
                         help="the engine's budget (--max-minutes); on a budget its plan may read long texts whole")
     parser.add_argument("--window-peer", action="store_true",
@@ -174,6 +180,14 @@ def main() -> None:
                 other = "head" if params.truncation == "head+tail" else "head+tail"
                 peers.append(run_engine(store, name, len(data.train), base_dir, params.changed(truncation=other),
                                         args.device, f"engine {other}")[0])
+            if args.pooling_peer:
+                first_token = state_dir / "base-read-by-first-token"
+                first_token.mkdir()
+                for item in base_dir.iterdir():
+                    if item.name != "modules.json":
+                        (first_token / item.name).symlink_to(item)
+                peers.append(run_engine(store, name, len(data.train), first_token, params, args.device,
+                                        "engine 1st token")[0])
             if args.window_peer:
                 window = params.max_length
                 peers.append(run_engine(store, name, len(data.train), base_dir, params.changed(max_length=window),
@@ -188,7 +202,9 @@ def main() -> None:
             print(f"no SetFit peer: {args.setfit_python} does not exist (bench/peers/setfit-env.sh makes it)")
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
-    report(data, args.dataset, base_dir, threads, params, engine_outcome, trainer_outcome, peers)
+    real = args.dataset != SAMPLE and not args.synthetic  # a file given, or one of the real sets
+    target = REAL_DATA_SPEEDUP_TARGET if real and args.device == "cpu" else SPEEDUP_TARGET
+    report(data, args.dataset, base_dir, threads, params, engine_outcome, trainer_outcome, peers, target)
 
 
 def quiet_transformers() -> None:
@@ -398,6 +414,7 @@ def report(
     engine_outcome: Outcome,
     trainer_outcome: Outcome,
     peers: list[Outcome],
+    speedup_target: float,
 ) -> None:
     found = hardware.detect()
     cpu = found.cpu
@@ -443,7 +460,7 @@ def report(
     delta_pt = (engine_outcome.final_accuracy - trainer_outcome.final_accuracy) * 100
     if engine_time is None:
         print(f"the engine never reached {target:.2%}: speed-up reported as 0")
-    print(f"speed-up to the Trainer's accuracy: {speedup:.2f}x (target {SPEEDUP_TARGET:.1f}x)")
+    print(f"speed-up to the Trainer's accuracy: {speedup:.2f}x (target {speedup_target:.1f}x)")
     print(f"training throughput: {engine_outcome.samples_per_s / trainer_outcome.samples_per_s:.2f}x the Trainer's")
     print(f"total training time: {trainer_outcome.total_s / engine_outcome.total_s:.2f}x shorter")
     print(
@@ -452,7 +469,7 @@ def report(
     )
     figures = {
         "speedup_to_trainer_accuracy": round(speedup, 2),
-        "speedup_target": SPEEDUP_TARGET,
+        "speedup_target": speedup_target,
         "accuracy_delta_pt": round(delta_pt, 2),
         "accuracy_delta_floor_pt": ACCURACY_DELTA_FLOOR_PT,
     }
@@ -469,6 +486,12 @@ def report(
         figures["window_accuracy_delta_pt_vs_default"] = round(
             (engine_outcome.final_accuracy - default_window.final_accuracy) * 100, 2)
         figures["window_speedup_vs_default"] = round(default_window.end_to_end_s / engine_outcome.end_to_end_s, 2)
+    if first_token := by_name.get("engine 1st token"):
+        figures["mean_accuracy_delta_pt_vs_first_token"] = round(
+            (engine_outcome.final_accuracy - first_token.final_accuracy) * 100, 2)
+        first_token_time = first_token.time_to(target)
+        figures["first_token_speedup_to_trainer_accuracy"] = round(
+            trainer_time / first_token_time if trainer_time and first_token_time else 0.0, 2)
     if head := by_name.get("engine head"):
         figures["head_tail_accuracy_delta_pt_vs_head"] = round(
             (engine_outcome.final_accuracy - head.final_accuracy) * 100, 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import random
 import shutil
@@ -96,6 +97,26 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(bundled / name, target / name)
     return target
+
+
+def as_sentence_encoder(base: Path, target: Path, pooling: str = "mean") -> Path:
+    """A copy of a base model with the sentence-transformers modules that read it by `pooling`."""
+    shutil.copytree(base, target)
+    (target / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]))
+    (target / "1_Pooling").mkdir()
+    (target / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 32, "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False}))
+    return target
+
+
+@pytest.fixture(scope="session")
+def tiny_sentence_base(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny base as a sentence encoder read by the mean of its token states, as the bundled one is."""
+    return as_sentence_encoder(tiny_base, tmp_path_factory.mktemp("sentence") / "tiny-sentence-bert")
 
 
 def write_tickets(path: Path, per_class: int = 40, seed: int = 1) -> Path:

@@ -124,6 +124,22 @@ def test_a_hugging_face_export_loads_with_transformers(opened: Store, optimised:
     assert np.allclose(logits, served_logits(opened, optimised, "fp32"), atol=1e-3)
 
 
+def test_a_mean_pooled_model_exports_as_a_sentence_transformers_model_whose_embedding_is_its_logits(
+        opened: Store, tickets: str, tiny_sentence_base: Path, tmp_path: Path) -> None:
+    """A sentence encoder's fine-tuned model has no Hugging Face sequence classifier to be; it leaves as the
+    sentence-transformers layout, which that library loads and reads as the appliance serves it."""
+    result = engine.start(opened, dataset=tickets, base_dir=tiny_sentence_base, params=FAST)
+    pipeline.register_run(opened, result.run_id, "tickets")
+    version = pipeline.optimize_version(opened, "tickets:1")
+    exported = exchange.export(opened, "tickets", "hf", "plaintext")
+    assert {"model/modules.json", "model/1_Pooling/config.json", "model/2_Dense/model.safetensors"} <= set(
+        archive.unpack(exported.archive))
+    (tmp_path / "tickets.tar").write_bytes(exported.archive)
+    logits = np.array(run_outside(snippet("export-sentence-transformers"), tmp_path))
+    assert np.allclose(logits, served_logits(opened, version, "fp32"), atol=1e-3)
+    assert exchange.verify(exported.archive).card["format"] == "hf"
+
+
 def test_an_image_model_exports_as_onnx_and_openvino_that_read_photos_as_the_readme_shows(
         opened: Store, settings: Settings, tmp_path: Path) -> None:
     folder = write_shapes(tmp_path / "shapes", per_class=4)

@@ -77,7 +77,7 @@ alias(models_group, models_delete, "rm")
 @click.argument("ref")
 @click.option("--format", "fmt", type=click.Choice(["onnx", "openvino", "hf"]), required=True,
               help="onnx; openvino: the IR the version serves (INT8 where the guard chose it); hf: a Hugging Face "
-                   "directory.")
+                   "directory (a sentence-transformers one for a model read by the mean of its token states).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The archive to write (a new file, mode 0600).")
 @click.option("--recipient", help="Encrypt to this age X25519 public key (age1..., from age-keygen).")

@@ -7,7 +7,9 @@ An export archive is a plain tar:
                                     model's pixel_values; output logits)
                           openvino  model.xml + model.bin, the IR of the variant the version serves (INT8 where
                                     the guard chose it), same inputs and output
-                          hf        config.json + model.safetensors, a Hugging Face sequence classifier (text only)
+                          hf        config.json + model.safetensors, a Hugging Face sequence classifier (text only);
+                                    a mean-pooled one as a sentence-transformers model whose embedding is the
+                                    logits (the encoder, 1_Pooling/ and the head in 2_Dense/)
                         and a text model's tokenizer files (tokenizer.json, ...) beside it
     card.json           the model card: task, labels in logit order, inputs, outputs, max_length (an image model's
                         preprocessing instead), base model and its licence, dataset version and its SHA-256,
@@ -301,14 +303,38 @@ def _model_files(store: Store, version: registry.ModelVersion, bundle: dict[str,
         if version.task == datasets.IMAGE:
             raise RegistryError(f"{version.ref} is an image model, which has no Hugging Face form",
                                 hint="export it as onnx or openvino")
-        if "architecture" in json.loads(bundle["appliance.json"]):
-            raise RegistryError(f"{version.ref} is a fast-mode model (a linear head on a frozen encoder), which has "
-                                "no Hugging Face architecture", hint="export it as onnx or openvino")
+        if "architecture" in json.loads(bundle["appliance.json"]):  # the mean-pooled classifier, the only other one
+            return _sentence_transformer(bundle) | tokenizer, TORCH
         return {name: data for name, data in bundle.items() if name not in FOREIGN_FILES}, TORCH
     if fmt == "openvino" and version.servable:
         ir = archive.unpack(blobs.read(store, version.serving_variant().blob_id))
         return {"model.xml": ir["model.xml"], "model.bin": ir["model.bin"], **tokenizer}, version.chosen
     return _converted(bundle, fmt) | tokenizer, TORCH
+
+
+def _sentence_transformer(bundle: dict[str, bytes]) -> dict[str, bytes]:
+    """A mean-pooled classifier as the sentence-transformers layout reads it, which no Hugging Face sequence classifier
+    can hold: the encoder as a Hugging Face model directory (AutoModel loads it), the mean of its token states, and
+    the classifier as a Dense layer with no activation, so that SentenceTransformer(...).encode() gives the logits."""
+    from safetensors.numpy import load, save
+
+    weights = load(bundle["model.safetensors"])
+    encoder = {name.removeprefix("encoder."): array for name, array in weights.items() if name.startswith("encoder.")}
+    head = {"linear.weight": weights["classifier.weight"], "linear.bias": weights["classifier.bias"]}
+    labels, hidden = head["linear.weight"].shape
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]
+    as_json = lambda value: json.dumps(value, indent=2).encode()
+    return {
+        "config.json": bundle["config.json"], "model.safetensors": save(encoder), "modules.json": as_json(modules),
+        "sentence_bert_config.json": as_json({"max_seq_length": words.Words.of(bundle, json.loads(
+            bundle["appliance.json"])).max_length, "do_lower_case": False}),
+        "1_Pooling/config.json": as_json({"word_embedding_dimension": hidden, "pooling_mode_mean_tokens": True}),
+        "2_Dense/config.json": as_json({"in_features": hidden, "out_features": labels, "bias": True,
+                                        "activation_function": "torch.nn.modules.linear.Identity"}),
+        "2_Dense/model.safetensors": save(head),
+    }
 
 
 def _converted(bundle: dict[str, bytes], fmt: Format) -> dict[str, bytes]:

@@ -1,11 +1,11 @@
 """A trained text-classification bundle back in torch: the classifier, its reader and its manifest.
 
 The bundle is the one `tasks.TextClassification.bundle` writes: a Hugging Face sequence
-classifier, or fast mode's MeanPooledClassifier where its manifest says so. It is rebuilt from bytes,
-never from files, because no plaintext weight may reach a disk. `TorchRunner` dresses
-the classifier as an onnxruntime session, so the inference kernel's predict and
-evaluate score it exactly as they score a compiled model; `convert_openvino` makes it an
-OpenVINO model in memory, for the optimiser's export and fast mode's embedding.
+classifier, or the mean-pooled one (a sentence encoder's, or fast mode's) where its manifest
+says so. It is rebuilt from bytes, never from files, because no plaintext weight may reach a
+disk. `TorchRunner` dresses the classifier as an onnxruntime session, so the inference
+kernel's predict and evaluate score it exactly as they score a compiled model;
+`convert_openvino` makes it an OpenVINO model in memory, for the optimiser's export and fast mode's embedding.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 from appliance import inference, words
 from appliance.core.errors import OptimizeError
-from appliance.train import fast, tasks
+from appliance.train import tasks
 
 
 def load_text_classifier(files: Mapping[str, bytes]) -> tuple[torch.nn.Module, words.Words, dict[str, Any]]:
@@ -42,8 +42,8 @@ def load_text_classifier(files: Mapping[str, bytes]) -> tuple[torch.nn.Module, w
         raise OptimizeError(f"the model bundle lacks {', '.join(sorted(missing))}")
     config_dict = json.loads(files["config.json"])
     config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
-    if manifest.get("architecture") == fast.ARCHITECTURE:
-        model = fast.classifier(config, len(manifest["labels"]))
+    if manifest.get("architecture") == tasks.MEAN_POOLED:
+        model = tasks.classifier(config, len(manifest["labels"]))
     elif "architecture" in manifest:
         raise OptimizeError(f"the model bundle's architecture {manifest['architecture']!r} is not one this appliance "
                             "builds", hint="train it again with this appliance's version")
@@ -77,8 +77,8 @@ class TorchRunner:
 
 
 class _Logits(torch.nn.Module):
-    """The classifier as tensors in, logits out, with the attention mask already 4-D (fast.additive_mask: tracing
-    cannot build it; fast mode's classifier builds its own, as it pools by the 2-D one)."""
+    """The classifier as tensors in, logits out, with the attention mask already 4-D (tasks.additive_mask: tracing
+    cannot build it; the mean-pooled classifier builds its own, as it pools by the 2-D one)."""
 
     def __init__(self, model: torch.nn.Module, names: Sequence[str]) -> None:
         super().__init__()
@@ -86,8 +86,8 @@ class _Logits(torch.nn.Module):
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         inputs = dict(zip(self.names, tensors))
-        if not isinstance(self.model, fast.MeanPooledClassifier):  # which needs the padding mask to pool
-            inputs["attention_mask"] = fast.additive_mask(inputs["attention_mask"])
+        if not isinstance(self.model, tasks.MeanPooledClassifier):  # which needs the padding mask to pool
+            inputs["attention_mask"] = tasks.additive_mask(inputs["attention_mask"])
         return self.model(**inputs).logits
 
 

@@ -595,13 +595,13 @@ def _train(
 
     best_state: dict[str, torch.Tensor] | None = None  # the best weights so far, in host memory: stored once, at the end
     if state is not None:
-        model.load_state_dict(state["model"])
         try:
+            model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        except ValueError:  # torch's "loaded state dict has a different number of parameter groups", and the like
-            raise JobError(f"run {run_id}'s checkpoint holds an optimizer laid out by an earlier version of the"
-                           " appliance, which this one cannot continue", hint=f"start a new run with the same parameters"
-                           f" ('appliance runs show {run_id}' lists them)") from None
+        except (RuntimeError, ValueError):  # torch's "missing keys" and "different number of parameter groups"
+            raise JobError(f"run {run_id}'s checkpoint holds a model or optimizer laid out by an earlier version of"
+                           " the appliance, which this one cannot continue", hint=f"start a new run with the same"
+                           f" parameters ('appliance runs show {run_id}' lists them)") from None
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         _set_rng(state["helper_rng"][group.rank - 1] if group.rank else state["rng"])

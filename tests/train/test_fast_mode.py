@@ -15,7 +15,7 @@ from appliance.core.errors import JobError
 from appliance.data import datasets
 from appliance.operations import pipeline
 from appliance.store import Store, blobs
-from appliance.train import engine, fast, runs
+from appliance.train import engine, fast, runs, tasks
 from appliance.train.bundle import TorchRunner, load_text_classifier
 from appliance.train.params import TrainParams
 from tests.conftest import run_cli, write_tickets
@@ -60,9 +60,9 @@ def test_a_fast_model_scores_as_it_trained_in_torch_and_compiled_by_openvino(
 ) -> None:
     result, _, _ = fast_run
     files = archive.unpack(blobs.read(opened, result.model_blob))
-    assert json.loads(files["appliance.json"])["architecture"] == fast.ARCHITECTURE
+    assert json.loads(files["appliance.json"])["architecture"] == tasks.MEAN_POOLED
     model, tokenizer, manifest = load_text_classifier(files)
-    assert isinstance(model, fast.MeanPooledClassifier)
+    assert isinstance(model, tasks.MeanPooledClassifier)
     texts, targets = _validation(opened, tickets)
 
     in_torch = inference.predict(TorchRunner(model), tokenizer, texts)

@@ -158,7 +158,7 @@ def test_a_checkpoint_whose_optimizer_does_not_fit_the_run_is_refused_with_a_rea
     with opened.db.conn:
         opened.db.execute("UPDATE runs SET params = json_set(params, '$.freeze', 0.25) WHERE id = ?",
                           [stopped.run_id])
-    with pytest.raises(JobError, match="optimizer laid out by an earlier version") as refused:
+    with pytest.raises(JobError, match="model or optimizer laid out by an earlier version") as refused:
         engine.resume(opened, stopped.run_id)
     assert f"appliance runs show {stopped.run_id}" in refused.value.hint
 

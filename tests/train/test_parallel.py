@@ -17,8 +17,10 @@ from tests.daemon import Daemon
 from tests.train.test_engine import FAST
 
 
-def test_two_workers_learn_what_one_does_and_record_the_run_once(opened: Store, tickets: str,
-                                                                 tiny_base: Path) -> None:
+@pytest.mark.parametrize("base", ["tiny_base", "tiny_sentence_base"])  # a classifier read by the first token, the mean
+def test_two_workers_learn_what_one_does_and_record_the_run_once(opened: Store, tickets: str, base: str,
+                                                                 request: pytest.FixtureRequest) -> None:
+    tiny_base: Path = request.getfixturevalue(base)
     one = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**FAST))
     lines: list[str] = []
     two = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**FAST, workers=2),
