@@ -45,8 +45,8 @@ otherwise: the accuracy between them is what reading a long text's end is worth.
 --pooling-peer trains the engine again on the same base read the Hugging Face way, by its first token through
 BERT's pooler, as the engine read every base before: the base model's folder without its sentence-transformers
 modules (symbolic links to its other files), the same run otherwise: what reading a sentence encoder by the mean
-of its token states is worth. --engine-minutes gives the engine a budget, within which its plan reads long texts in a longer
-window where the base model takes one and the budget holds it; --window-peer trains the engine
+of its token states is worth. --engine-minutes gives the engine a budget, within which its plan reads long texts
+in a longer window where the base model takes one and the budget holds it; --window-peer trains the engine
 again with the default window named, the same budget otherwise: what the longer window is worth.
 """
 

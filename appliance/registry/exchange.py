@@ -303,8 +303,9 @@ def _model_files(store: Store, version: registry.ModelVersion, bundle: dict[str,
         if version.task == datasets.IMAGE:
             raise RegistryError(f"{version.ref} is an image model, which has no Hugging Face form",
                                 hint="export it as onnx or openvino")
-        if "architecture" in json.loads(bundle["appliance.json"]):  # the mean-pooled classifier, the only other one
-            return _sentence_transformer(bundle) | tokenizer, TORCH
+        manifest = json.loads(bundle["appliance.json"])
+        if "architecture" in manifest:  # the mean-pooled classifier, the only other one
+            return _sentence_transformer(bundle, manifest) | tokenizer, TORCH
         return {name: data for name, data in bundle.items() if name not in FOREIGN_FILES}, TORCH
     if fmt == "openvino" and version.servable:
         ir = archive.unpack(blobs.read(store, version.serving_variant().blob_id))
@@ -312,7 +313,7 @@ def _model_files(store: Store, version: registry.ModelVersion, bundle: dict[str,
     return _converted(bundle, fmt) | tokenizer, TORCH
 
 
-def _sentence_transformer(bundle: dict[str, bytes]) -> dict[str, bytes]:
+def _sentence_transformer(bundle: dict[str, bytes], manifest: dict[str, Any]) -> dict[str, bytes]:
     """A mean-pooled classifier as the sentence-transformers layout reads it, which no Hugging Face sequence classifier
     can hold: the encoder as a Hugging Face model directory (AutoModel loads it), the mean of its token states, and
     the classifier as a Dense layer with no activation, so that SentenceTransformer(...).encode() gives the logits."""
@@ -328,8 +329,8 @@ def _sentence_transformer(bundle: dict[str, bytes]) -> dict[str, bytes]:
     as_json = lambda value: json.dumps(value, indent=2).encode()
     return {
         "config.json": bundle["config.json"], "model.safetensors": save(encoder), "modules.json": as_json(modules),
-        "sentence_bert_config.json": as_json({"max_seq_length": words.Words.of(bundle, json.loads(
-            bundle["appliance.json"])).max_length, "do_lower_case": False}),
+        "sentence_bert_config.json": as_json({"max_seq_length": words.Words.of(bundle, manifest).max_length,
+                                              "do_lower_case": False}),
         "1_Pooling/config.json": as_json({"word_embedding_dimension": hidden, "pooling_mode_mean_tokens": True}),
         "2_Dense/config.json": as_json({"in_features": hidden, "out_features": labels, "bias": True,
                                         "activation_function": "torch.nn.modules.linear.Identity"}),

@@ -5,7 +5,8 @@ classifier, or the mean-pooled one (a sentence encoder's, or fast mode's) where 
 says so. It is rebuilt from bytes, never from files, because no plaintext weight may reach a
 disk. `TorchRunner` dresses the classifier as an onnxruntime session, so the inference
 kernel's predict and evaluate score it exactly as they score a compiled model;
-`convert_openvino` makes it an OpenVINO model in memory, for the optimiser's export and fast mode's embedding.
+`convert_openvino` makes it an OpenVINO model in memory, for the optimiser's export and
+fast mode's embedding.
 """
 
 from __future__ import annotations

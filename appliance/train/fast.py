@@ -9,9 +9,9 @@ to be read (on one split of the bundled sample a linear head reached 0.97 accura
 mean-pooled vectors, 0.78 on BERT's pooler output). Its hyperparameters' defaults are
 TrainParams.FAST_DEFAULTS.
 
-The model it makes is the encoder, that mean and the head (tasks.MeanPooledClassifier, which
-full fine-tuning of a sentence encoder trains too), packed as a bundle, so it optimises, serves, distils and is
-guarded like a fine-tuned one. A resumed run embeds its texts again: they are minutes of
+The model it makes is the encoder, that mean and the head (tasks.MeanPooledClassifier, the
+one full fine-tuning of a sentence encoder trains too), packed as a bundle, so it optimises,
+serves, distils and is guarded like a fine-tuned one. A resumed run embeds its texts again: they are minutes of
 work, and hundreds of MB that a checkpoint need not carry. Where a budget cannot cover
 embedding every text, the head trains on the random share of them that it covers.
 """
