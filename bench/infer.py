@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="fine-tuning batch size (default 16)")
     parser.add_argument("--max-length", type=int, default=128, help="tokens per text (default 128)")
     parser.add_argument("--student-layers", type=int, default=3, help="encoder layers of the student (default 3)")
-    parser.add_argument("--student-epochs", type=int, help="distillation epochs (default: DistillParams' default)")
+    parser.add_argument("--student-epochs", type=int, help="distillation epochs, exactly (default: DistillParams', more on small data)")
     parser.add_argument("--student-learning-rate", type=float, help="distillation rate (default: DistillParams')")
     parser.add_argument("--no-student", action="store_true", help="skip distillation")
     parser.add_argument("--min-seconds", type=float, default=3.0, help="timing window per batch size (default 3)")
@@ -152,8 +152,9 @@ def main() -> None:
     if not args.no_student:
         student, params = distil(bundle, data, args)
         student_note = (
-            f"student: {student.layers} of {model.config.num_hidden_layers} layers, distilled {params.epochs} epochs "
-            f"at lr {params.learning_rate:g} in {student.seconds:.0f} s (best epoch by validation macro-F1); its "
+            f"student: {student.layers} of {model.config.num_hidden_layers} layers, distilled {student.epochs} epochs "
+            f"at lr {params.learning_rate:g} (layers' loss weight {params.hidden_weight:g}, {params.variants} variant(s) "
+            f"of each text an epoch) in {student.seconds:.0f} s (best epoch by validation macro-F1); its "
             f"torch accuracy {student.metrics['accuracy']:.2%}, the teacher's {student.teacher_metrics['accuracy']:.2%}"
         )
         variants += openvino_variants(f"student-{student.layers}L ", student.bundle, setup)
@@ -217,10 +218,11 @@ def distil(
     """A student distilled with DistillParams' defaults, but for what the options change."""
     params = distill.DistillParams(layers=args.student_layers)
     if args.student_epochs:
-        params = dataclasses.replace(params, epochs=args.student_epochs)
+        params = dataclasses.replace(params, epochs=args.student_epochs, min_steps=0)
     if args.student_learning_rate:
         params = dataclasses.replace(params, learning_rate=args.student_learning_rate)
-    log(f"distil a {params.layers}-layer student, {params.epochs} epochs, lr {params.learning_rate:g}")
+    log(f"distil a {params.layers}-layer student, at least {params.epochs} epochs and {params.min_steps} steps, "
+        f"lr {params.learning_rate:g}")
     student = distill.distill(bundle, data, params)
     log(f"student: torch accuracy {student.metrics['accuracy']:.2%} in {student.seconds:.0f} s")
     return student, params

@@ -14,7 +14,7 @@ from appliance.operations.jobspec import OptimizeJob
 @click.argument("ref", metavar="MODEL[:VERSION]")
 @click.option("--no-int8", is_flag=True, help="Export to OpenVINO FP32 only.")
 @schema_option(OptimizeJob, "distill_layers", "--distill-layers", metavar="K",
-               help="Also distil a student of the first K layers, and optimise it too.")
+               help="Also distil a student of K layers (spread over the teacher's depth), and optimise it too.")
 @schema_option(OptimizeJob, "max_accuracy_drop", "--max-accuracy-drop",
                help="Accuracy points a faster variant may lose against FP32.")
 @schema_option(OptimizeJob, "calibration_size", "--calibration-size", help="Training texts that calibrate INT8.")

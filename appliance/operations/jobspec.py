@@ -99,7 +99,7 @@ class _Burst(_Spec):
 
 class _Optimizing(_Spec):
     int8: bool = Field(OptimizeOptions.int8, description="also quantise to INT8 under the accuracy guard")
-    distill_layers: int | None = Field(None, ge=1, le=48, description="also distil a student of the first K layers")
+    distill_layers: int | None = Field(None, ge=1, le=48, description="also distil a student of K layers spread over the teacher's depth")
     max_accuracy_drop: float = Field(OptimizeOptions.max_accuracy_drop, ge=0, le=100,
                                      description="accuracy points a faster variant may lose against FP32")
 

@@ -126,7 +126,7 @@ def optimize_version(
     report = progress or (lambda done, total, label: None)
     source = registry.get(store, ref)
     if options.distill_layers and source.task == datasets.IMAGE:
-        raise RegistryError(f"{source.ref} is an image model: distillation takes the first layers of a text encoder",
+        raise RegistryError(f"{source.ref} is an image model: distillation keeps some layers of a text encoder",
                             hint="optimise it without --distill-layers; INT8 is the lever for an image model")
     if TORCH not in source.variants and FP32 not in source.variants:
         raise RegistryError(f"{source.ref} has neither a torch bundle nor an FP32 IR to optimise",

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 
 import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from appliance import optimize
+from appliance import inference, optimize
 from appliance.core import archive, hardware
 from appliance.core.errors import JobError, OptimizeError
 from appliance.data import datasets
 from appliance.train import distill
-from appliance.train.bundle import load_text_classifier
+from appliance.train.bundle import input_names, load_text_classifier
 from tests.conftest import Trained
 
 MAX_LENGTH = 32
 CHANCE = 1 / 3  # three balanced classes
-FAST = distill.DistillParams(layers=1, epochs=3, learning_rate=2e-3, batch_size=16)  # a 32-wide model wants a high rate
+# A 32-wide model wants a high rate; min_steps=0: the epochs as given, however few steps they make.
+FAST = distill.DistillParams(layers=1, epochs=3, learning_rate=2e-3, batch_size=16, min_steps=0)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,7 @@ def test_a_one_layer_student_keeps_the_teachers_accuracy_and_is_smaller(
     assert student.teacher_metrics["accuracy"] > 0.9
     assert student.metrics["accuracy"] >= student.teacher_metrics["accuracy"] - 0.1, student
     assert set(student.metrics) == {"accuracy", "macro_f1"} and student.layers == 1 and student.seconds > 0
+    assert student.epochs == FAST.epochs
     assert set(student_files) == set(teacher_files)
     assert json.loads(student_files["config.json"])["num_hidden_layers"] == 1
     assert student_files["appliance.json"] == teacher_files["appliance.json"]
@@ -82,15 +85,66 @@ def test_the_student_learns_from_the_teachers_soft_labels(teacher: tuple[bytes, 
     mislabelled = datasets.LoadedDataset(None, [data.label_names[0] if i in train else label  # type: ignore[arg-type]
                                                 for i, label in enumerate(data.labels)],
                                          data.label_names, data.train, data.validation, data.texts)
-    soft_only = distill.distill(bundle, mislabelled, replace(FAST, alpha=1.0))
-    hard_only = distill.distill(bundle, mislabelled, replace(FAST, alpha=0.0))
+    logits_only = replace(FAST, hidden_weight=0.0)  # the layers' pull would teach the classes too
+    soft_only = distill.distill(bundle, mislabelled, replace(logits_only, alpha=1.0))
+    hard_only = distill.distill(bundle, mislabelled, replace(logits_only, alpha=0.0))
     assert untrained.metrics["accuracy"] < soft_only.teacher_metrics["accuracy"] - 0.1  # so there was something to learn
     assert soft_only.metrics["accuracy"] >= soft_only.teacher_metrics["accuracy"] - 0.05, soft_only.metrics
     assert hard_only.metrics["accuracy"] < CHANCE + 0.1, hard_only.metrics  # and alpha weighs the two losses
 
 
+def test_the_students_layers_are_drawn_towards_the_teachers_states(
+    teacher: tuple[bytes, datasets.LoadedDataset], student: distill.Student
+) -> None:
+    bundle, data = teacher
+    texts = [data.texts[i] for i in data.validation]
+
+    def last_states(bundle: bytes) -> torch.Tensor:
+        model, reader, _ = load_text_classifier(archive.unpack(bundle))
+        feeds = inference.encode(reader, texts, input_names(model))
+        with torch.no_grad():
+            states = model.base_model(**{name: torch.from_numpy(array) for name, array in feeds.items()})[0]
+        return states * torch.from_numpy(feeds["attention_mask"])[:, :, None]
+
+    def distance(student: distill.Student) -> float:
+        return float(((last_states(student.bundle) - last_states(bundle)) ** 2).mean())
+
+    logits_only = distill.distill(bundle, data, replace(FAST, hidden_weight=0.0))
+    assert distance(student) < distance(logits_only) / 2, (distance(student), distance(logits_only))
+
+
+@pytest.mark.parametrize(("teacher_layers", "student_layers", "kept", "matched"), [
+    (6, 3, [0, 2, 4], [1, 3, 5]), (6, 2, [0, 3], [2, 5]), (2, 1, [0], [1]), (12, 4, [0, 3, 6, 9], [2, 5, 8, 11]),
+    (6, 5, [0, 1, 2, 4, 5], [0, 1, 3, 4, 5]),
+])
+def test_the_student_keeps_layers_spread_over_the_teachers_depth(
+    teacher_layers: int, student_layers: int, kept: list[int], matched: list[int]
+) -> None:
+    assert distill.spread(teacher_layers, student_layers) == (kept, matched)
+
+
+def test_a_variant_is_a_part_of_its_text_in_order() -> None:
+    rng = random.Random(0)
+    text = " ".join(f"w{n}" for n in range(40))
+    variants = [distill.variant(text, rng) for _ in range(200)]
+    for changed in variants:
+        words = changed.split()
+        assert 3 <= len(words) < 40 and set(words) <= set(text.split()), changed
+        assert words == sorted(words, key=lambda word: int(word[1:])), changed  # dropped or cut, never shuffled
+    assert len(set(variants)) > 150  # a different one each time
+    assert any(len(v.split()) > 36 for v in variants)  # words dropped: a run keeps at most 90% (36)
+
+    def a_run(words: list[str]) -> bool:
+        start = int(words[0][1:])
+        return words == text.split()[start : start + len(words)]
+
+    assert sum(a_run(v.split()) for v in variants) > 50  # a run of words kept, about half of the time
+    assert distill.variant("too short here", rng) == "too short here"
+    assert distill.variant("日本語のテキストです", rng) == "日本語のテキストです"
+
+
 def test_the_same_seed_gives_the_same_student(teacher: tuple[bytes, datasets.LoadedDataset]) -> None:
-    short = distill.DistillParams(layers=1, epochs=1, learning_rate=2e-3, batch_size=16)
+    short = replace(FAST, epochs=1)
     first, again = distill.distill(*teacher, short), distill.distill(*teacher, short)
     other = distill.distill(*teacher, replace(short, seed=1))
     assert first.bundle == again.bundle
@@ -102,8 +156,18 @@ def test_progress_is_reported_and_should_stop_stops(teacher: tuple[bytes, datase
     with pytest.raises(JobError, match="stopped before it finished"):
         distill.distill(*teacher, FAST, progress=lambda step, total: seen.append((step, total)),
                         should_stop=lambda: len(seen) >= 3)
-    steps_per_epoch = -(-len(teacher[1].train) // FAST.batch_size)
+    steps_per_epoch = -(-len(teacher[1].train) * (1 + FAST.variants) // FAST.batch_size)  # each text, and a variant
+    assert FAST.variants == 1
     assert seen == [(step, steps_per_epoch * FAST.epochs) for step in (1, 2, 3)]
+
+
+def test_a_small_dataset_is_given_the_epochs_that_min_steps_asks(teacher: tuple[bytes, datasets.LoadedDataset]) -> None:
+    steps_per_epoch = -(-len(teacher[1].train) * (1 + FAST.variants) // FAST.batch_size)
+    seen: list[tuple[int, int]] = []
+    student = distill.distill(*teacher, replace(FAST, epochs=1, min_steps=2 * steps_per_epoch + 1),
+                              progress=lambda step, total: seen.append((step, total)))
+    assert student.epochs == 3
+    assert seen == [(step, 3 * steps_per_epoch) for step in range(1, 3 * steps_per_epoch + 1)]
 
 
 @pytest.mark.parametrize("layers", [0, 2, 5])
