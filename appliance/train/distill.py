@@ -11,9 +11,8 @@ classes are, not just which one is right), beside the hard labels. The teacher r
 it on every batch, so it can teach on texts that have no label too: each epoch every
 training text comes once more a little changed (some words dropped, or a part of it), as
 TinyBERT augments its data, and the student learns the teacher's states and soft labels
-on it. The result is a bundle of the teacher's form, so optimize.optimize
-exports and quantises it as is. Everything stays in memory: no plaintext weight reaches a
-disk.
+on it. The result is a bundle of the teacher's form, so optimize.optimize exports and
+quantises it as is. Everything stays in memory: no plaintext weight reaches a disk.
 """
 
 from __future__ import annotations
