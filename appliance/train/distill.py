@@ -119,12 +119,12 @@ def distill(
     best, best_state, step = None, None, 0
     for epoch in range(epochs):
         model.train()
-        rng = random.Random(params.seed * 1009 + epoch)
+        seed = params.seed * 1009 + epoch
+        rng = random.Random(seed)
         texts = data.texts + [variant(data.texts[i], rng) for _ in range(params.variants) for i in data.train]
         labels = torch.cat([targets, torch.full((len(texts) - len(data.texts),), NO_LABEL)])
         indices = [*data.train, *range(len(data.texts), len(texts))]
-        generator = torch.Generator().manual_seed(params.seed * 1009 + epoch)
-        for batch in _batches(texts, indices, params.batch_size, generator):
+        for batch in _batches(texts, indices, params.batch_size, torch.Generator().manual_seed(seed)):
             if should_stop and should_stop():
                 raise JobError("distillation stopped before it finished", hint="nothing was kept; start it again")
             feeds = inference.encode(reader, [texts[i] for i in batch], runner.names)
