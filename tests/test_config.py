@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,25 @@ def test_a_models_autopilot_policy_overrides_the_default_one_key_at_a_time(
     conf.write_text("[autopilot.model.tickets]\ncanary_min_feedback = 500\ncanary_max_feedback = 100\n")
     with pytest.raises(ConfigError, match="canary_max_feedback' in .* is under"):
         config.load(conf)
+
+
+@pytest.mark.parametrize("section", ["serve", "daemon", "burst", "backup", "autopilot"])
+def test_every_setting_of_a_section_can_be_set_in_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                                                   section: str) -> None:
+    """A field added to a settings class is a setting at once: its variable is known and lands in the field."""
+    defaults = config.load()
+    current = defaults.autopilot.default if section == "autopilot" else getattr(defaults, section)
+    given = {}
+    for field in dataclasses.fields(current):
+        value = getattr(current, field.name)
+        if value is None or value == "" or isinstance(value, tuple):  # nothing to write back as it is
+            continue
+        given[field.name] = value
+        monkeypatch.setenv(config.env_name(f"{section}.{field.name}"), str(value).lower() if isinstance(value, bool)
+                           else str(value))
+    if section == "serve":  # and one that differs from its default
+        monkeypatch.setenv("APPLIANCE_SERVE_ACCESS_LOG", "off")
+        given["access_log"] = False
+    loaded = config.load()
+    settings = loaded.autopilot.default if section == "autopilot" else getattr(loaded, section)
+    assert {name: getattr(settings, name) for name in given} == given

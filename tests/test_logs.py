@@ -106,3 +106,21 @@ def test_request_logs_of_chatty_libraries_are_quieted() -> None:
 def test_an_unknown_format_names_the_allowed_ones() -> None:
     with pytest.raises(ValueError, match="text, json"):
         logs.setup("xml")
+
+
+def test_lines_below_warning_are_written_in_batches_soon_and_a_warning_at_once_after_them() -> None:
+    """A server's access lines go out a batch at a time, never more than FLUSH_S late; nothing is reordered."""
+    lines = stderr_lines(
+        "import sys, time\n"
+        "logs.setup()\n"
+        "log = logging.getLogger('a')\n"
+        "log.info('first'); log.info('second')\n"
+        "sys.stderr.write('right after\\n'); sys.stderr.flush()\n"  # the two lines still wait
+        f"time.sleep({logs.FLUSH_S} * 5)\n"
+        "sys.stderr.write('a while later\\n'); sys.stderr.flush()\n"  # by now they were written, the process alive
+        "log.info('third'); log.warning('now')\n"
+        "sys.stderr.write('after the warning\\n'); sys.stderr.flush()\n"
+        "log.info('last')\n"  # written at exit
+    )
+    assert lines == ["right after", "<6>a: first", "<6>a: second", "a while later", "<6>a: third", "<4>a: now",
+                     "after the warning", "<6>a: last"]

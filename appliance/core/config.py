@@ -207,6 +207,15 @@ def _default_state_dir() -> Path:
     return Path(os.environ.get("STATE_DIRECTORY", "var"))
 
 
+def _kinds(section: str, settings: type) -> dict[str, type]:
+    """A settings class's fields as dotted name -> type (an optional path is a path), so no field can be missed."""
+    kinds = {}
+    for name, hint in typing.get_type_hints(settings).items():
+        options = [kind for kind in typing.get_args(hint) if kind is not type(None)] or [hint]
+        kinds[f"{section}.{name}"] = options[0]
+    return kinds
+
+
 # dotted name -> type; defaults are applied in load().
 _SCHEMA: dict[str, type] = {
     "state_dir": Path,
@@ -214,33 +223,12 @@ _SCHEMA: dict[str, type] = {
     "train.base_model": Path,
     "train.image_base_model": Path,
     "train.base_models_dir": Path,
-    **{f"serve.{name}": kind for name, kind in {
-        "host": str, "port": int, "grpc_port": int, "tls": bool, "tls_cert": Path, "tls_key": Path, "max_batch_size": int,
-        "max_delay_ms": float, "max_queue": int, "max_body_bytes": int, "max_image_body_bytes": int,
-        "max_instances": int, "poll_s": float,
-        "drift_window": int, "drift_threshold": float, "keep_predictions_days": float, "keep_predictions_mb": float,
-        "max_text_chars": int, "rate_limit_per_s": float, "rate_limit_burst": int, "header_timeout_s": float,
-        "body_timeout_s": float, "max_connections": int,
-    }.items()},
-    "daemon.socket": Path,
-    "daemon.stop_timeout_s": float,
-    "daemon.heartbeat_timeout_s": float,
-    "daemon.training_hours": str,
-    "daemon.latency_objective_ms": float,
-    "daemon.tcp_port": int,
-    "daemon.tcp_host": str,
-    "daemon.memory_max": str,
-    "daemon.import_dir": Path,
-    "daemon.max_upload_mb": float,
-    **{f"burst.{name}": kind for name, kind in {
-        "address": str, "token_file": Path, "ca_file": Path, "fallback_local": bool, "suggest_after_minutes": float,
-        "poll_s": float, "python": str,
-    }.items()},
+    **_kinds("serve", ServeSettings),
+    **_kinds("daemon", DaemonSettings),
+    **_kinds("burst", BurstSettings),
     "autopilot.check_s": float,
-    **{f"autopilot.{name}": kind for name, kind in typing.get_type_hints(Policy).items()},
-    "backup.dir": Path,
-    "backup.every_hours": float,
-    "backup.keep": int,
+    **_kinds("autopilot", Policy),
+    **_kinds("backup", BackupSettings),
 }
 _MODEL_POLICY = re.compile(r"autopilot\.model\.([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.(\w+)")
 

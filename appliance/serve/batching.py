@@ -20,7 +20,10 @@ loop, which does not wait on inference, with one exception: a batch of at most
 is inferred on the event loop itself when the model is idle, as a hand-built server does
 with every request. At one client the hand-offs to the dispatcher thread and back from
 OpenVINO's cost a tenth of a request's time; under load, the requests that arrive while
-the loop infers are read together when it returns and make the next batch. A gRPC call
+the loop infers are read together when it returns and make the next batch. A lone such
+request on an idle model waits one turn of the loop, so that requests read with it can
+join it, and then, still alone, starts its inference itself instead of waking the
+collector, which would answer it a turn later. A gRPC call
 reaches the batcher over several turns of the loop, so blocking it would serialise the
 calls: they never go inline.
 
@@ -149,6 +152,9 @@ class Batcher:
         self._arrived = asyncio.Event()
         self._work: queue.SimpleQueue[tuple[_Flight, list[Item]] | None] = queue.SimpleQueue()
         self._in_flight = 0
+        self._holding = False  # buffers an inference left behind, not yet released (see _collect)
+        self._releasing = False  # the buffers are being released: nothing may start meanwhile
+        self._last_start = 0.0  # time.monotonic() when the last batch started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._collector: asyncio.Task[None] | None = None
         self._thread = threading.Thread(target=self._dispatch, name="batcher", daemon=True)
@@ -175,7 +181,18 @@ class Batcher:
         count = len(examples)
         request = _Request(examples, asyncio.get_running_loop().create_future(), inline and not self._images,
                            [None] * count, [False] * count, count)
-        self._pending.extend((request, index) for index in range(count))
+        items = [(request, index) for index in range(count)]
+        self._pending.extend(items)
+        if request.inline and count <= INLINE_TEXTS and not self._in_flight:
+            # The model is idle. One turn of the event loop lets the requests that arrived with this one join it;
+            # if none did, this request is the batch, started here rather than by the collector a turn later.
+            await asyncio.sleep(0)
+            alone = len(self._pending) == count and self._pending[0][0] is request  # a request's items are together
+            if alone and not self._in_flight and not self._releasing:
+                self._pending = []
+                await self._slots.acquire()  # every slot is free while nothing is in flight: this does not wait
+                self._start(items)
+                return await request.future
         self._arrived.set()
         return await request.future
 
@@ -189,13 +206,16 @@ class Batcher:
         await asyncio.to_thread(self._thread.join)
 
     async def _collect(self) -> None:
-        holding = False  # buffers an inference left behind, not yet released
         while True:
             try:
-                await asyncio.wait_for(self._arrived.wait(), RELEASE_AFTER_S if holding else None)
+                await asyncio.wait_for(self._arrived.wait(), self._until_release())
             except TimeoutError:
-                if not self.depth:  # nothing pending or in flight, and only this task starts a batch
-                    holding = not await asyncio.to_thread(self._release)
+                if not self.depth and time.monotonic() - self._last_start >= RELEASE_AFTER_S:
+                    self._releasing = True  # so that no request starts an inference while the buffers go
+                    try:
+                        self._holding = not await asyncio.to_thread(self._release)
+                    finally:
+                        self._releasing = False
                 continue
             if not self._pending:  # an empty request: no batch, so no inference slot taken
                 self._arrived.clear()
@@ -209,19 +229,34 @@ class Batcher:
                 except TimeoutError:
                     break
             await self._slots.acquire()  # texts that arrive meanwhile join this batch
-            holding = True
             batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
-            idle = not self._in_flight
-            self._in_flight += len(batch)
             if not self._pending:
                 self._arrived.clear()
-            pieces = [batch] if self._images else _pieces(batch)
-            flight = _Flight(len(pieces))
-            if idle and len(pieces) == 1 and len(batch) <= INLINE_TEXTS and all(r.inline for r, _ in batch):
-                self._run_inline(flight, pieces[0])
-                continue
-            for piece in pieces:
-                self._work.put((flight, piece))
+            self._start(batch)
+
+    def _until_release(self) -> float | None:
+        """How long the collector waits for texts before it looks at giving the buffers back; None: it holds none."""
+        if not self._holding:
+            return None
+        quiet_for = time.monotonic() - self._last_start
+        return RELEASE_AFTER_S - quiet_for if quiet_for < RELEASE_AFTER_S else RELEASE_AFTER_S
+
+    def _start(self, batch: list[Item]) -> None:
+        """Start a closed batch, which holds a slot: inferred here when it may be (see the module's notes), else
+        piece by piece on the dispatcher thread."""
+        idle = not self._in_flight
+        self._in_flight += len(batch)
+        self._last_start = time.monotonic()
+        if not self._holding:
+            self._holding = True
+            self._arrived.set()  # the collector, waiting with no timer, sets the one that gives the buffers back
+        pieces = [batch] if self._images else _pieces(batch)
+        flight = _Flight(len(pieces))
+        if idle and len(pieces) == 1 and len(batch) <= INLINE_TEXTS and all(r.inline for r, _ in batch):
+            self._run_inline(flight, pieces[0])
+            return
+        for piece in pieces:
+            self._work.put((flight, piece))
 
     def _release(self) -> bool:
         """Hand back the buffers the last batches sized, once the last callback has returned; False while another

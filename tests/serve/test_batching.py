@@ -152,6 +152,35 @@ def test_a_quiet_model_hands_back_its_buffers_and_goes_on_answering(
     assert [answer.logits.shape for answer in answers] == [(8, 3), (1, 3), (1, 3)]
 
 
+def test_a_model_that_answered_lone_requests_inline_hands_back_its_buffers_too(
+    servable: inference.Servable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone request on an idle model starts its own inference without the collector; the collector still gives
+    the buffers back once the model has been quiet, after each such spell."""
+    monkeypatch.setattr(batching, "RELEASE_AFTER_S", 0.1)
+
+    class Counting:  # the compiled model, counting how often its buffers were given back
+        released = 0
+
+        def release_memory(self) -> None:
+            self.released += 1
+            servable.compiled.release_memory()
+
+    async def scenario() -> list[int]:
+        batcher = batching.Batcher(servable.compiled, servable.reader)
+        batcher._compiled = counting = Counting()  # type: ignore[assignment]
+        batcher.start()
+        released = []
+        for text in ("where is my parcel", "refund my invoice"):
+            await batcher.infer([text], inline=True)
+            await asyncio.sleep(0.5)  # quiet
+            released.append(counting.released)
+        await batcher.close()
+        return released
+
+    assert asyncio.run(scenario()) == [1, 2]
+
+
 def test_batches_come_in_few_shapes_so_the_models_memory_stays_bounded(servable: inference.Servable) -> None:
     """OpenVINO keeps kernels and buffers for every input shape it has seen: lengths go in steps of 8, never past
     the model's max_length, and a padded batch answers as its texts do alone."""
