@@ -8,6 +8,10 @@ shorter side each image was sent at and its mean brightness (so a new camera, or
 corner of the warehouse, shows). The server fills a window of the same statistics from live
 traffic; each full window is scored with the population stability index (PSI) per feature.
 PSI under 0.1 is usually read as stable, over 0.2 as a shift worth a look.
+
+A window counts the batches it is given `CHUNK` examples at a time, all of them in a few
+numpy calls: counted one by one as they came, about twenty calls per batch cost a lone
+client's requests about 3% of their throughput.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ SIDE_EDGES = (0, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 10**9
 BRIGHTNESS_EDGES = tuple(range(0, 256, 16)) + (257,)  # 0..255 in sixteen steps
 CONFIDENCE_EDGES = (0.0, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
 TOKEN_BUCKETS = 32
+CHUNK = 64  # examples a window keeps aside before it counts them
 Inputs = words.Read | pixels.Seen  # what a batch gave the model: texts read, or images seen
 
 
@@ -53,19 +58,24 @@ class Histograms:
         """An empty window with these features (and as many labels)."""
         return Histograms({name: np.zeros_like(counts) for name, counts in self.counts.items()})
 
-    def add_inputs(self, inputs: Inputs) -> None:
-        """Count what one batch gave the model. It runs on every batch served, so it is kept to a few numpy calls:
-        ~10 us for one text."""
-        if isinstance(inputs, pixels.Seen):
-            self.counts["side"] += _binned(inputs.sides, SIDE_EDGES)
-            self.counts["brightness"] += _binned(inputs.brightness, BRIGHTNESS_EDGES)
-            self.examples += len(inputs.sides)
-        elif inputs.truncated:  # the padding left out
-            mask = inputs.feeds["attention_mask"].astype(bool)
-            ids = inputs.feeds["input_ids"][mask]
-            self.counts["length"] += _binned(mask.sum(axis=1), LENGTH_EDGES)
-            self.counts["tokens"] += np.bincount(ids % TOKEN_BUCKETS, minlength=TOKEN_BUCKETS)
-            self.examples += len(inputs.truncated)
+    def add_inputs(self, batches: Sequence[Inputs]) -> None:
+        """Count what batches of one kind (texts read, or images seen) gave the model, all in a few numpy calls."""
+        if not batches:
+            return
+        if isinstance(batches[0], pixels.Seen):
+            sides = np.concatenate([seen.sides for seen in batches])
+            self.counts["side"] += _binned(sides, SIDE_EDGES)
+            self.counts["brightness"] += _binned(np.concatenate([seen.brightness for seen in batches]),
+                                                 BRIGHTNESS_EDGES)
+            self.examples += len(sides)
+            return
+        masks = [read.feeds["attention_mask"] for read in batches]
+        lengths = np.concatenate([mask.sum(axis=1) for mask in masks])
+        ids = np.concatenate([read.feeds["input_ids"].ravel() for read in batches])  # the padding left out:
+        ids = ids[np.concatenate([mask.ravel() for mask in masks]).astype(bool)]
+        self.counts["length"] += _binned(lengths, LENGTH_EDGES)
+        self.counts["tokens"] += np.bincount(ids % TOKEN_BUCKETS, minlength=TOKEN_BUCKETS)
+        self.examples += len(lengths)
 
     def add_outputs(self, probabilities: np.ndarray) -> None:
         if not self.counts["label"].size:
@@ -88,6 +98,32 @@ class Histograms:
         return {name: psi(expected, self.counts[name]) for name, expected in reference.counts.items()}
 
 
+class Window:
+    """Live traffic's histograms, filled until `size` examples and then scored against the reference."""
+
+    def __init__(self, reference: Histograms, size: int) -> None:
+        self.reference, self.size = reference, size
+        self.counted = reference.fresh()
+        self._inputs: list[Inputs] = []  # kept aside, not counted yet
+        self._logits: list[np.ndarray] = []
+        self._waiting = 0
+
+    def add(self, inputs: Inputs, logits: np.ndarray) -> dict[str, float] | None:
+        """Take one batch served; when the window is full, its PSI per feature (and a new window starts)."""
+        self._inputs.append(inputs)
+        self._logits.append(logits)
+        self._waiting += len(logits)
+        if self._waiting < CHUNK and self.counted.examples + self._waiting < self.size:
+            return None
+        self.counted.add_inputs(self._inputs)
+        self.counted.add_outputs(softmax(np.concatenate(self._logits)))
+        self._inputs, self._logits, self._waiting = [], [], 0
+        if self.counted.examples < self.size:
+            return None
+        scores, self.counted = self.counted.scores(self.reference), self.reference.fresh()
+        return scores
+
+
 def reference(reader: words.Words | pixels.Pictures, train_examples: Sequence[str | bytes],
               train_labels: Sequence[int], validation_probabilities: np.ndarray) -> Histograms:
     """The reference of a version: inputs and labels from training, confidence from validation."""
@@ -95,7 +131,7 @@ def reference(reader: words.Words | pixels.Pictures, train_examples: Sequence[st
     made = Histograms.of(images)
     for start in range(0, len(train_examples), 64):  # a batch at a time: images' pixels take room
         chunk = list(train_examples[start:start + 64])
-        made.add_inputs(reader.see(chunk))
+        made.add_inputs([reader.see(chunk)])
     made.counts["label"] = np.bincount(np.asarray(train_labels, dtype=np.int64),
                                        minlength=validation_probabilities.shape[1]).astype(float)
     made.counts["confidence"] += np.histogram(validation_probabilities.max(axis=1), bins=CONFIDENCE_EDGES)[0]

@@ -50,14 +50,9 @@ class Loaded:
     variant: str
     servable: inference.Servable
     batcher: Batcher
-    reference: drift.Histograms | None
-    window: drift.Histograms | None = None
+    window: drift.Window | None  # None: no reference to compare with
     drift_scores: dict[str, float] = field(default_factory=dict)  # PSI per feature of the last full window
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __post_init__(self) -> None:
-        if self.reference is not None:
-            self.window = self.reference.fresh()
 
     @property
     def labels(self) -> list[str]:
@@ -327,8 +322,9 @@ class Runtime:
             log.error("model %s:%s did not load, so %s: %s", model, version, still, exc.message)
             await self._on_worker(self._audit, "serve.load_failed", f"{model}:{version}", {"error": exc.message})
             return current.production if current else None
+        window = drift.Window(reference, self.settings.serve.drift_window) if reference else None
         loaded = Loaded(model, version, servable.manifest["variant"], servable, self._batcher(model, version, servable),
-                        reference)
+                        window)
         loaded.batcher.on_batch = lambda batch: self._observe(loaded, batch)
         loaded.batcher.start()
         log.info("model %s:%s (%s) is loaded and warm", model, version, loaded.variant)
@@ -420,18 +416,16 @@ class Runtime:
                            f"{details['psi']:.2f}, above {details['threshold']:g}); check the inputs, or retrain "
                            "on recent labelled data")
 
-    # -- monitoring (on OpenVINO's threads) ----------------------------------------------------
+    # -- monitoring (on the event loop, once a batch's answers have gone) ------------------------
 
     def _observe(self, loaded: Loaded, batch: Batch) -> None:
         self.metrics.batch(loaded.model, loaded.version, batch.size, batch.seconds)
-        if loaded.reference is None or loaded.window is None:
+        if loaded.window is None:
             return
         with loaded.lock:
-            loaded.window.add_inputs(batch.inputs)
-            loaded.window.add_outputs(drift.softmax(batch.logits))
-            if loaded.window.examples < self.settings.serve.drift_window:
-                return
-            scores, loaded.window = loaded.window.scores(loaded.reference), loaded.reference.fresh()
+            scores = loaded.window.add(batch.inputs, batch.logits)
+        if scores is None:
+            return
         loaded.drift_scores = scores
         self.metrics.drift(loaded.model, loaded.version, scores)
         worst = max(scores, key=scores.get)
