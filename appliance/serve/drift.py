@@ -17,7 +17,7 @@ client's requests about 3% of their throughput.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -110,6 +110,8 @@ class Window:
 
     def add(self, inputs: Inputs, logits: np.ndarray) -> dict[str, float] | None:
         """Take one batch served; when the window is full, its PSI per feature (and a new window starts)."""
+        if isinstance(inputs, pixels.Seen):  # an image's pixels take room: only what is counted of it is kept
+            inputs = replace(inputs, feeds={})
         self._inputs.append(inputs)
         self._logits.append(logits)
         self._waiting += len(logits)
