@@ -16,16 +16,17 @@ length and cut where lengths jump (so short texts are not padded to a long one);
 dispatcher thread tokenises each piece and starts it on one of OpenVINO's asynchronous
 infer requests. Results come back on OpenVINO's threads and are handed to the event
 loop, which does not wait on inference, with one exception: a batch of at most
-`INLINE_TEXTS` texts, all from requests that reached the server whole (`inline`: HTTP),
+`INLINE_TEXTS` texts, all from requests that reached the server whole (`inline`: HTTP, or
+a gRPC call alone),
 is inferred on the event loop itself when the model is idle, as a hand-built server does
 with every request. At one client the hand-offs to the dispatcher thread and back from
 OpenVINO's cost a tenth of a request's time; under load, the requests that arrive while
 the loop infers are read together when it returns and make the next batch. A lone such
 request on an idle model waits one turn of the loop, so that requests read with it can
 join it, and then, still alone, starts its inference itself instead of waking the
-collector, which would answer it a turn later. A gRPC call
-reaches the batcher over several turns of the loop, so blocking it would serialise the
-calls: they never go inline.
+collector, which would answer it a turn later. A gRPC call reaches the batcher over
+several turns of the loop, so blocking it would serialise calls in company: the gRPC
+service asks for inline only for a call alone (`grpc_api.Service.model_infer`).
 
 One text never fails the others: a piece whose tokenisation or inference fails is tried
 again text by text, so only the guilty request fails (400 when its text would not

@@ -17,6 +17,7 @@ inference.proto` (tests/serve/test_grpc.py checks that the two agree).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
@@ -38,6 +39,7 @@ from appliance.serve.web import status_of
 log = logging.getLogger(__name__)
 DESCRIPTOR = Path(__file__).with_name("proto") / "inference.desc"
 SERVICE = "inference.GRPCInferenceService"
+CROWD_MEMORY_S = 0.1  # after calls overlapped, this long before a lone call may be inferred on the event loop
 CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
          403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
          408: grpc.StatusCode.DEADLINE_EXCEEDED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -61,6 +63,8 @@ class Service:
     def __init__(self, runtime: Runtime, rates: KeyRates) -> None:
         self.runtime, self.rates = runtime, rates
         self.keeps_ids = runtime.predictions is not None
+        self.inferring = 0  # ModelInfer calls past their key check and not yet answered
+        self.crowded_until = 0.0  # time.monotonic() until which calls are expected to have company
 
     async def server_live(self, _request: Message, _context: grpc.aio.ServicerContext) -> Message:
         return M["ServerLiveResponse"](live=True)
@@ -102,8 +106,18 @@ class Service:
                                   "per request")
         ask = _ask(request, self.keeps_ids, pictures)
         self.rates.charge(key, len(ask.examples))
-        answer = await self.runtime.predict(request.model_name, ask.examples, f"key:{key.name}", key.may_call,
-                                            version)
+        # A call alone, when none had company lately, may be inferred on the event loop as a lone HTTP request is.
+        # Calls in company go to the batcher: they reach it over several turns of the loop, which inferring on it
+        # would hold up, so that they would be inferred one by one.
+        self.inferring += 1
+        now = time.monotonic()
+        if self.inferring > 1:
+            self.crowded_until = now + CROWD_MEMORY_S
+        try:
+            answer = await self.runtime.predict(request.model_name, ask.examples, f"key:{key.name}", key.may_call,
+                                                version, inline=self.inferring == 1 and now >= self.crowded_until)
+        finally:
+            self.inferring -= 1
         tensors = oip.tensors(answer, [name for name, _ in ask.outputs])
         output = M["ModelInferResponse"].InferOutputTensor
         return M["ModelInferResponse"](
@@ -214,11 +228,14 @@ def handlers(service: Service, runtime: Runtime) -> grpc.GenericRpcHandler:
 async def start(settings: Settings, runtime: Runtime, rates: KeyRates) -> grpc.aio.Server:
     """The gRPC server on serve.host:serve.grpc_port, started; TLS with serving's certificate when serve.tls."""
     serve = settings.serve
-    # As for REST: a body within the limits (gRPC has one for all models: the larger), a connection's handshake within serve.header_timeout_s,
-    # an idle connection closed (a client reconnects when it has more to ask), calls in progress bounded.
+    # As for REST: a body within the limits (gRPC has one for all models: the larger), a connection's handshake within
+    # serve.header_timeout_s, an idle connection closed (a client reconnects when it has more to ask), calls in
+    # progress bounded. A connection's streams are bounded as HTTP/2 counts them, which its client honours by
+    # queueing; gRPC's default also counts finished calls until their memory is freed, which it cannot see, so a
+    # busy client was refused streams (UNAVAILABLE) well below the limit.
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", max(serve.max_body_bytes, serve.max_image_body_bytes)),
-                 ("grpc.max_concurrent_streams", 100),
+                 ("grpc.max_concurrent_streams", 100), ("grpc.http.overload_protection", 0),
                  ("grpc.server_handshake_timeout_ms", int(serve.header_timeout_s * 1000)),
                  ("grpc.max_connection_idle_ms", 60_000)],
         maximum_concurrent_rpcs=serve.max_connections)

@@ -169,7 +169,8 @@ class Runtime:
         (or from `version`, when it serves), counted in the metrics and usage.
 
         Each request is checked on its own before it joins a batch, so one bad example fails its request alone;
-        `allowed` says which models a 404's hint may name; `inline` is the batcher's (an HTTP request's examples).
+        `allowed` says which models a 404's hint may name; `inline` is the batcher's (an HTTP request, or a gRPC call
+        alone).
         """
         loaded = self.route(model, allowed).pick() if version is None else self.serving(model, version, allowed)
         serve = self.settings.serve

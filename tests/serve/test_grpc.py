@@ -3,6 +3,7 @@ metadata, inference, versions, keys, TLS; and the compiled protocol matches its 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aio_grpcclient
 from tritonclient.utils import InferenceServerException
 
 from appliance.serve import grpc_api
@@ -112,6 +114,30 @@ def test_grpc_calls_have_access_lines_too(served: tuple[Server, str], triton: gr
     logged = server.logged()
     assert re.search(rf"grpc ModelInfer OK [\d.]+ms key={state.token.split('_')[1]} model=tickets:2", logged)
     assert "31337" not in logged
+
+
+def test_many_calls_at_once_on_one_connection_all_succeed(served: tuple[Server, str], state: State) -> None:
+    """A client with as many calls in flight on its channel as the server allows streams (100) is never refused a
+    stream: finished calls no longer count against the limit while their memory is being freed."""
+
+    async def calls() -> list[list[str]]:
+        client = aio_grpcclient.InferenceServerClient(url=served[1])
+
+        async def caller(text: str) -> list[str]:  # call after call, as a busy client does
+            answers = []
+            for _ in range(8):
+                result = await client.infer("tickets", [texts_input([text])], headers=key(state))
+                answers.append(result.as_numpy("label")[0].decode())
+            return answers
+
+        try:
+            return await asyncio.gather(*(caller(TEXTS[i % 2]) for i in range(100)))
+        finally:
+            await client.close()
+
+    answers = asyncio.run(calls())
+    assert [set(labels) for labels in answers[:2]] == [{"billing"}, {"shipping"}]
+    assert sum(map(len, answers)) == 800
 
 
 def test_an_unknown_input_is_named(triton: grpcclient.InferenceServerClient, state: State) -> None:
