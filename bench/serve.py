@@ -49,6 +49,16 @@ texts, one text per request:
                          for "at least 85 % of in-process" (inprocess_share_c64)
   in-process threads     also b, without batching: one OpenVINO infer request per client
                          thread, one text per call; it shows what batching buys here
+  echo HTTP/1.1, echo gRPC
+                         the transports alone: one process answering every OIP infer request
+                         with the same fixed answer, no model, over uvicorn (as the appliance
+                         runs it: uvloop, httptools) and over grpcio's asyncio server on the
+                         same loop (as the appliance runs it), driven by the same clients as
+                         OIP REST and gRPC. What gRPC costs more per call here, server and
+                         client CPU together, bounds the share of OIP REST's throughput the
+                         appliance's gRPC can reach on a box whose cores the client shares
+                         (grpc_ceiling_vs_oip_rest), and what it adds to one client's p50
+                         bounds its p50 against OIP REST's (grpc_p50_floor_vs_oip_rest)
 
 The client: C workers each send requests back to back, each on its own keep-alive
 connection, speaking bare HTTP/1.1 on asyncio streams. It is a load generator, kept as
@@ -61,7 +71,11 @@ about 1.5-2 ms of client CPU per request, so the difference between the two runs
 a heavier client on the same cores costs the HTTP systems. The in-process systems get
 the same workers, awaiting the batcher or a thread instead of a socket. Every point runs a
 warm-up, then a measured window: throughput is the requests completed in the window per
-second, latency their p50 and p99 as the client saw them, tokenisation included. Texts
+second, latency their p50 and p99 as the client saw them, tokenisation included. The
+window is taken in ROUNDS turns, the systems taking turns at each concurrency, each turn
+after its own warm-up: this box's speed drifts by several percent within minutes, and
+turns spread that over every system alike (one window each once put the appliance at 0.86
+of the hand-built peer at one client where turns, minutes later, gave 0.96-0.99). Texts
 cycle through the validation split in the same order for every system, and each
 system's accuracy is one pass over that split with the labels read from its answers.
 
@@ -114,6 +128,7 @@ from pydantic import BaseModel
 SAMPLE = Path(__file__).resolve().parent.parent / "appliance" / "samples" / "support_tickets.csv"
 MODEL = "tickets"
 CONCURRENCY = (1, 8, 64)
+ROUNDS = 2  # each point's window, in turns with the other systems (see interleaved())
 TARGET_VS_NAIVE = 3.0
 TARGET_IDLE_RSS_MB = 400  # the serving process holds OpenVINO and tokenizers, never torch
 TARGET_PEER_C1, TARGET_PEER_TOP = 1.0, 2.5  # the appliance against the best peer, at 1 and at 64 clients
@@ -127,6 +142,7 @@ RAY_BATCHING = ((4, 0.001), (8, 0.002), (16, 0.005), (32, 0.005), (32, 0.01), (6
 OURS_OIP = "appliance serve OIP"  # the process of OURS, its Open Inference Protocol REST endpoint
 OURS_GRPC = "appliance serve gRPC"  # a second `appliance serve`, with its gRPC port on
 BATCHER, THREADS = "in-process batcher", "in-process threads"
+ECHO_REST, ECHO_GRPC = "echo HTTP/1.1", "echo gRPC"  # one process: the transports alone, no model
 SCORING_CLIENTS = 8
 STARTED = time.perf_counter()
 
@@ -218,6 +234,8 @@ def main() -> None:
     parser.add_argument("--naive-threads", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--peer-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--ray-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--echo-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--echo-grpc-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.naive_server is not None:
         naive_server(args.naive_server, args.naive_threads)
@@ -227,6 +245,9 @@ def main() -> None:
         return
     if args.ray_server is not None:
         ray_server(args.ray_server)
+        return
+    if args.echo_server is not None:
+        echo_server(args.echo_server, args.echo_grpc_port)
         return
     if args.quick:
         args.epochs, args.seconds, args.warmup = 1, 3.0, 0.5
@@ -320,6 +341,7 @@ class Servers:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
         self.grpc_port = free_port()  # of OURS_GRPC, beside its REST port
+        self.echo_grpc_port = free_port()  # of the echo process, beside its HTTP/1.1 port
         self.logs = Path(tempfile.mkdtemp(prefix="appliance-bench-serve-logs-"))
 
     def __enter__(self) -> Self:
@@ -330,6 +352,7 @@ class Servers:
             self.start(PEER, [*this, "--peer-server"], [])
             self.start(NAIVE, [*this, "--naive-server"], ["--naive-threads", "0"])
             self.start(NAIVE_1T, [*this, "--naive-server"], ["--naive-threads", "1"])
+            self.start(ECHO_REST, [*this, "--echo-server"], ["--echo-grpc-port", str(self.echo_grpc_port)])
             for name in self.processes:
                 self.wait_ready(name)
         except BaseException:
@@ -475,6 +498,53 @@ def peer_server(port: int) -> None:
         return drift.softmax(infer(inference.encode(servable.reader, texts, names))).tolist()
 
     hand_built(port, version, servable.labels, probabilities)
+
+
+# -- the transports alone ------------------------------------------------------------------------------------
+
+
+def echo_server(port: int, grpc_port: int) -> None:
+    """Every OIP infer request answered with the same label, no model: over uvicorn as the appliance runs it
+    (uvloop, httptools) on `port`, and over grpcio's asyncio server on the same loop, as the appliance runs it beside
+    REST, on `grpc_port` (with the appliance's options for streams). The API key is not read: the floor of each
+    transport, nothing else."""
+    import grpc
+    import uvicorn
+
+    from appliance.serve.grpc_api import SERVICE, M
+
+    rest_answer = json.dumps({"model_name": MODEL, "outputs": [{"name": "label", "shape": [1, 1],
+                                                                "datatype": "BYTES", "data": ["echo"]}]}).encode()
+    grpc_answer = M["ModelInferResponse"](model_name=MODEL, raw_output_contents=[b"\x04\x00\x00\x00echo"])
+
+    async def infer(_request: Any, _context: grpc.aio.ServicerContext) -> Any:
+        return grpc_answer
+
+    async def app(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                  send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        if scope["type"] == "lifespan":
+            server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100),
+                                              ("grpc.http.overload_protection", 0)])
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+                "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                    infer, request_deserializer=M["ModelInferRequest"].FromString,
+                    response_serializer=M["ModelInferResponse"].SerializeToString)}),))
+            server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+            await receive()
+            await server.start()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await server.stop(None)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(rest_answer)).encode())]})
+        await send({"type": "http.response.body", "body": rest_answer})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 # -- the framework peer: Ray Serve ---------------------------------------------------------------------------
@@ -763,6 +833,8 @@ async def run(
     connect = http_session if client == "httpx" else raw_session
     systems = [System(name, connect(servers.url(name), token), servers.pid(name))
                for name in (*PEERS, OURS) if name != RAY]
+    echoes = [System(ECHO_REST, raw_session(servers.url(ECHO_REST), token, oip=True), servers.pid(ECHO_REST)),
+              System(ECHO_GRPC, grpc_session(f"127.0.0.1:{servers.echo_grpc_port}", token), servers.pid(ECHO_REST))]
     systems.append(System(OURS_OIP, raw_session(servers.url(OURS), token, oip=True), servers.pid(OURS)))
     systems.append(System(OURS_GRPC, grpc_session(f"127.0.0.1:{servers.grpc_port}", token), servers.pid(OURS_GRPC)))
     systems += [
@@ -771,8 +843,8 @@ async def run(
     ]
     try:
         accuracy = {system.name: await score(system, validation) for system in systems}
-        points = [await measure(system, validation.texts, clients, warmup, seconds)
-                  for clients in concurrency for system in systems]
+        points = [point for clients in concurrency
+                  for point in await interleaved((*systems, *echoes), validation.texts, clients, warmup, seconds)]
         await asyncio.sleep(RELEASE_AFTER_S + 2)  # at rest: nothing in flight, the burst's buffers handed back
         idle = {system.name: at_rest(system.pid) for system in systems if system.pid and system.name != OURS_OIP}
         growth = await soaked(next(system for system in systems if system.name == OURS), validation.texts,
@@ -812,6 +884,24 @@ async def score(system: System, validation: Validation) -> float:
     accuracy = float(np.mean([predicted[i] == label for i, label in enumerate(validation.labels)]))
     log(f"{system.name}: validation accuracy {accuracy:.2%}")
     return accuracy
+
+
+async def interleaved(systems: Sequence[System], texts: Sequence[str], clients: int, warmup: float,
+                      seconds: float) -> list[Point]:
+    """Each system's point, measured in ROUNDS windows of seconds / ROUNDS taking turns with the others, so that the
+    box's speed, which drifts by several percent within minutes, weighs on every system alike."""
+    rounds = [[await measure(system, texts, clients, warmup, seconds / ROUNDS) for system in systems]
+              for _ in range(ROUNDS)]
+    return [merged(list(turns)) for turns in zip(*rounds, strict=True)]
+
+
+def merged(points: list[Point]) -> Point:
+    """One system's windows as one: their requests and CPU summed, others weighed by time, the last memory."""
+    seconds = sum(point.seconds for point in points)
+    return Point(points[0].system, points[0].concurrency, seconds,
+                 [latency for point in points for latency in point.latencies], sum(point.errors for point in points),
+                 sum(point.server_cpu_s for point in points), sum(point.client_cpu_s for point in points),
+                 sum(point.others * point.seconds for point in points) / seconds, points[-1].server_rss_mb)
 
 
 async def measure(system: System, texts: Sequence[str], clients: int, warmup: float, seconds: float) -> Point:
@@ -905,7 +995,8 @@ def report(results: Results, args: argparse.Namespace) -> None:
     print(f"data: {args.dataset.name}; its {results.validation_size} validation texts, one per request, in a fixed order")
     client = f"httpx {version('httpx')}" if args.client == "httpx" else "bare HTTP/1.1 on asyncio streams"
     print(f"load: each client sends one text per request back to back on its own connection ({client}; the gRPC clients share one channel); "
-          f"{args.warmup:g} s warm-up, then {args.seconds:g} s measured per point; the client runs on this machine")
+          f"{args.seconds:g} s measured per point, in {ROUNDS} turns taken with the other systems, each after {args.warmup:g} s "
+          "of warm-up; the client runs on this machine")
     print()
     table(results.points)
     print()
@@ -965,6 +1056,16 @@ def summary(results: Results, top: int, client: str) -> None:
     print(f"gRPC against OIP REST: {grpc_rate:.2f}x the throughput at {top} clients (target at least 1.0), "
           f"{grpc_p50:.2f}x the p50 at {fewest} client(s) (target at most 1.0); OIP REST against the plain endpoint: "
           f"{rate[OURS_OIP] / rate[OURS]:.2f}x the throughput at {top} clients")
+    grpc_extra_ms, grpc_ceiling = grpc_ceiling_at(at_top)
+    echo_p50 = {name: at_fewest[name].percentile_ms(50) for name in (ECHO_REST, ECHO_GRPC)}
+    grpc_p50_floor = (at_fewest[OURS_OIP].percentile_ms(50) + echo_p50[ECHO_GRPC] - echo_p50[ECHO_REST]
+                      ) / at_fewest[OURS_OIP].percentile_ms(50)
+    print(f"the transports alone: at {top} clients an echo answers {rate[ECHO_REST]:.0f} calls/s over HTTP/1.1 and "
+          f"{rate[ECHO_GRPC]:.0f} over gRPC; gRPC costs {grpc_extra_ms * 1000:.0f} us more CPU per call, server and "
+          f"client together, so on this machine the appliance's gRPC can reach at most {grpc_ceiling:.2f}x its OIP "
+          f"REST throughput, however lean its own work; at {fewest} client(s) the echo's p50 is "
+          f"{echo_p50[ECHO_REST]:.2f} ms over HTTP/1.1 and {echo_p50[ECHO_GRPC]:.2f} ms over gRPC, so its p50 can be "
+          f"no better than {grpc_p50_floor:.2f}x OIP REST's")
     rate_fewest = {name: point.throughput for name, point in at_fewest.items()}
     best_c1, best_top = (max(PEERS, key=lambda name: rates[name]) for rates in (rate_fewest, rate))
     peer_c1 = rate_fewest[OURS] / rate_fewest[best_c1] if rate_fewest[best_c1] else 0.0
@@ -998,9 +1099,25 @@ def summary(results: Results, top: int, client: str) -> None:
         "serve_maps_libtorch": results.idle[OURS].maps_libtorch,
         f"grpc_vs_oip_rest_c{top}": round(grpc_rate, 2), "target_grpc_vs_oip_rest": 1.0,
         f"grpc_p50_vs_oip_rest_c{fewest}": round(grpc_p50, 2), "target_grpc_p50_vs_oip_rest": 1.0,
+        f"grpc_ceiling_vs_oip_rest_c{top}": round(grpc_ceiling, 2),
+        f"grpc_p50_floor_vs_oip_rest_c{fewest}": round(grpc_p50_floor, 2),
+        f"grpc_transport_extra_us_c{top}": round(grpc_extra_ms * 1000),
         "client": client,
         "others_max": round(max(point.others for point in results.points), 2),
     }))
+
+
+def grpc_ceiling_at(points: dict[str, Point]) -> tuple[float, float]:
+    """What gRPC's transport costs more than HTTP/1.1's per call (ms of server and client CPU, from the echoes), and
+    the share of OIP REST's throughput that leaves the appliance's gRPC when the two processes share the CPUs: all
+    else equal, each request would cost that much more of them."""
+
+    def cpu_ms(point: Point) -> float:
+        return point.per_request_ms(point.server_cpu_s + point.client_cpu_s)
+
+    extra = cpu_ms(points[ECHO_GRPC]) - cpu_ms(points[ECHO_REST])
+    rest = cpu_ms(points[OURS_OIP])
+    return extra, rest / (rest + extra) if rest + extra > 0 else 0.0
 
 
 def key(name: str) -> str:
