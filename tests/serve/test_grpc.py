@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,16 +17,11 @@ import tritonclient.grpc.aio as aio_grpcclient
 from tritonclient.utils import InferenceServerException
 
 from appliance.serve import grpc_api
+from tests.daemon import free_port
 from tests.serve.conftest import Server, State, start_server, stop_server
 
 TEXTS = ["refund for the invoice charge please", "the courier lost my parcel delivery", "où est mon colis ?",
          "my login crashed " * 40]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ from appliance.serve import drift
 from appliance.store import blobs, lifecycle
 from appliance.train import engine
 from appliance.train.params import TrainParams
+from tests.daemon import free_port
 from tests.serve.conftest import Server, State, start_server, stop_server
-from tests.serve.test_grpc import free_port
 from tests.test_datasets import claiming
 from tests.train.test_images import write_shapes
 
