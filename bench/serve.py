@@ -75,7 +75,7 @@ second, latency their p50 and p99 as the client saw them, tokenisation included.
 window is taken in ROUNDS turns, the systems taking turns at each concurrency, each turn
 after its own warm-up: this box's speed drifts by several percent within minutes, and
 turns spread that over every system alike (one window each once put the appliance at 0.86
-of the hand-built peer at one client where turns, minutes later, gave 0.96-0.99). Texts
+of the hand-built peer at one client where turns, minutes later, gave 0.95-0.99). Texts
 cycle through the validation split in the same order for every system, and each
 system's accuracy is one pass over that split with the labels read from its answers.
 
@@ -511,7 +511,7 @@ def echo_server(port: int, grpc_port: int) -> None:
     import grpc
     import uvicorn
 
-    from appliance.serve.grpc_api import SERVICE, M
+    from appliance.serve.grpc_api import SERVICE, STREAMS, M
 
     rest_answer = json.dumps({"model_name": MODEL, "outputs": [{"name": "label", "shape": [1, 1],
                                                                 "datatype": "BYTES", "data": ["echo"]}]}).encode()
@@ -523,8 +523,7 @@ def echo_server(port: int, grpc_port: int) -> None:
     async def app(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                   send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         if scope["type"] == "lifespan":
-            server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100),
-                                              ("grpc.http.overload_protection", 0)])
+            server = grpc.aio.server(options=STREAMS)
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
                 "ModelInfer": grpc.unary_unary_rpc_method_handler(
                     infer, request_deserializer=M["ModelInferRequest"].FromString,

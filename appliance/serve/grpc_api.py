@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 DESCRIPTOR = Path(__file__).with_name("proto") / "inference.desc"
 SERVICE = "inference.GRPCInferenceService"
 CROWD_MEMORY_S = 0.1  # after calls overlapped, this long before a lone call may be inferred on the event loop
+# A connection's streams, bounded as HTTP/2 counts them, which its client honours by queueing. grpcio's default
+# "overload protection" also counts finished calls until their memory is freed, which no client can see: a busy
+# client was refused streams (UNAVAILABLE, RST_STREAM 7) well below the limit.
+STREAMS = [("grpc.max_concurrent_streams", 100), ("grpc.http.overload_protection", 0)]
 CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
          403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
          408: grpc.StatusCode.DEADLINE_EXCEEDED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -229,13 +233,10 @@ async def start(settings: Settings, runtime: Runtime, rates: KeyRates) -> grpc.a
     """The gRPC server on serve.host:serve.grpc_port, started; TLS with serving's certificate when serve.tls."""
     serve = settings.serve
     # As for REST: a body within the limits (gRPC has one for all models: the larger), a connection's handshake within
-    # serve.header_timeout_s, an idle connection closed (a client reconnects when it has more to ask), calls in
-    # progress bounded. A connection's streams are bounded as HTTP/2 counts them, which its client honours by
-    # queueing; gRPC's default also counts finished calls until their memory is freed, which it cannot see, so a
-    # busy client was refused streams (UNAVAILABLE) well below the limit.
+    # serve.header_timeout_s, an idle connection closed (a client reconnects when it has more to ask), a connection's
+    # streams (STREAMS) and the calls in progress bounded.
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", max(serve.max_body_bytes, serve.max_image_body_bytes)),
-                 ("grpc.max_concurrent_streams", 100), ("grpc.http.overload_protection", 0),
+        options=[("grpc.max_receive_message_length", max(serve.max_body_bytes, serve.max_image_body_bytes)), *STREAMS,
                  ("grpc.server_handshake_timeout_ms", int(serve.header_timeout_s * 1000)),
                  ("grpc.max_connection_idle_ms", 60_000)],
         maximum_concurrent_rpcs=serve.max_connections)
