@@ -261,7 +261,7 @@ def test_a_budgeted_run_fits_its_schedule_again_once_its_first_epoch_is_measured
     """The early estimate rests on seconds of training; after the first epoch and its evaluation the run says how
     long it takes again and sets the budget's horizon from those figures, the one a resumed run keeps."""
     lines: list[str] = []
-    # A budget the first epoch fits in with room to spare (it takes about 10 s here): the run is stopped after it.
+    # A budget the first epoch fits in with room to spare (the whole test takes about 10 s here); it is stopped after it.
     params = TrainParams(**{**FAST, "epochs": 1000, "max_minutes": 0.5, "checkpoint_every": None})
     stopped = engine.start(opened, dataset=many_tickets, base_dir=tiny_base, log=lines.append, params=params,
                            should_stop=lambda: any(line.startswith("after the first epoch") for line in lines))
