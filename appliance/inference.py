@@ -28,6 +28,7 @@ from appliance.data.datasets import IMAGE
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what words.Words.of reads
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 COMPARE_ROUNDS, COMPARE_SECONDS = 5, 0.1  # interleaved rounds of compare(), and each one's time per batch size
+THROUGHPUT = {"PERFORMANCE_HINT": "THROUGHPUT"}  # as many streams as the device runs well at once, each its own threads
 COMPARE_EXAMPLES = 64  # the examples compare() times on: enough for every length, few enough that a round is short
 Runner = Any  # an openvino.CompiledModel, an onnxruntime.InferenceSession or a train.bundle.TorchRunner
 Reader = words.Words | pixels.Pictures  # a text model's examples to feeds, or an image model's
@@ -49,6 +50,7 @@ class Servable:
     reader: Reader
     labels: list[str]
     manifest: dict[str, Any]
+    batched: ov.CompiledModel | None = None  # the same model compiled for throughput, where it has streams to spare
 
 
 # -- a model from bytes -------------------------------------------------------------------
@@ -86,8 +88,13 @@ def pack_ir(
     return archive.pack(sorted(files.items()))
 
 
-def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = None) -> Servable:
-    """Compile a packed IR from decrypted bytes: the weights go from memory to OpenVINO, never to a file."""
+def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = None, *,
+            throughput: bool = False) -> Servable:
+    """Compile a packed IR from decrypted bytes: the weights go from memory to OpenVINO, never to a file.
+
+    `throughput`: compile it a second time for throughput (`Servable.batched`), as the server runs batches under load,
+    unless the device runs one stream anyway. Both come from one read of the IR, and it is let go before they answer.
+    """
     files = archive.unpack(blob)
     manifest = json.loads(files["appliance.json"]) if "appliance.json" in files else {}
     images = manifest.get("task") == IMAGE
@@ -95,10 +102,14 @@ def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = No
     if missing:
         raise ArtifactError(f"the OpenVINO artifact lacks {', '.join(sorted(missing))}")
     try:
-        compiled = compile_openvino(Artifact(files["model.xml"], files["model.bin"]), device, config)
+        model = read_openvino(Artifact(files["model.xml"], files["model.bin"]))
+        compiled = compile_openvino(model, device, config)
+        batched = compile_openvino(model, device, (config or {}) | THROUGHPUT) if throughput else None
     except RuntimeError as exc:
         raise ArtifactError(f"OpenVINO cannot compile the {manifest.get('variant')} artifact: {exc}") from exc
-    return Servable(compiled, reader_of(files, manifest), manifest["labels"], manifest)
+    if batched is not None and batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") < 2:
+        batched = None  # one stream: the same as the model compiled for latency
+    return Servable(compiled, reader_of(files, manifest), manifest["labels"], manifest, batched)
 
 
 def reader_of(files: Mapping[str, bytes], manifest: Mapping[str, Any]) -> Reader:

@@ -44,7 +44,8 @@ texts, one text per request:
                          rests on that
   in-process batcher     baseline b: the same OpenVINO variant in this process, driven
                          through appliance.serve.batching.Batcher with the server's batching
-                         settings and, as the REST endpoints ask, inline inference of a lone
+                         settings and engines (the model compiled for latency and for
+                         throughput) and, as the REST endpoints ask, inline inference of a lone
                          text on an idle model: the server minus HTTP, auth and JSON, hence the reference
                          for "at least 85 % of in-process" (inprocess_share_c64)
   in-process threads     also b, without batching: one OpenVINO infer request per client
@@ -792,16 +793,18 @@ def threads_classify(pool: concurrent.futures.ThreadPoolExecutor, servable: Any)
     return classify
 
 
-def load_served() -> tuple[Any, int, str]:
-    """The production version's chosen variant, compiled as the server compiles it, its version number, and a line on
-    where it came from."""
+def load_served(throughput: bool = False) -> tuple[Any, int, str]:
+    """The production version's chosen variant, compiled as the server compiles it (`throughput`: for batches under
+    load too, as `appliance serve` does; a peer's one compiled model is what its engineer would write), its version
+    number, and a line on where it came from."""
     from appliance import inference, registry, store
     from appliance.core import config
     from appliance.store import blobs
 
     with store.open(config.load()) as opened:
         version = registry.get(opened, f"{MODEL}@production")
-        servable = inference.load_ir(blobs.read(opened, version.variants[version.chosen].blob_id))
+        servable = inference.load_ir(blobs.read(opened, version.variants[version.chosen].blob_id),
+                                    throughput=throughput)
         params = version.lineage(opened)["params"]
     origin = (f"model: {version.ref}, all-MiniLM-L6-v2 fine-tuned {params['epochs']} epochs through the appliance CLI, "
               f"serving its {version.chosen} variant; the naive servers run the same version's torch bundle")
@@ -820,13 +823,13 @@ async def run(
     from appliance.serve.batching import RELEASE_AFTER_S, Batcher
 
     validation = validation_split()
-    servable, _version, origin = load_served()
+    servable, _version, origin = load_served(throughput=True)
     serve = config.load().serve
     notes = [origin,
              (f"batching: max_batch_size {serve.max_batch_size}, max_delay_ms {serve.max_delay_ms:g} "
               "(APPLIANCE_SERVE_MAX_BATCH_SIZE / _MAX_DELAY_MS), for the server and the in-process batcher")]
     batcher = Batcher(servable.compiled, servable.reader, max_batch_size=serve.max_batch_size,
-                      max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue)
+                      max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue, batched=servable.batched)
     batcher.start()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(concurrency), thread_name_prefix="client")
     connect = http_session if client == "httpx" else raw_session

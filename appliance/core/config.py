@@ -47,7 +47,7 @@ class ServeSettings:
     tls: bool = False  # with no cert and key given, the appliance makes a self-signed pair in the state directory
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    max_batch_size: int = 32  # texts per inference
+    max_batch_size: int = 16  # texts per inference; under load each of the throughput engine's streams runs one
     max_delay_ms: float = 5.0  # while the model is busy, how long the first text of a batch waits for company
     max_queue: int = 1024  # texts waiting before new requests get 503 + Retry-After
     max_body_bytes: int = 1_048_576  # bigger requests get 413

@@ -28,6 +28,19 @@ collector, which would answer it a turn later. A gRPC call reaches the batcher o
 several turns of the loop, so blocking it would serialise calls in company: the gRPC
 service asks for inline only for a call alone (`grpc_api.Service.model_infer`).
 
+Two engines run the batches, both the same model. The latency engine, compiled as OpenVINO
+compiles for latency (one stream, every core's thread on each inference), takes the
+inline path and every batch while the load is light: a batch of a few texts is done
+soonest when all the cores work on it. Under load those threads wait on each other at every
+layer, more so when the event loop, busy with HTTP, takes a core from them. So when more
+examples wait and run than one batch per stream (`busy_depth`), batches go to the throughput
+engine (`inference.load_ir(throughput=True)`: a stream per core, each with one thread of
+its own, never waiting on another), which holds two batches per stream, one running and
+one queued, so a stream never idles while answers go out and texts come in. On the
+README's 2-core box `appliance serve` answered 1.1-1.5x as many requests at 64 clients
+(about 1.3x in most interleaved runs); at 8 clients (batches of a few texts, one stream
+left idle) the throughput engine alone lost a fifth, hence the two.
+
 One text never fails the others: a piece whose tokenisation or inference fails is tried
 again text by text, so only the guilty request fails (400 when its text would not
 tokenise, 503 when the model failed on it alone). And a text's CPU is bounded by what
@@ -39,12 +52,14 @@ is recorded (`on_batch`: metrics, drift) on the event loop once its answers have
 
 A burst of large batches leaves OpenVINO holding buffers sized for them (tens of MB per
 infer request); once the model has been quiet for `RELEASE_AFTER_S`, the collector hands
-them back (`release_memory`), so a server at rest holds what a server at rest needs.
+them back (`release_memory`), and the C heap's freed pages go back to the system
+(`_trim_heap`), so a server at rest holds what a server at rest needs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import queue
 import threading
@@ -63,6 +78,7 @@ log = logging.getLogger(__name__)
 SPLIT_RATIO = 2.0  # start a new piece when a text is this much longer than the piece's shortest...
 SPLIT_FLOOR = 256  # ...and this long (characters, ~64 tokens): below it, one more inference costs more than padding
 INLINE_TEXTS = 4  # an idle model's batch of up to this many texts may be inferred on the event loop
+ROWS_MULTIPLE = 8  # the throughput engine's batches are padded to a multiple of this many rows (see _padded)
 RELEASE_AFTER_S = 5.0  # quiet this long, the model's intermediate buffers go back; the next batch makes them again
 
 
@@ -89,10 +105,21 @@ Item = tuple[_Request, int]  # a request and the index of one of its examples
 
 
 @dataclass
+class _Engine:
+    """A compiled model and its asynchronous infer requests, one of the two ways a batch reaches OpenVINO."""
+
+    compiled: ov.CompiledModel
+    queue: ov.AsyncInferQueue
+    slots: int  # batches it may have in flight: those it runs at once and as many waiting behind them
+    rows_multiple: int = 1  # its batches padded to a multiple of this many rows
+
+
+@dataclass
 class _Flight:
     """A closed batch between the collector and its last answer; it holds one of the inference slots."""
 
     pieces: int  # not answered yet; changed only on the event loop
+    engine: _Engine
 
 
 class _Rows(NamedTuple):
@@ -136,6 +163,7 @@ class Batcher:
         max_delay_ms: float = 5.0,
         max_queue: int = 1024,
         on_batch: Callable[[Batch], None] | None = None,
+        batched: ov.CompiledModel | None = None,
     ) -> None:
         self._names, _ = inference.bind(compiled)
         self._reader = reader
@@ -143,12 +171,16 @@ class Batcher:
         self._max_batch, self._max_delay = max_batch_size, max_delay_ms / 1000
         self._max_queue = max_queue
         self.on_batch = on_batch or (lambda batch: None)
-        slots = max(2, compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self._compiled = compiled
-        self._infer = ov.AsyncInferQueue(compiled, slots)
-        self._infer.set_callback(self._done)
+        self._latency = self._engine(compiled, max(2, compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        self._throughput = None  # see the module's notes: the engine for batches when more wait than one can run
+        self._busy_depth = 0  # from this many examples waiting and in flight, batches go to the throughput engine
+        if batched is not None:
+            streams = batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
+            self._throughput = self._engine(batched, 2 * streams, ROWS_MULTIPLE)
+            self._busy_depth = streams * max_batch_size
         self._inline = compiled.create_infer_request()
-        self._slots = asyncio.Semaphore(slots)  # batches in flight; made here, used only on the event loop
+        self._batches = 0  # closed and not answered yet; each holds a slot of its engine (only on the event loop)
+        self._slot_freed = asyncio.Event()
         self._pending: list[Item] = []
         self._arrived = asyncio.Event()
         self._work: queue.SimpleQueue[tuple[_Flight, list[Item]] | None] = queue.SimpleQueue()
@@ -159,6 +191,11 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._collector: asyncio.Task[None] | None = None
         self._thread = threading.Thread(target=self._dispatch, name="batcher", daemon=True)
+
+    def _engine(self, compiled: ov.CompiledModel, slots: int, rows_multiple: int = 1) -> _Engine:
+        infer = ov.AsyncInferQueue(compiled, slots)
+        infer.set_callback(self._done)
+        return _Engine(compiled, infer, slots, rows_multiple)
 
     @property
     def depth(self) -> int:
@@ -191,8 +228,7 @@ class Batcher:
             alone = len(self._pending) == count and self._pending[0][0] is request  # a request's items are together
             if alone and not self._in_flight and not self._releasing:
                 self._pending = []
-                await self._slots.acquire()  # every slot is free while nothing is in flight: this does not wait
-                self._start(items)
+                self._start(items)  # every slot is free while nothing is in flight
                 return await request.future
         self._arrived.set()
         return await request.future
@@ -229,7 +265,9 @@ class Batcher:
                     await asyncio.wait_for(self._arrived.wait(), deadline - time.monotonic())
                 except TimeoutError:
                     break
-            await self._slots.acquire()  # texts that arrive meanwhile join this batch
+            while self._batches >= self._engine_now().slots:  # texts that arrive meanwhile join this batch
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
             batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
             if not self._pending:
                 self._arrived.clear()
@@ -242,17 +280,25 @@ class Batcher:
         quiet_for = time.monotonic() - self._last_start
         return RELEASE_AFTER_S - quiet_for if quiet_for < RELEASE_AFTER_S else RELEASE_AFTER_S
 
+    def _engine_now(self) -> _Engine:
+        """The throughput engine while more examples wait or run than the latency engine's one stream takes well."""
+        if self._throughput is not None and self.depth >= self._busy_depth:
+            return self._throughput
+        return self._latency
+
     def _start(self, batch: list[Item]) -> None:
-        """Start a closed batch, which holds a slot: inferred here when it may be (see the module's notes), else
-        piece by piece on the dispatcher thread."""
+        """Start a closed batch, which holds a slot of the engine chosen now: inferred here when it may be (see the
+        module's notes), else piece by piece on the dispatcher thread."""
         idle = not self._in_flight
         self._in_flight += len(batch)
+        engine = self._engine_now()  # the batch counted, as it was while it waited: the collector chose the same
+        self._batches += 1
         self._last_start = time.monotonic()
         if not self._holding:
             self._holding = True
             self._arrived.set()  # the collector, waiting with no timer, sets the one that gives the buffers back
         pieces = [batch] if self._images else _pieces(batch)
-        flight = _Flight(len(pieces))
+        flight = _Flight(len(pieces), engine)
         if idle and len(pieces) == 1 and len(batch) <= INLINE_TEXTS and all(r.inline for r, _ in batch):
             self._run_inline(flight, pieces[0])
             return
@@ -261,14 +307,17 @@ class Batcher:
 
     def _release(self) -> bool:
         """Hand back the buffers the last batches sized, once the last callback has returned; False while another
-        user of the compiled model (a warm-up, an evaluation) has an inference running, to try again later."""
-        self._infer.wait_all()
-        try:
-            self._compiled.release_memory()
-        except RuntimeError as exc:  # OpenVINO refuses while any infer request of the model is busy
-            log.debug("the model's buffers stay for now: %s", exc)
-            return False
-        return True
+        user of a compiled model (a warm-up, an evaluation) has an inference running, to try again later."""
+        released = True
+        for engine in filter(None, (self._latency, self._throughput)):
+            engine.queue.wait_all()
+            try:
+                engine.compiled.release_memory()
+            except RuntimeError as exc:  # OpenVINO refuses while any infer request of the model is busy
+                log.debug("the model's buffers stay for now: %s", exc)
+                released = False
+        _trim_heap()
+        return released
 
     def _dispatch(self) -> None:
         """The dispatcher thread: read a piece and start it; blocks while every infer request is busy."""
@@ -277,9 +326,10 @@ class Batcher:
             if (read := self._read(flight, piece)) is None:
                 continue
             inputs, feeds = read
+            feeds = _padded(feeds, flight.engine.rows_multiple)
             try:
                 # Shared, not copied: the arrays are this piece's alone and live in its userdata until it is done.
-                self._infer.start_async(feeds, (flight, piece, inputs, feeds), share_inputs=True)
+                flight.engine.queue.start_async(feeds, (flight, piece, inputs, feeds), share_inputs=True)
             except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
                 self._answer(flight, piece, None, _Failure(exc, input_fault=False))
 
@@ -316,7 +366,7 @@ class Batcher:
     def _done(self, request: ov.InferRequest, userdata: tuple) -> None:
         flight, piece, inputs, _feeds = userdata  # the feeds ride along only to stay alive while shared
         try:
-            logits = request.get_output_tensor(0).data.copy()
+            logits = request.get_output_tensor(0).data[: len(piece)].copy()  # the padding's rows left out
         except Exception as exc:  # noqa: BLE001  on OpenVINO's thread: the callers hear of it, the thread goes on
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return
@@ -346,7 +396,8 @@ class Batcher:
         self._in_flight -= len(piece)
         flight.pieces -= 1
         if not flight.pieces:
-            self._slots.release()
+            self._batches -= 1
+            self._slot_freed.set()
         for row, (request, index) in enumerate(piece):
             if request.future.done():
                 continue
@@ -359,6 +410,36 @@ class Batcher:
                 request.future.set_result(Inferred(np.stack(request.rows), request.truncated))
         if batch is not None:  # after the callers' wake-ups, so that recording it is nobody's wait
             asyncio.get_running_loop().call_soon(self._observe, batch)
+
+
+def _padded(feeds: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+    """Feeds with rows of zeros added up to a multiple of rows. Each of the throughput engine's streams keeps
+    kernels and buffers for every input shape it has seen, never given back: a server that had seen 256 shapes
+    (batches of 1 to 16 texts, 16 lengths) held 190 MB more at rest; batches under load are nearly all full anyway."""
+    rows = len(next(iter(feeds.values())))
+    missing = -rows % multiple
+    if not missing:
+        return feeds
+    return {name: np.concatenate([feed, np.zeros((missing, *feed.shape[1:]), feed.dtype)])
+            for name, feed in feeds.items()}
+
+
+def _trim_heap() -> None:
+    """Give the pages freed in the C heap back to the system (glibc's malloc_trim): the buffers a burst of batches
+    left, once released, would otherwise stay resident, a few tens of MB of the server's memory at rest."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()  # None where malloc is not glibc's: nothing to trim
 
 
 def _truncated(inputs: words.Read | pixels.Seen) -> list[bool]:

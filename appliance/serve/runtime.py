@@ -334,7 +334,7 @@ class Runtime:
     def _batcher(self, model: str, version: int, servable: inference.Servable) -> Batcher:
         serve = self.settings.serve
         return Batcher(servable.compiled, servable.reader, max_batch_size=serve.max_batch_size,
-                       max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue)
+                       max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue, batched=servable.batched)
 
     async def _retire(self, old: Route | None, new: Route | None) -> None:
         """Drain and drop the versions of old that new no longer uses."""
@@ -358,7 +358,7 @@ class Runtime:
     def _load(self, model: str, version: int) -> tuple[inference.Servable, drift.Histograms | None]:
         """Decrypt the chosen variant into memory, compile, warm up and check one inference."""
         entry = registry.get(self._store, f"{model}:{version}")
-        servable = inference.load_ir(blobs.read(self._store, entry.serving_variant().blob_id))
+        servable = inference.load_ir(blobs.read(self._store, entry.serving_variant().blob_id), throughput=True)
         logits = inference.predict(servable.compiled, servable.reader, warm_up(servable.reader))
         if logits.shape != (2, len(servable.labels)) or not np.isfinite(logits).all():
             raise ModelNotFound(f"{entry.ref} failed its smoke inference (logits {logits.shape})")

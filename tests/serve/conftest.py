@@ -143,4 +143,4 @@ def servable(trained: Trained) -> inference.Servable:
     files = archive.unpack(trained.bundle)
     model, _, manifest = load_text_classifier(files)
     packed = inference.pack_ir(optimize.export_openvino(model, manifest["max_length"]), files, "fp32")
-    return inference.load_ir(packed, config=F32)
+    return inference.load_ir(packed, config=F32, throughput=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
+import openvino as ov
 import pytest
 
 from appliance import inference, words
@@ -58,6 +60,48 @@ def test_a_lone_request_on_an_idle_model_is_inferred_inline_and_a_crowd_still_sh
     np.testing.assert_allclose(np.concatenate([answer.logits for answer in crowd]), expected, atol=1e-4)
     assert [batch.size for batch in batches[:5]] == [1] * 5  # each recorded, on the loop
     assert max(batch.size for batch in batches[5:]) > batching.INLINE_TEXTS  # the crowd was batched
+
+
+class _Counted:
+    """An engine's infer requests, counting the pieces started on them."""
+
+    def __init__(self, queue: ov.AsyncInferQueue) -> None:
+        self.queue, self.started = queue, 0
+
+    def start_async(self, *args: object, **kwargs: object) -> None:
+        self.started += 1
+        self.queue.start_async(*args, **kwargs)
+
+    def wait_all(self) -> None:
+        self.queue.wait_all()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: OpenVINO runs one stream for throughput too")
+def test_a_light_load_runs_on_the_latency_engine_and_a_crowd_on_the_throughput_one_with_the_same_answers(
+    servable: inference.Servable, trained: Trained
+) -> None:
+    """Both engines are the same model: which one a batch took never changes its answer."""
+    texts = trained.data.texts[:48]
+    expected = inference.predict(servable.compiled, servable.reader, texts)
+    assert servable.batched is not None
+
+    async def scenario() -> tuple[list[batching.Inferred], list[batching.Inferred], int, int, int]:
+        batcher = batching.Batcher(servable.compiled, servable.reader, max_batch_size=4, max_delay_ms=5,
+                                   batched=servable.batched)
+        latency, throughput = _Counted(batcher._latency.queue), _Counted(batcher._throughput.queue)
+        batcher._latency.queue, batcher._throughput.queue = latency, throughput  # type: ignore[assignment]
+        batcher.start()
+        light = [await batcher.infer(texts[i : i + 6]) for i in range(0, 12, 6)]  # one request at a time
+        started_light = throughput.started
+        crowd = await asyncio.gather(*(batcher.infer([text]) for text in texts))  # 48 waiting: 6 batches per stream
+        await batcher.close()
+        return light, crowd, started_light, latency.started, throughput.started
+
+    light, crowd, started_light, on_latency, on_throughput = asyncio.run(scenario())
+    np.testing.assert_allclose(np.concatenate([answer.logits for answer in light]), expected[:12], atol=1e-4)
+    np.testing.assert_allclose(np.concatenate([answer.logits for answer in crowd]), expected, atol=1e-4)
+    assert started_light == 0 and on_latency >= 2
+    assert on_throughput >= 48 // 4 - 2  # nearly every batch of the crowd: the last ones start as it thins out
 
 
 def test_a_batch_is_cut_only_where_long_texts_would_pad_short_ones() -> None:
@@ -140,7 +184,7 @@ def test_a_quiet_model_hands_back_its_buffers_and_goes_on_answering(
         batcher.start()
         answers = [await batcher.infer(["where is my parcel"] * 8)]
         await asyncio.sleep(0.5)  # quiet: released, for real
-        batcher._compiled = busy = Busy()  # type: ignore[assignment]
+        batcher._latency.compiled = busy = Busy()  # type: ignore[assignment]
         answers.append(await asyncio.wait_for(batcher.infer(["refund my invoice"]), timeout=15))
         await asyncio.sleep(0.5)  # quiet again: refused once, then released
         answers.append(await asyncio.wait_for(batcher.infer(["and my parcel"]), timeout=15))
@@ -168,7 +212,7 @@ def test_a_model_that_answered_lone_requests_inline_hands_back_its_buffers_too(
 
     async def scenario() -> list[int]:
         batcher = batching.Batcher(servable.compiled, servable.reader)
-        batcher._compiled = counting = Counting()  # type: ignore[assignment]
+        batcher._latency.compiled = counting = Counting()  # type: ignore[assignment]
         batcher.start()
         released = []
         for text in ("where is my parcel", "refund my invoice"):

@@ -55,7 +55,7 @@ def test_health_metadata_and_configuration(triton: httpclient.InferenceServerCli
         ("label", "BYTES"), ("probabilities", "FP32"), ("truncated", "BOOL"), ("prediction_id", "BYTES")]
     assert triton.get_model_metadata("tickets", "2", headers=key())["versions"] == ["2"]
     config = triton.get_model_config("tickets", headers=key())
-    assert config["max_batch_size"] == 32 and config["input"][0]["data_type"] == "TYPE_STRING"
+    assert config["max_batch_size"] == 16 and config["input"][0]["data_type"] == "TYPE_STRING"
     assert config["output"][1] == {"name": "probabilities", "data_type": "TYPE_FP32", "dims": [3]}
 
 
