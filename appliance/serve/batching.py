@@ -179,7 +179,7 @@ class Batcher:
             self._throughput = self._engine(batched, 2 * streams, ROWS_MULTIPLE)
             self._busy_depth = streams * max_batch_size
         self._inline = compiled.create_infer_request()
-        self._batches = 0  # closed and not answered yet; each holds a slot of its engine (only on the event loop)
+        self._batches = 0  # closed and not answered yet, on either engine; at most the engine chosen now has slots
         self._slot_freed = asyncio.Event()
         self._pending: list[Item] = []
         self._arrived = asyncio.Event()
