@@ -828,8 +828,7 @@ async def run(
     notes = [origin,
              (f"batching: max_batch_size {serve.max_batch_size}, max_delay_ms {serve.max_delay_ms:g} "
               "(APPLIANCE_SERVE_MAX_BATCH_SIZE / _MAX_DELAY_MS), for the server and the in-process batcher")]
-    batcher = Batcher(servable.compiled, servable.reader, max_batch_size=serve.max_batch_size,
-                      max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue, batched=servable.batched)
+    batcher = Batcher.serving(servable, serve)
     batcher.start()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(concurrency), thread_name_prefix="client")
     connect = http_session if client == "httpx" else raw_session

@@ -72,6 +72,7 @@ import numpy as np
 import openvino as ov
 
 from appliance import inference, pixels, words
+from appliance.core.config import ServeSettings
 from appliance.core.errors import BadRequest, Overloaded, ServeError
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,12 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._collector: asyncio.Task[None] | None = None
         self._thread = threading.Thread(target=self._dispatch, name="batcher", daemon=True)
+
+    @classmethod
+    def serving(cls, servable: inference.Servable, serve: ServeSettings) -> Batcher:
+        """The batcher the server puts in front of a loaded version: its engines and the batching settings."""
+        return cls(servable.compiled, servable.reader, max_batch_size=serve.max_batch_size,
+                   max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue, batched=servable.batched)
 
     def _engine(self, compiled: ov.CompiledModel, slots: int, rows_multiple: int = 1) -> _Engine:
         infer = ov.AsyncInferQueue(compiled, slots)

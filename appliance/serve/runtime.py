@@ -324,17 +324,12 @@ class Runtime:
             await self._on_worker(self._audit, "serve.load_failed", f"{model}:{version}", {"error": exc.message})
             return current.production if current else None
         window = drift.Window(reference, self.settings.serve.drift_window) if reference else None
-        loaded = Loaded(model, version, servable.manifest["variant"], servable, self._batcher(model, version, servable),
-                        window)
+        loaded = Loaded(model, version, servable.manifest["variant"], servable,
+                        Batcher.serving(servable, self.settings.serve), window)
         loaded.batcher.on_batch = lambda batch: self._observe(loaded, batch)
         loaded.batcher.start()
         log.info("model %s:%s (%s) is loaded and warm", model, version, loaded.variant)
         return loaded
-
-    def _batcher(self, model: str, version: int, servable: inference.Servable) -> Batcher:
-        serve = self.settings.serve
-        return Batcher(servable.compiled, servable.reader, max_batch_size=serve.max_batch_size,
-                       max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue, batched=servable.batched)
 
     async def _retire(self, old: Route | None, new: Route | None) -> None:
         """Drain and drop the versions of old that new no longer uses."""
