@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128, help="tokens per text (default 128)")
     parser.add_argument("--student-layers", type=int, default=3, help="encoder layers of the student (default 3)")
     parser.add_argument("--student-epochs", type=int, help="distillation epochs, exactly (default: DistillParams', more on small data)")
-    parser.add_argument("--student-learning-rate", type=float, help="distillation rate (default: DistillParams')")
+    parser.add_argument("--student-learning-rate", type=float, help="distillation rate (default: searched by the first epoch)")
     parser.add_argument("--no-student", action="store_true", help="skip distillation")
     parser.add_argument("--min-seconds", type=float, default=3.0, help="timing window per batch size (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds over all variants; best kept (default 3)")
@@ -152,10 +152,9 @@ def main() -> None:
     if not args.no_student:
         student, params = distil(bundle, data, args)
         student_note = (
-            f"student: {student.layers} of {model.config.num_hidden_layers} layers, distilled {student.epochs} epochs "
-            f"at lr {params.learning_rate:g} (layers' loss weight {params.hidden_weight:g}, {params.variants} variant(s) "
-            f"of each text an epoch) in {student.seconds:.0f} s (best epoch by validation macro-F1); its "
-            f"torch accuracy {student.metrics['accuracy']:.2%}, the teacher's {student.teacher_metrics['accuracy']:.2%}"
+            f"student of a {model.config.num_hidden_layers}-layer teacher: {student.describe()} (best epoch by "
+            f"validation macro-F1; layers' loss weight {params.hidden_weight:g}, {params.variants} variant(s) of each "
+            f"text an epoch), in {student.seconds:.0f} s"
         )
         variants += openvino_variants(f"student-{student.layers}L ", student.bundle, setup)
     report(measure(variants, setup), setup, args, base_dir, student_note)
@@ -221,10 +220,10 @@ def distil(
         params = dataclasses.replace(params, epochs=args.student_epochs, min_steps=0)
     if args.student_learning_rate:
         params = dataclasses.replace(params, learning_rate=args.student_learning_rate)
-    log(f"distil a {params.layers}-layer student, at least {params.epochs} epochs and {params.min_steps} steps, "
-        f"lr {params.learning_rate:g}")
+    rate = f"lr {params.learning_rate:g}" if params.learning_rate else f"lr searched among {distill.LEARNING_RATES}"
+    log(f"distil a {params.layers}-layer student, at least {params.epochs} epochs and {params.min_steps} steps, {rate}")
     student = distill.distill(bundle, data, params)
-    log(f"student: torch accuracy {student.metrics['accuracy']:.2%} in {student.seconds:.0f} s")
+    log(f"{student.describe()}, in {student.seconds:.0f} s")
     return student, params
 
 

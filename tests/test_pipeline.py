@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance import inference, optimize, registry
+from appliance import inference, operations, optimize, registry
 from appliance.core import archive
 from appliance.core.errors import RegistryError
 from appliance.data import datasets
 from appliance.operations import pipeline
+from appliance.operations.jobspec import OptimizeJob
 from appliance.store import Store, audit, blobs
 from appliance.train import engine, runs
 from appliance.train.params import TrainParams
@@ -114,7 +115,41 @@ def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
     assert student.bytes < teacher.bytes and set(student.metrics) == {"accuracy", "macro_f1", *SPEED}
     assert student.metrics["accuracy"] > 0.6  # three classes: chance is a third
     assert "student INT8 guard" in version.reason and "student-int8" in version.reason.split("Texts/s")[1]
+    assert version.reason.startswith("1-layer student, ") and "the best by validation macro-F1 after the first epoch (0.0003 " in version.reason
     assert version.chosen == fastest_within_a_point_of_fp32(version)
+
+
+class StoppingJob:
+    """An operations.Context whose stop is asked for after a few progress reports, as a preempted job's is."""
+
+    id, actor, max_threads, confined = "job-1", None, None, True
+
+    def __init__(self, store: Store, reports_before_stop: int) -> None:
+        self.store, self.state, self.reports, self.left = store, {}, [], reports_before_stop
+
+    def stage(self, name: str) -> None: ...
+    def save(self, **made: object) -> None: self.state.update(made)
+    def log(self, line: str) -> None: ...
+    def cancelled(self) -> bool: return False
+
+    def report(self, data: dict[str, object], force: bool = False) -> None:
+        self.reports.append(data)
+        self.left -= 1
+
+    def should_stop(self) -> bool:
+        return self.left <= 0
+
+
+def test_a_student_learning_reports_its_steps_and_a_stop_ends_the_job_stage_with_nothing_registered(
+    opened: Store, registered: registry.ModelVersion
+) -> None:
+    job = StoppingJob(opened, reports_before_stop=5)
+    with pytest.raises(operations.Stopped):
+        operations.optimise(job, OptimizeJob.parse({"version": "tickets:1", "distill_layers": 1}), "tickets:1")
+    learning = [report["what"] for report in job.reports if "student: step" in str(report["what"])]
+    assert learning and learning[0].startswith("distil a 1-layer student: step 1 of "), job.reports  # its heartbeat
+    assert [version.ref for version in registry.list_versions(opened)] == ["tickets:1"]
+    assert "optimized" not in job.state  # a resume starts the stage again
 
 
 def test_a_version_with_neither_torch_bundle_nor_fp32_ir_cannot_be_optimised(

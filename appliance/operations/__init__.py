@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from appliance import registry
-from appliance.core.errors import ApplianceError, DatasetError
+from appliance.core.errors import ApplianceError, DatasetError, JobError
 from appliance.core.text import counted
 from appliance.data import datasets, sources
 from appliance.operations import burst, challenge, jobs, pipeline
@@ -230,7 +230,13 @@ def optimise(ctx: Context, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) 
     def progress(done: int, total: int, what: str) -> None:
         ctx.report({"stage": "optimize", "step": done, "total_steps": total, "what": what})
 
-    version = pipeline.optimize_version(ctx.store, ref, spec.optimize_options(), progress=progress, actor=ctx.actor)
+    try:
+        version = pipeline.optimize_version(ctx.store, ref, spec.optimize_options(), progress=progress,
+                                            should_stop=ctx.should_stop, actor=ctx.actor)
+    except JobError:
+        if ctx.should_stop():  # stopped while a student learnt: nothing was kept, and a resume starts the stage again
+            raise Stopped(ctx.state) from None
+        raise
     ctx.save(optimized=version.ref)
     return version
 

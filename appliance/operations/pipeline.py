@@ -113,10 +113,12 @@ def optimize_version(
     options: OptimizeOptions = OptimizeOptions(),
     *,
     progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
     actor: str | None = None,
 ) -> registry.ModelVersion:
     """Quantise and (if asked) distil a version into a new version, starting from its FP32 IR: exported from its
-    torch bundle where it has one, else the one it was imported with.
+    torch bundle where it has one, else the one it was imported with. The distillation, the long part, reports its
+    steps and stops when should_stop says so (JobError; nothing is kept).
 
     Calibration uses a sample of the training split and every score the validation split,
     so the guard judges on texts the quantiser never saw.
@@ -148,7 +150,7 @@ def optimize_version(
                                     subset_size=options.calibration_size, int8=options.int8)
 
     step(0, "export to OpenVINO" + (" and quantise to INT8" if options.int8 else ""))
-    starts = {"": _starting_point(store, source)}
+    starts, taught = {"": _starting_point(store, source)}, ""
     outcomes = {"": optimise(starts[""])}
     if options.distill_layers:
         from appliance.train import distill
@@ -156,8 +158,11 @@ def optimize_version(
         step(1, f"distil a {options.distill_layers}-layer student")
         teacher = blobs.read(store, source.variants[TORCH].blob_id)
         data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))
-        student = distill.distill(teacher, data, distill.DistillParams(layers=options.distill_layers)).bundle
-        starts[STUDENT] = Start.exported(archive.unpack(student))
+        student = distill.distill(
+            teacher, data, distill.DistillParams(layers=options.distill_layers), should_stop=should_stop,
+            progress=lambda done, total: step(1, f"distil a {options.distill_layers}-layer student: step {done} of {total}"))
+        taught = f"{student.describe()}. "
+        starts[STUDENT] = Start.exported(archive.unpack(student.bundle))
         step(2, "export and quantise the student")
         outcomes[STUDENT] = optimise(starts[STUDENT])
     step(steps - 2, "measure speed on this box")
@@ -172,7 +177,7 @@ def optimize_version(
     step(steps - 1, "choose and register")
     chosen, reason = _choose(outcomes, metrics, options, "Images" if source.task == datasets.IMAGE else "Texts")
     version = registry.register(store, source.model, run_id=source.run_id, task=source.task, variants=variants,
-                                chosen=chosen, reason=reason, actor=actor)
+                                chosen=chosen, reason=taught + reason, actor=actor)
     step(steps, f"registered {version.ref}")
     return version
 

@@ -11,8 +11,11 @@ classes are, not just which one is right), beside the hard labels. The teacher r
 it on every batch, so it can teach on texts that have no label too: each epoch every
 training text comes once more a little changed (some words dropped, or a part of it), as
 TinyBERT augments its data, and the student learns the teacher's states and soft labels
-on it. The result is a bundle of the teacher's form, so optimize.optimize exports and
-quantises it as is. Everything stays in memory: no plaintext weight reaches a disk.
+on it. Unless a rate is given, the first epoch is a search: a student for each of a few
+learning rates trains on the same batches (the teacher runs once for all of them), and only the
+one best on validation goes on. The result is a bundle of the teacher's form, so
+optimize.optimize exports and quantises it as is. Everything stays in memory: no plaintext
+weight reaches a disk.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import copy
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +35,7 @@ from appliance import inference
 from appliance.core import archive
 from appliance.core.errors import JobError, OptimizeError
 from appliance.data.datasets import LoadedDataset
-from appliance.train.bundle import TorchRunner, load_text_classifier
+from appliance.train.bundle import TorchRunner, input_names, load_text_classifier
 
 LAYER_PATHS = ("encoder.layer", "transformer.layer")  # BERT, MiniLM, RoBERTa, ELECTRA; DistilBERT
 NO_LABEL = -1  # a variant's label: the teacher alone teaches on it
@@ -47,11 +50,11 @@ class DistillParams:
     # At 3e-4 a small dataset needs more passes: on the bundled sample (240 texts, 15 steps an epoch) a student stopped
     # at 91.67% after 60 steps and reached the teacher's 95.00% after 120 and 240.
     min_steps: int = 150
-    # Cut to its first layers and taught by the logits alone, a student had far to move (its head read a lower layer's
-    # output than it was trained on) and wanted 1e-3. Drawn towards the teacher's states, it moves less: on fortunes
-    # (bench/fortunes.py) split with seed 14, teacher 85.44%, with the layers' loss and a variant of each text, 1e-3
-    # gave 83.01% and 3e-4 84.30% (82.36% after one epoch, against 76.86%).
-    learning_rate: float = 3e-4
+    # None: chosen among LEARNING_RATES by the first epoch (search_rates). The best rate moves with the data: cut to its
+    # first layers and taught by the logits alone, a student had far to move and wanted 1e-3; drawn towards the
+    # teacher's states it moves less: on fortunes (bench/fortunes.py) split with seed 14, teacher 85.44%, 1e-3 gave
+    # 83.01% and 3e-4 84.30% (82.36% after one epoch, against 76.86%).
+    learning_rate: float | None = None
     batch_size: int = 32
     temperature: float = 2.0
     alpha: float = 0.5  # weight of the soft (KL) loss; 1 - alpha on the hard cross-entropy
@@ -66,9 +69,15 @@ class DistillParams:
     seed: int = 0
 
 
+# The rates a search tries, in order of preference: a tie goes to the first. 3e-4 first, as the one that did best on
+# the real data tried (above); a smaller and a larger one beside it.
+LEARNING_RATES = (3e-4, 1e-4, 1e-3)
+
+
 @dataclass(frozen=True)
 class Student:
-    """The distilled bundle, its validation scores beside the teacher's, and how long it took (epochs and seconds)."""
+    """The distilled bundle, its validation scores beside the teacher's, its rate (and, when the rate was searched,
+    each rate's validation scores after the first epoch), and how long it took (epochs and seconds)."""
 
     bundle: bytes  # same files as a training bundle: config.json, model.safetensors, tokenizer files, appliance.json
     metrics: dict[str, float]
@@ -76,6 +85,18 @@ class Student:
     layers: int
     epochs: int
     seconds: float
+    learning_rate: float
+    searched: dict[float, dict[str, float]]  # empty when the rate was given
+
+    def describe(self) -> str:
+        """How the student was taught and how it scored, in words for a report."""
+        if self.searched:
+            tried = ", ".join(f"{rate:g} {scores['macro_f1']:.3f}" for rate, scores in self.searched.items())
+            rate = f"lr {self.learning_rate:g}, the best by validation macro-F1 after the first epoch ({tried})"
+        else:
+            rate = f"lr {self.learning_rate:g} as given"
+        return (f"{self.layers}-layer student, {self.epochs} epochs at {rate}: accuracy {self.metrics['accuracy']:.3f} "
+                f"against the teacher's {self.teacher_metrics['accuracy']:.3f}")
 
 
 def distill(
@@ -87,7 +108,7 @@ def distill(
     should_stop: Callable[[], bool] | None = None,
 ) -> Student:
     """Train a k-layer student on the teacher's layer states and soft labels and on the hard labels; keep its best
-    epoch."""
+    epoch. Progress counts student steps: in the search's epoch, one a batch for each rate tried."""
     started = time.monotonic()
     files = archive.unpack(teacher_bundle)
     try:
@@ -100,58 +121,82 @@ def distill(
     targets = torch.tensor([manifest["labels"].index(label) for label in data.labels])
     validation = [data.texts[i] for i in data.validation], targets[data.validation].tolist()
 
-    runner = TorchRunner(model)
-    teacher_metrics = inference.evaluate(runner, reader, *validation)
+    teacher_metrics = inference.evaluate(TorchRunner(model), reader, *validation)
     teacher = copy.deepcopy(model)
     kept, matched = spread(len(layers), params.layers)
-    teacher_states, student_states = _States(_encoder_layers(teacher, params.layers), matched), _States(layers, kept)
+    teacher_states = _States(_encoder_layers(teacher, params.layers), matched)
     kept_layers = [layers[i] for i in kept]
-    del layers[:]  # the model becomes the student in place
+    del layers[:]  # the model becomes the student
     layers.extend(kept_layers)
     model.config.num_hidden_layers = params.layers
 
     torch.manual_seed(params.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=params.learning_rate)
     per_epoch = math.ceil(len(data.train) * (1 + params.variants) / params.batch_size)
     epochs = max(params.epochs, math.ceil(params.min_steps / per_epoch))
-    total = per_epoch * epochs
-    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=total)
-    best, best_state, step = None, None, 0
+    rates = (params.learning_rate,) if params.learning_rate is not None else LEARNING_RATES
+    models = [model, *(copy.deepcopy(model) for _ in rates[1:])]  # copied before _Pupil hooks their layers
+    pupils = [_Pupil(one, rate, per_epoch * epochs) for one, rate in zip(models, rates)]
+    names = input_names(model)
+    total = per_epoch * (epochs + len(pupils) - 1)
+    best, best_state, searched, step = None, None, {}, 0
     for epoch in range(epochs):
-        model.train()
         seed = params.seed * 1009 + epoch
         rng = random.Random(seed)
         texts = data.texts + [variant(data.texts[i], rng) for _ in range(params.variants) for i in data.train]
         labels = torch.cat([targets, torch.full((len(texts) - len(data.texts),), NO_LABEL)])
         indices = [*data.train, *range(len(data.texts), len(texts))]
+        for pupil in pupils:
+            pupil.model.train()
         for batch in _batches(texts, indices, params.batch_size, torch.Generator().manual_seed(seed)):
             if should_stop and should_stop():
                 raise JobError("distillation stopped before it finished", hint="nothing was kept; start it again")
-            feeds = inference.encode(reader, [texts[i] for i in batch], runner.names)
+            feeds = inference.encode(reader, [texts[i] for i in batch], names)
             inputs = {name: torch.from_numpy(array) for name, array in feeds.items()}
             with torch.no_grad():
                 soft = teacher(**inputs).logits
-            logits = model(**inputs).logits
-            loss = _loss(logits, soft, labels[batch], params)
-            if params.hidden_weight:
-                loss = loss + params.hidden_weight * _layers_loss(student_states, teacher_states, inputs["attention_mask"])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            if progress:
-                progress(step, total)
-        model.eval()
-        metrics = inference.evaluate(runner, reader, *validation)
-        if best is None or metrics["macro_f1"] > best["macro_f1"]:
-            best, best_state = metrics, copy.deepcopy(model.state_dict())
-    model.load_state_dict(best_state)
-    files["config.json"] = model.config.to_json_string().encode()
-    files["model.safetensors"] = save_safetensors({k: v.contiguous() for k, v in model.state_dict().items()})
+            for pupil in pupils:
+                pupil.learn(inputs, soft, teacher_states, labels[batch], params)
+                step += 1
+                if progress:
+                    progress(step, total)
+        scores = []
+        for pupil in pupils:
+            pupil.model.eval()
+            scores.append(inference.evaluate(TorchRunner(pupil.model), reader, *validation))
+        if len(pupils) > 1:  # the search's epoch: the best rate goes on (max keeps the first of equals)
+            searched = {pupil.learning_rate: score for pupil, score in zip(pupils, scores)}
+            winner = max(range(len(pupils)), key=lambda i: scores[i]["macro_f1"])
+            pupils, scores = [pupils[winner]], [scores[winner]]
+        if best is None or scores[0]["macro_f1"] > best["macro_f1"]:
+            best, best_state = scores[0], copy.deepcopy(pupils[0].model.state_dict())
+    student = pupils[0].model
+    student.load_state_dict(best_state)
+    files["config.json"] = student.config.to_json_string().encode()
+    files["model.safetensors"] = save_safetensors({k: v.contiguous() for k, v in student.state_dict().items()})
     return Student(archive.pack(sorted(files.items())), best, teacher_metrics, params.layers, epochs,
-                   time.monotonic() - started)
+                   time.monotonic() - started, pupils[0].learning_rate, searched)
+
+
+class _Pupil:
+    """A student learning at one rate: its model, optimiser and linear schedule, and the token states of its layers."""
+
+    def __init__(self, model: nn.Module, learning_rate: float, steps: int) -> None:
+        self.model, self.learning_rate = model, learning_rate
+        self.states = _States(_layer_list(model), range(model.config.num_hidden_layers))
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+        self.scheduler = torch.optim.lr_scheduler.LinearLR(self.optimizer, 1.0, 0.0, total_iters=steps)
+
+    def learn(self, inputs: dict[str, torch.Tensor], soft: torch.Tensor, teacher_states: _States,
+              labels: torch.Tensor, params: DistillParams) -> None:
+        """One step on a batch the teacher has just seen (its logits and, in teacher_states, its layers' states)."""
+        loss = _loss(self.model(**inputs).logits, soft, labels, params)
+        if params.hidden_weight:
+            loss = loss + params.hidden_weight * _layers_loss(self.states, teacher_states, inputs["attention_mask"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 def _check(data: LoadedDataset, labels: Sequence[str], params: DistillParams) -> None:
@@ -171,6 +216,16 @@ def _check(data: LoadedDataset, labels: Sequence[str], params: DistillParams) ->
 
 def _encoder_layers(model: nn.Module, keep: int) -> nn.ModuleList:
     """The encoder's list of layers, once it is known that `keep` of them can be kept and some dropped."""
+    layers = _layer_list(model)
+    if not 1 <= keep < len(layers):
+        raise OptimizeError(f"a student must keep from 1 to {len(layers) - 1} of the teacher's {len(layers)} "
+                            f"encoder layers, not {keep}",
+                            hint=f"choose a layer count from 1 to {len(layers) - 1}: fewer is faster, more is closer")
+    return layers
+
+
+def _layer_list(model: nn.Module) -> nn.ModuleList:
+    """The encoder's list of layers (LAYER_PATHS), or why the model cannot be distilled."""
     for path in LAYER_PATHS:
         layers = model.base_model
         for name in path.split("."):
@@ -182,10 +237,6 @@ def _encoder_layers(model: nn.Module, keep: int) -> nn.ModuleList:
                             f"({' or '.join(LAYER_PATHS)})",
                             hint="distillation supports BERT-like encoders (BERT, MiniLM, RoBERTa, DistilBERT); "
                             "optimise the teacher without distilling")
-    if not 1 <= keep < len(layers):
-        raise OptimizeError(f"a student must keep from 1 to {len(layers) - 1} of the teacher's {len(layers)} "
-                            f"encoder layers, not {keep}",
-                            hint=f"choose a layer count from 1 to {len(layers) - 1}: fewer is faster, more is closer")
     return layers
 
 
@@ -199,7 +250,7 @@ def spread(teacher_layers: int, student_layers: int) -> tuple[list[int], list[in
 class _States:
     """The token states that chosen layers of an encoder gave in its last forward pass, in the order chosen."""
 
-    def __init__(self, layers: nn.ModuleList, chosen: Sequence[int]) -> None:
+    def __init__(self, layers: nn.ModuleList, chosen: Iterable[int]) -> None:
         self.seen: dict[int, torch.Tensor] = {}
         for place, index in enumerate(chosen):
             layers[index].register_forward_hook(lambda _module, _inputs, out, place=place: self.seen.__setitem__(

@@ -169,6 +169,30 @@ def test_a_small_dataset_is_given_the_epochs_that_min_steps_asks(teacher: tuple[
     assert seen == [(step, 3 * steps_per_epoch) for step in range(1, 3 * steps_per_epoch + 1)]
 
 
+def test_without_a_rate_the_first_epoch_chooses_one_and_only_its_student_goes_on(
+    teacher: tuple[bytes, datasets.LoadedDataset], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(distill, "LEARNING_RATES", (0.0, FAST.learning_rate))  # one that cannot learn, one that can
+    steps_per_epoch = -(-len(teacher[1].train) * (1 + FAST.variants) // FAST.batch_size)
+    seen: list[tuple[int, int]] = []
+    student = distill.distill(*teacher, replace(FAST, learning_rate=None),
+                              progress=lambda step, total: seen.append((step, total)))
+    assert list(student.searched) == [0.0, FAST.learning_rate]
+    assert student.searched[0.0]["macro_f1"] < student.searched[FAST.learning_rate]["macro_f1"]
+    assert student.learning_rate == FAST.learning_rate
+    assert student.metrics["accuracy"] >= student.teacher_metrics["accuracy"] - 0.1, student
+    # Both rates learn through the first epoch; then one student alone, for the epochs asked.
+    total = steps_per_epoch * (FAST.epochs + 1)
+    assert seen == [(step, total) for step in range(1, total + 1)]
+    assert student.epochs == FAST.epochs
+    assert f"lr {FAST.learning_rate:g}, the best by validation macro-F1 after the first epoch (0 " in student.describe()
+
+
+def test_a_given_rate_is_not_searched(student: distill.Student) -> None:
+    assert student.learning_rate == FAST.learning_rate and student.searched == {}
+    assert f"lr {FAST.learning_rate:g} as given" in student.describe()
+
+
 @pytest.mark.parametrize("layers", [0, 2, 5])
 def test_a_layer_count_out_of_range_is_refused(teacher: tuple[bytes, datasets.LoadedDataset], layers: int) -> None:
     with pytest.raises(OptimizeError, match=f"from 1 to 1 of the teacher's 2 encoder layers, not {layers}") as raised:
