@@ -180,9 +180,11 @@ def speed(
     examples: Sequence[Any],
     *,
     min_seconds: float = 1.0,
+    batched: ov.CompiledModel | None = None,
 ) -> dict[str, float]:
     """p50 latency of one example, and examples/s at batch 1 and 16, reading included (tokenising, or decoding an
-    image), as a client sees it.
+    image), as a client sees it. With `batched` (a Servable's), batches of 16 run as the server runs them under
+    load: on that engine, every stream busy (crowd()).
 
     Examples are taken in the order given, cycling until min_seconds have passed (and each
     was seen once), so every variant is timed on the same inputs.
@@ -190,6 +192,9 @@ def speed(
     result = {}
     for batch_size in (1, 16):
         batches = [list(examples[i : i + batch_size]) for i in range(0, len(examples), batch_size)]
+        if batch_size > 1 and batched is not None:
+            result[f"throughput_b{batch_size}"] = crowd(batched, names, reader, batches, min_seconds)
+            continue
         for batch in batches[:2]:  # warm up: first calls allocate and pick kernels
             infer(encode(reader, batch, names))
         timings, done, started = [], 0, time.perf_counter()
@@ -205,26 +210,46 @@ def speed(
     return result
 
 
+def crowd(
+    batched: ov.CompiledModel, names: Sequence[str], reader: Reader, batches: Sequence[Sequence[Any]], min_seconds: float
+) -> float:
+    """Examples/s of batches kept in flight on a model compiled for throughput, two for each of its streams, each read
+    while the others run: how the server runs batches under load (serve.batching's throughput engine)."""
+    queue = ov.AsyncInferQueue(batched, 2 * batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    for batch in batches:  # warm up: every stream meets each shape once
+        queue.start_async(encode(reader, batch, names))
+    queue.wait_all()
+    rows, done, started = 0, 0, time.perf_counter()
+    while done < len(batches) or time.perf_counter() - started < min_seconds:
+        batch = batches[done % len(batches)]
+        queue.start_async(encode(reader, batch, names))  # waits while every request is busy
+        rows, done = rows + len(batch), done + 1
+    queue.wait_all()
+    return rows / (time.perf_counter() - started)
+
+
 def compare(
-    runners: Mapping[str, tuple[Runner, Reader]],
+    servables: Mapping[str, Servable],
     examples: Sequence[Any],
     *,
     rounds: int = COMPARE_ROUNDS,
     seconds: float = COMPARE_SECONDS,
 ) -> dict[str, dict[str, float]]:
-    """speed() of several runners, in interleaved rounds (the order turning each round) on the same examples, so a
-    slow spell of the machine falls on every runner alike. Per runner, each figure is the median of its rounds, and
-    `<figure>_spread` how far the rounds strayed from it: the largest relative distance (0.05: all within 5%). A
-    difference between two runners smaller than their spreads added is noise, not evidence."""
+    """speed() of several servables as they serve (batches of 16 on their throughput engine where they have one), in
+    interleaved rounds (the order turning each round) on the same examples, so a slow spell of the machine falls on
+    every one alike. Per servable, each figure is the median of its rounds, and `<figure>_spread` how far the rounds
+    strayed from it: the largest relative distance (0.05: all within 5%). A difference between two smaller than their
+    spreads added is noise, not evidence."""
     sample = list(examples[:COMPARE_EXAMPLES])
-    bound = {name: (bind(runner), reader) for name, (runner, reader) in runners.items()}
-    order = list(runners)
+    bound = {name: bind(servable.compiled) for name, servable in servables.items()}
+    order = list(servables)
     measured: dict[str, list[dict[str, float]]] = {name: [] for name in order}
     for index in range(rounds):
         turn = index % len(order)
         for name in order[turn:] + order[:turn]:
-            (names, infer), reader = bound[name]
-            measured[name].append(speed(infer, names, reader, sample, min_seconds=seconds))
+            names, infer = bound[name]
+            measured[name].append(speed(infer, names, servables[name].reader, sample, min_seconds=seconds,
+                                        batched=servables[name].batched))
     return {name: _median_and_spread(rows) for name, rows in measured.items()}
 
 

@@ -245,6 +245,24 @@ def test_a_variant_is_faster_only_beyond_the_spread_of_both_measurements_and_slo
     assert optimize.speedup(speed(4.1, 202.0), fp32) == pytest.approx(2.0, rel=0.01)
 
 
+def test_batches_of_16_are_timed_on_the_engine_that_serves_them_under_load(
+    trained: Trained, fp32_ir: inference.Artifact, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = archive.unpack(trained.bundle)
+    servable = inference.load_ir(inference.pack_ir(fp32_ir, files, "fp32"), throughput=True)
+    assert servable.batched is not None  # this box runs more than one stream
+    crowds: list[int] = []
+    measured = inference.crowd
+    monkeypatch.setattr(inference, "crowd", lambda batched, *args: crowds.append(id(batched)) or measured(batched, *args))
+    texts = mixed_texts(trained)
+    figures = inference.compare({"fp32": servable}, texts, rounds=2, seconds=0.01)["fp32"]
+    assert crowds == [id(servable.batched)] * 2  # each round's batches of 16 on the throughput engine
+    assert figures["throughput_b16"] > 0 and {"latency_ms_p50", "throughput_b1", "throughput_b16_spread"} <= set(figures)
+    latency_only = inference.load_ir(inference.pack_ir(fp32_ir, files, "fp32"))
+    inference.compare({"fp32": latency_only}, texts, rounds=1, seconds=0.01)
+    assert len(crowds) == 2  # a servable without one is timed on the engine it has
+
+
 # -- the whole step ---------------------------------------------------------------------------
 
 

@@ -110,7 +110,7 @@ def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str,
         report(2, 4, f"measure it on {data.ref}")
         scores = measure(candidate, held)
         fp32 = pipeline.servable_ir(candidate.fp32, candidate.files, pipeline.FP32, held, scores)
-        speed = inference.compare({pipeline.FP32: (fp32.servable.compiled, fp32.servable.reader)}, held.examples)
+        speed = inference.compare({pipeline.FP32: fp32.servable}, held.examples)
     except (RegistryError, DatasetError, ConfinementError, ArtifactError):
         with lend() as store, audit.operation(store, ACTION, name, actor=actor, **details):
             raise  # operation() writes the "failed" record

@@ -99,7 +99,7 @@ def servable_ir(artifact: Artifact, files: dict[str, bytes], name: str, held: He
     from appliance import inference
     from appliance.serve import drift
 
-    servable = inference.load_ir(inference.pack_ir(artifact, files, name))
+    servable = inference.load_ir(inference.pack_ir(artifact, files, name), throughput=True)  # timed as served
     reference = drift.reference(servable.reader, held.calibration,
                                 [servable.labels.index(label) for label in held.calibration_labels],
                                 drift.softmax(inference.predict(servable.compiled, servable.reader,
@@ -168,7 +168,7 @@ def optimize_version(
     step(steps - 2, "measure speed on this box")
     built = [servable_ir(artifact, starts[prefix].files, prefix + own_name, held, outcome.decision.scores[own_name])
              for prefix, outcome in outcomes.items() for own_name, artifact in outcome.artifacts.items()]
-    speeds = inference.compare({ir.name: (ir.servable.compiled, ir.servable.reader) for ir in built}, held.examples)
+    speeds = inference.compare({ir.name: ir.servable for ir in built}, held.examples)
     for speed in speeds.values():
         speed["speedup_b16"] = speed["throughput_b16"] / speeds[FP32]["throughput_b16"]
     variants = [variant for name, variant in source.variants.items() if name == TORCH]
