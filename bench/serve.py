@@ -87,8 +87,9 @@ the report each one's at rest after the run and whether libtorch is mapped into 
 appliance's serving process holds OpenVINO and tokenizers only (target: under 400 MiB at
 rest). The batching settings come from the configuration (APPLIANCE_SERVE_MAX_BATCH_SIZE,
 APPLIANCE_SERVE_MAX_DELAY_MS), for the server and the in-process batcher alike. With
-`--soak 600`, 8 clients then keep appliance serve busy for ten minutes, and its memory at
-rest before and after gives rss_growth_mib (target: at most 20).
+`--soak 600`, 8 and 64 clients by turns of a minute then keep appliance serve busy for ten
+minutes (so both of its engines serve: a light load's and a crowd's), and its memory at rest
+before and after gives rss_growth_mib (target: at most 20).
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ TARGET_IDLE_RSS_MB = 400  # the serving process holds OpenVINO and tokenizers, n
 TARGET_PEER_C1, TARGET_PEER_TOP = 1.0, 2.5  # the appliance against the best peer, at 1 and at 64 clients
 TARGET_INPROCESS_SHARE = 0.85  # of the same variant's in-process batcher, at 64 clients
 TARGET_RSS_GROWTH_MB = 20  # over the soak (--soak)
+SOAK_CLIENTS, SOAK_TURN_S = (8, 64), 60.0  # the soak's loads, by turns: the server's two engines
 OURS, NAIVE, NAIVE_1T = "appliance serve", "naive fastapi+torch", "naive, 1 torch thread"
 PEER = "fastapi+openvino"  # hand-built, as an engineer would: one inference per request
 RAY = "ray serve"  # the serving framework one would pick instead, up only for its own turn
@@ -229,7 +231,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="state directory to use and keep; a model deployed in it is reused")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch, 3 s windows, 0.5 s warm-up")
     parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
-                        help="after the points, 8 clients on appliance serve this long, its memory read before and after"
+                        help="after the points, 8 and 64 clients by turns on appliance serve this long, its memory read before"
+                             " and after"
                              " (default 0: none; the target is stated for 600)")
     parser.add_argument("--naive-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--naive-threads", type=int, default=0, help=argparse.SUPPRESS)
@@ -859,15 +862,23 @@ async def run(
 
 
 async def soaked(system: System, texts: Sequence[str], seconds: float) -> float:
-    """How much the server's resident memory grew over `seconds` of 8 clients, each at rest."""
+    """How much the server's resident memory grew over `seconds` of load, each at rest: SOAK_CLIENTS by turns of
+    SOAK_TURN_S, so both of its engines serve all along (a light load's batches and a crowd's)."""
     from appliance.serve.batching import RELEASE_AFTER_S
 
     before = at_rest(system.pid).rss_mb if system.pid else 0.0
-    log(f"soak: {system.name} at {before:.0f} MiB, 8 clients for {seconds:.0f} s")
-    point = await measure(system, texts, 8, 0.0, seconds)
+    log(f"soak: {system.name} at {before:.0f} MiB, {' and '.join(map(str, SOAK_CLIENTS))} clients by turns of "
+        f"{SOAK_TURN_S:.0f} s for {seconds:.0f} s")
+    served, done = 0.0, 0.0
+    for clients in itertools.cycle(SOAK_CLIENTS):
+        window = min(SOAK_TURN_S, seconds - done)
+        if window <= 0:
+            break
+        served += (await measure(system, texts, clients, 0.0, window)).throughput * window
+        done += window
     await asyncio.sleep(RELEASE_AFTER_S + 2)
     after = at_rest(system.pid).rss_mb if system.pid else 0.0
-    log(f"soak: {point.throughput:.0f} req/s; at rest {after:.0f} MiB, {after - before:+.0f} MiB")
+    log(f"soak: {served / seconds:.0f} req/s; at rest {after:.0f} MiB, {after - before:+.0f} MiB")
     return after - before
 
 
