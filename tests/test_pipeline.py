@@ -146,8 +146,10 @@ def test_a_student_learning_reports_its_steps_and_a_stop_ends_the_job_stage_with
     job = StoppingJob(opened, reports_before_stop=5)
     with pytest.raises(operations.Stopped):
         operations.optimise(job, OptimizeJob.parse({"version": "tickets:1", "distill_layers": 1}), "tickets:1")
-    learning = [report["what"] for report in job.reports if "student: step" in str(report["what"])]
-    assert learning and learning[0].startswith("distil a 1-layer student: step 1 of "), job.reports  # its heartbeat
+    learning = [(report["step"], report["total_steps"]) for report in job.reports
+                if report["what"] == "distil a 1-layer student"]
+    steps = learning[-1][1]  # the pipeline's step 1 of 5, then the student's own steps: its heartbeat
+    assert learning == [(1, 5), (1, steps), (2, steps), (3, steps)] and steps > 5, job.reports
     assert [version.ref for version in registry.list_versions(opened)] == ["tickets:1"]
     assert "optimized" not in job.state  # a resume starts the stage again
 

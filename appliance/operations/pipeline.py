@@ -118,7 +118,7 @@ def optimize_version(
 ) -> registry.ModelVersion:
     """Quantise and (if asked) distil a version into a new version, starting from its FP32 IR: exported from its
     torch bundle where it has one, else the one it was imported with. The distillation, the long part, reports its
-    steps and stops when should_stop says so (JobError; nothing is kept).
+    own steps (done of total) and stops when should_stop says so (JobError; nothing is kept).
 
     Calibration uses a sample of the training split and every score the validation split,
     so the guard judges on texts the quantiser never saw.
@@ -160,7 +160,7 @@ def optimize_version(
         data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))
         student = distill.distill(
             teacher, data, distill.DistillParams(layers=options.distill_layers), should_stop=should_stop,
-            progress=lambda done, total: step(1, f"distil a {options.distill_layers}-layer student: step {done} of {total}"))
+            progress=lambda done, total: report(done, total, f"distil a {options.distill_layers}-layer student"))
         taught = f"{student.describe()}. "
         starts[STUDENT] = Start.exported(archive.unpack(student.bundle))
         step(2, "export and quantise the student")
