@@ -29,6 +29,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what words.Word
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 COMPARE_ROUNDS, COMPARE_SECONDS = 5, 0.1  # interleaved rounds of compare(), and each one's time per batch size
 THROUGHPUT = {"PERFORMANCE_HINT": "THROUGHPUT"}  # as many streams as the device runs well at once, each its own threads
+BATCHES_PER_STREAM = 2  # kept in flight on a throughput engine: one running, one read and waiting behind it
 COMPARE_EXAMPLES = 64  # the examples compare() times on: enough for every length, few enough that a round is short
 Runner = Any  # an openvino.CompiledModel, an onnxruntime.InferenceSession or a train.bundle.TorchRunner
 Reader = words.Words | pixels.Pictures  # a text model's examples to feeds, or an image model's
@@ -213,9 +214,9 @@ def speed(
 def crowd(
     batched: ov.CompiledModel, names: Sequence[str], reader: Reader, batches: Sequence[Sequence[Any]], min_seconds: float
 ) -> float:
-    """Examples/s of batches kept in flight on a model compiled for throughput, two for each of its streams, each read
+    """Examples/s of batches kept in flight on a model compiled for throughput, BATCHES_PER_STREAM for each stream, each read
     while the others run: how the server runs batches under load (serve.batching's throughput engine)."""
-    queue = ov.AsyncInferQueue(batched, 2 * batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    queue = ov.AsyncInferQueue(batched, BATCHES_PER_STREAM * batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
     for batch in batches:  # warm up: every stream meets each shape once
         queue.start_async(encode(reader, batch, names))
     queue.wait_all()

@@ -177,7 +177,7 @@ class Batcher:
         self._busy_depth = 0  # from this many examples waiting and in flight, batches go to the throughput engine
         if batched is not None:
             streams = batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
-            self._throughput = self._engine(batched, 2 * streams, ROWS_MULTIPLE)
+            self._throughput = self._engine(batched, inference.BATCHES_PER_STREAM * streams, ROWS_MULTIPLE)
             self._busy_depth = streams * max_batch_size
         self._inline = compiled.create_infer_request()
         self._batches = 0  # closed and not answered yet, on either engine; at most the engine chosen now has slots
