@@ -220,7 +220,7 @@ def distil(
         params = dataclasses.replace(params, epochs=args.student_epochs, min_steps=0)
     if args.student_learning_rate:
         params = dataclasses.replace(params, learning_rate=args.student_learning_rate)
-    rate = f"lr {params.learning_rate:g}" if params.learning_rate else f"lr searched among {distill.LEARNING_RATES}"
+    rate = f"lr {params.learning_rate:g}" if params.learning_rate is not None else f"lr searched among {distill.LEARNING_RATES}"
     log(f"distil a {params.layers}-layer student, at least {params.epochs} epochs and {params.min_steps} steps, {rate}")
     student = distill.distill(bundle, data, params)
     log(f"{student.describe()}, in {student.seconds:.0f} s")

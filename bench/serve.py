@@ -231,9 +231,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="state directory to use and keep; a model deployed in it is reused")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch, 3 s windows, 0.5 s warm-up")
     parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
-                        help="after the points, 8 and 64 clients by turns on appliance serve this long, its memory read before"
-                             " and after"
-                             " (default 0: none; the target is stated for 600)")
+                        help="after the points, 8 and 64 clients by turns on appliance serve this long, its memory "
+                             "read before and after (default 0: none; the target is stated for 600)")
     parser.add_argument("--naive-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--naive-threads", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--peer-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
