@@ -89,7 +89,9 @@ rest). The batching settings come from the configuration (APPLIANCE_SERVE_MAX_BA
 APPLIANCE_SERVE_MAX_DELAY_MS), for the server and the in-process batcher alike. With
 `--soak 600`, 8 and 64 clients by turns of a minute then keep appliance serve busy for ten
 minutes (so both of its engines serve: a light load's and a crowd's), and its memory at rest
-before and after gives rss_growth_mib (target: at most 20).
+before and after gives rss_growth_mib (target: at most 20); its memory under load at the end of
+each turn, compared over the second half, gives rss_growth_late_mib (near 0 once it has levelled
+off).
 """
 
 from __future__ import annotations
@@ -214,8 +216,29 @@ class Results:
     notes: list[str]
     validation_size: int
     idle: dict[str, Memory]
-    soak_s: float = 0.0
-    rss_growth_mb: float | None = None  # of appliance serve over the soak, at rest before and after
+    soak: Soak | None = None
+
+
+@dataclass(frozen=True)
+class Soak:
+    """appliance serve's memory over the soak: at rest before and after, and under load at the end of each turn."""
+
+    seconds: float
+    before_mb: float
+    after_mb: float
+    turns: list[tuple[int, float]]  # (clients, resident MiB at the turn's end), in order
+
+    @property
+    def growth_mb(self) -> float:
+        return self.after_mb - self.before_mb
+
+    @property
+    def late_growth_mb(self) -> float | None:
+        """Growth over the second half of the turns, between turns of the last turn's load: near 0 once the
+        memory has levelled off (None with too few turns to tell)."""
+        clients = self.turns[-1][0] if self.turns else None
+        late = [rss for index, (load, rss) in enumerate(self.turns) if load == clients and index >= len(self.turns) // 2]
+        return late[-1] - late[0] if len(late) >= 2 else None
 
 
 def main() -> None:
@@ -232,7 +255,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch, 3 s windows, 0.5 s warm-up")
     parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
                         help="after the points, 8 and 64 clients by turns on appliance serve this long, its memory "
-                             "read before and after (default 0: none; the target is stated for 600)")
+                             "read at rest before and after and under load after each turn (default 0: none; the "
+                             "target is stated for 600)")
     parser.add_argument("--naive-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--naive-threads", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--peer-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -850,35 +874,39 @@ async def run(
                   for point in await interleaved((*systems, *echoes), validation.texts, clients, warmup, seconds)]
         await asyncio.sleep(RELEASE_AFTER_S + 2)  # at rest: nothing in flight, the burst's buffers handed back
         idle = {system.name: at_rest(system.pid) for system in systems if system.pid and system.name != OURS_OIP}
-        growth = await soaked(next(system for system in systems if system.name == OURS), validation.texts,
-                              soak) if soak else None
+        soaking = await soaked(next(system for system in systems if system.name == OURS), validation.texts,
+                               soak) if soak else None
         ray, accuracy[RAY], idle[RAY], chosen = await ray_points(servers, token, validation, concurrency, warmup,
                                                                  seconds)
     finally:
         await batcher.close()
         pool.shutdown(wait=True)
-    return Results(points + ray, accuracy, [*notes, chosen], len(validation.texts), idle, soak, growth)
+    return Results(points + ray, accuracy, [*notes, chosen], len(validation.texts), idle, soaking)
 
 
-async def soaked(system: System, texts: Sequence[str], seconds: float) -> float:
-    """How much the server's resident memory grew over `seconds` of load, each at rest: SOAK_CLIENTS by turns of
-    SOAK_TURN_S, so both of its engines serve all along (a light load's batches and a crowd's)."""
+async def soaked(system: System, texts: Sequence[str], seconds: float) -> Soak:
+    """The server's resident memory over `seconds` of load, at rest before and after and at the end of each turn:
+    SOAK_CLIENTS by turns of SOAK_TURN_S, so both of its engines serve all along (a light load's batches and a
+    crowd's)."""
     from appliance.serve.batching import RELEASE_AFTER_S
 
-    before = at_rest(system.pid).rss_mb if system.pid else 0.0
+    assert system.pid is not None, "the soak reads the server's memory"
+    before = at_rest(system.pid).rss_mb
     log(f"soak: {system.name} at {before:.0f} MiB, {' and '.join(map(str, SOAK_CLIENTS))} clients by turns of "
         f"{SOAK_TURN_S:.0f} s for {seconds:.0f} s")
-    served, done = 0.0, 0.0
+    served, done, turns = 0.0, 0.0, []
     for clients in itertools.cycle(SOAK_CLIENTS):
         window = min(SOAK_TURN_S, seconds - done)
         if window <= 0:
             break
         served += (await measure(system, texts, clients, 0.0, window)).throughput * window
         done += window
+        turns.append((clients, _resident_mib(_tree(psutil.Process(system.pid)))))
+        log(f"soak: {done:.0f} s, {clients} clients, {turns[-1][1]:.0f} MiB under load")
     await asyncio.sleep(RELEASE_AFTER_S + 2)
-    after = at_rest(system.pid).rss_mb if system.pid else 0.0
-    log(f"soak: {served / seconds:.0f} req/s; at rest {after:.0f} MiB, {after - before:+.0f} MiB")
-    return after - before
+    result = Soak(seconds, before, at_rest(system.pid).rss_mb, turns)
+    log(f"soak: {served / seconds:.0f} req/s; at rest {result.after_mb:.0f} MiB, {result.growth_mb:+.0f} MiB")
+    return result
 
 
 async def score(system: System, validation: Validation) -> float:
@@ -1085,9 +1113,13 @@ def summary(results: Results, top: int, client: str) -> None:
     print(f"against the best peer: at {fewest} client(s) {peer_c1:.2f}x {best_c1}'s throughput (target "
           f"{TARGET_PEER_C1:.1f}), p50 {p50_ours:.2f} ms against its {p50_peer:.2f} ms (target: no worse); at {top} "
           f"clients {peer_top:.2f}x {best_top}'s (target {TARGET_PEER_TOP:.1f})")
-    if results.rss_growth_mb is not None:
-        print(f"soak: appliance serve's memory at rest grew {results.rss_growth_mb:+.0f} MiB over {results.soak_s:.0f} s"
-              f" of 8 clients (target at most {TARGET_RSS_GROWTH_MB} over 600 s)")
+    soak = results.soak
+    if soak is not None:
+        late = "too few turns to tell" if soak.late_growth_mb is None else f"{soak.late_growth_mb:+.0f} MiB"
+        print(f"soak: appliance serve's memory at rest grew {soak.growth_mb:+.0f} MiB over {soak.seconds:.0f} s of "
+              f"{' and '.join(map(str, SOAK_CLIENTS))} clients by turns (target at most {TARGET_RSS_GROWTH_MB} over "
+              f"600 s); under load, at each turn's end: {', '.join(f'{rss:.0f}' for _, rss in soak.turns)} MiB; "
+              f"over the second half: {late}")
     accuracy = results.accuracy
     delta_pt = (accuracy[OURS] - max(accuracy[NAIVE], accuracy[NAIVE_1T])) * 100
     print(f"accuracy, appliance serve against naive: {delta_pt:+.1f} pt "
@@ -1098,8 +1130,9 @@ def summary(results: Results, top: int, client: str) -> None:
         f"peer_ratio_c{top}": round(peer_top, 2), "target_peer_ratio_c64": TARGET_PEER_TOP,
         f"inprocess_share_c{top}": round(ratio(BATCHER), 2), "target_inprocess_share_c64": TARGET_INPROCESS_SHARE,
         "rss_mib": round(results.idle[OURS].rss_mb), "target_rss_mib": TARGET_IDLE_RSS_MB,
-        "rss_growth_mib": None if results.rss_growth_mb is None else round(results.rss_growth_mb),
-        "target_rss_growth_mib": TARGET_RSS_GROWTH_MB, "soak_s": results.soak_s,
+        "rss_growth_mib": None if soak is None else round(soak.growth_mb),
+        "target_rss_growth_mib": TARGET_RSS_GROWTH_MB, "soak_s": None if soak is None else soak.seconds,
+        "rss_growth_late_mib": None if soak is None or soak.late_growth_mb is None else round(soak.late_growth_mb),
         f"vs_naive_c{top}": round(ratio(naive), 2), "target_vs_naive": TARGET_VS_NAIVE,
         f"vs_naive_default_threads_c{top}": round(ratio(NAIVE), 2),
         f"vs_naive_1thread_c{top}": round(ratio(NAIVE_1T), 2),
