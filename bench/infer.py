@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--student-layers", type=int, default=3, help="encoder layers of the student (default 3)")
     parser.add_argument("--student-epochs", type=int, help="distillation epochs, exactly (default: DistillParams', more on small data)")
     parser.add_argument("--student-learning-rate", type=float, help="distillation rate (default: searched by the first epoch)")
+    parser.add_argument("--student-attention-weight", type=float,
+                        help="weight of the self-attention relations' loss in distillation (default: DistillParams', 0: off)")
     parser.add_argument("--no-student", action="store_true", help="skip distillation")
     parser.add_argument("--min-seconds", type=float, default=3.0, help="timing window per batch size (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds over all variants; best kept (default 3)")
@@ -220,8 +222,12 @@ def distil(
         params = dataclasses.replace(params, epochs=args.student_epochs, min_steps=0)
     if args.student_learning_rate:
         params = dataclasses.replace(params, learning_rate=args.student_learning_rate)
+    if args.student_attention_weight is not None:
+        params = dataclasses.replace(params, attention_weight=args.student_attention_weight)
     rate = f"lr {params.learning_rate:g}" if params.learning_rate is not None else f"lr searched among {distill.LEARNING_RATES}"
-    log(f"distil a {params.layers}-layer student, at least {params.epochs} epochs and {params.min_steps} steps, {rate}")
+    attention = f", attention relations weighted {params.attention_weight:g}" if params.attention_weight else ""
+    log(f"distil a {params.layers}-layer student, at least {params.epochs} epochs and {params.min_steps} steps, {rate}"
+        f"{attention}")
     student = distill.distill(bundle, data, params)
     log(f"{student.describe()}, in {student.seconds:.0f} s")
     return student, params

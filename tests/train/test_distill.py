@@ -112,6 +112,55 @@ def test_the_students_layers_are_drawn_towards_the_teachers_states(
     assert drawn < logits_only / 2, (drawn, logits_only)
 
 
+def test_the_students_attention_relations_are_drawn_towards_the_teachers(
+    teacher: tuple[bytes, datasets.LoadedDataset],
+) -> None:
+    bundle, data = teacher
+    texts = [data.texts[i] for i in data.validation]
+
+    def projections(bundle: bytes, layer: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        model, reader, _ = load_text_classifier(archive.unpack(bundle))
+        taps = distill._Taps(distill._layer_list(model), [layer], projections=True)
+        feeds = inference.encode(reader, texts, input_names(model))
+        with torch.no_grad():
+            model(**{name: torch.from_numpy(array) for name, array in feeds.items()})
+        return taps.projections(), torch.from_numpy(feeds["attention_mask"])
+
+    teachers, mask = projections(bundle, 1)  # the 1-layer student's layer stands for the teacher's last
+
+    def distance(params: distill.DistillParams) -> float:
+        students, _ = projections(distill.distill(bundle, data, params).bundle, 0)
+        return float(distill._relations_loss(students, teachers, mask, heads=2))
+
+    logits_only = replace(FAST, hidden_weight=0.0)
+    drawn, not_drawn = distance(replace(logits_only, attention_weight=1.0)), distance(logits_only)
+    assert drawn < not_drawn / 2, (drawn, not_drawn)
+
+
+def test_the_relations_loss_is_zero_for_the_same_relations_and_blind_to_padding() -> None:
+    torch.manual_seed(0)
+    teacher = [torch.randn(2, 5, 8) for _ in range(3)]  # queries, keys, values of 2 texts, 5 tokens, 2 heads of 4
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    padded_otherwise = [t.clone() for t in teacher]
+    for t in padded_otherwise:
+        t[1, 3:] = torch.randn(2, 8) * 10
+    assert float(distill._relations_loss(teacher, teacher, mask, heads=2)) == pytest.approx(0.0, abs=1e-6)
+    assert float(distill._relations_loss(padded_otherwise, teacher, mask, heads=2)) == pytest.approx(0.0, abs=1e-6)
+    other = [t + torch.randn_like(t) for t in teacher]
+    assert float(distill._relations_loss(other, teacher, mask, heads=2)) > 0.01
+
+
+def test_a_distilbert_layers_projections_are_found_and_a_layer_without_them_is_refused() -> None:
+    from transformers import DistilBertConfig, DistilBertModel
+
+    model = DistilBertModel(DistilBertConfig(vocab_size=100, dim=16, n_layers=2, n_heads=2, hidden_dim=32))
+    layer = distill._layer_list(model)[0]
+    assert distill._projections(layer) == [layer.attention.q_lin, layer.attention.k_lin, layer.attention.v_lin]
+    with pytest.raises(OptimizeError, match="its encoder layers have no self-attention projections") as raised:
+        distill._projections(torch.nn.Linear(2, 2))
+    assert "BERT-like" in raised.value.hint
+
+
 @pytest.mark.parametrize(("teacher_layers", "student_layers", "kept", "matched"), [
     (6, 3, [0, 2, 4], [1, 3, 5]), (6, 2, [0, 3], [2, 5]), (2, 1, [0], [1]), (12, 4, [0, 3, 6, 9], [2, 5, 8, 11]),
     (6, 5, [0, 1, 2, 4, 5], [0, 1, 3, 4, 5]),
