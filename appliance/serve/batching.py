@@ -160,9 +160,9 @@ class Batcher:
         compiled: ov.CompiledModel,
         reader: inference.Reader,
         *,
-        max_batch_size: int = 32,
-        max_delay_ms: float = 5.0,
-        max_queue: int = 1024,
+        max_batch_size: int = ServeSettings.max_batch_size,  # the settings' defaults, so a test batches as a server
+        max_delay_ms: float = ServeSettings.max_delay_ms,
+        max_queue: int = ServeSettings.max_queue,
         on_batch: Callable[[Batch], None] | None = None,
         batched: ov.CompiledModel | None = None,
     ) -> None:

@@ -81,6 +81,10 @@ class DistillParams:
     seed: int = 0
 
 
+class Interrupted(JobError):
+    """The distillation was asked to stop (should_stop) before it finished: nothing was kept."""
+
+
 # The rates a search tries, in order of preference: a tie goes to the first. 3e-4 first, as the one that did best on
 # the real data tried (above); a smaller and a larger one beside it.
 LEARNING_RATES = (3e-4, 1e-4, 1e-3)
@@ -162,7 +166,7 @@ def distill(
             pupil.model.train()
         for batch in _batches(texts, indices, params.batch_size, torch.Generator().manual_seed(seed)):
             if should_stop and should_stop():
-                raise JobError("distillation stopped before it finished", hint="nothing was kept; start it again")
+                raise Interrupted("distillation stopped before it finished", hint="nothing was kept; start it again")
             feeds = inference.encode(reader, [texts[i] for i in batch], names)
             inputs = {name: torch.from_numpy(array) for name, array in feeds.items()}
             with torch.no_grad():
