@@ -8,8 +8,8 @@ each of its layers is drawn towards the states of the teacher layer it stands fo
 k-th part of the teacher's depth, the last one towards the teacher's last, which the head
 reads) and, when asked, towards that layer's self-attention relations (MiniLMv2: per
 head, how alike the queries of a text's tokens are to each other, and its keys, and its
-values), and its logits towards the teacher's softened ones (which carry how alike the classes are, not
-just which one is right), beside the hard labels. The teacher runs beside
+values), and its logits towards the teacher's softened ones (which carry how alike the
+classes are, not just which one is right), beside the hard labels. The teacher runs beside
 it on every batch, so it can teach on texts that have no label too: each epoch every
 training text comes once more a little changed (some words dropped, or a part of it), as
 TinyBERT augments its data, and the student learns the teacher's states and soft labels
@@ -230,6 +230,9 @@ def _check(data: LoadedDataset, labels: Sequence[str], params: DistillParams) ->
     if unknown:
         raise OptimizeError(f"the dataset has labels the teacher was not trained on: {', '.join(unknown)}",
                             hint="distil on the dataset version the teacher was trained on")
+    if params.hidden_weight < 0 or params.attention_weight < 0:
+        raise OptimizeError(f"distillation's loss weights cannot be negative, not hidden_weight {params.hidden_weight:g} "
+                            f"and attention_weight {params.attention_weight:g}", hint="set each to 0 (off) or more")
     if params.epochs < 1 or params.batch_size < 1:
         raise OptimizeError(f"distillation needs at least one epoch and one example a batch, not "
                             f"{params.epochs} epochs of {params.batch_size}", hint="set epochs and batch_size to 1 or more")

@@ -267,6 +267,8 @@ def test_a_bundle_or_dataset_that_cannot_be_distilled_is_refused(
         distill.distill(bundle, renamed, FAST)
     with pytest.raises(OptimizeError, match="at least one epoch and one example a batch, not 0 epochs of 16"):
         distill.distill(bundle, data, replace(FAST, epochs=0))
+    with pytest.raises(OptimizeError, match="weights cannot be negative, not hidden_weight 10 and attention_weight -1"):
+        distill.distill(bundle, data, replace(FAST, attention_weight=-1.0))
 
 
 def test_a_model_without_an_encoder_layer_list_is_refused() -> None:
