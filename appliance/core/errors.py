@@ -22,7 +22,8 @@
      ├── JobError                 a job cannot be submitted, start or go on
      │    ├── JobNotFound         no job with that id (404)
      │    ├── RunNotFound         no training run with that id (404)
-     │    └── StudyNotFound       no hyperparameter search with that id (404)
+     │    ├── StudyNotFound       no hyperparameter search with that id (404)
+     │    └── JobInterrupted      a step was asked to stop before it finished: nothing was kept
      ├── PlanError                no training plan: the model is unreadable or does not fit
      ├── ArtifactError            a stored model bundle or artifact cannot be read
      ├── OptimizeError            export, quantisation or distillation failed
@@ -148,6 +149,10 @@ class RunNotFound(JobError):
 
 class StudyNotFound(JobError):
     """No hyperparameter search with that id."""
+
+
+class JobInterrupted(JobError):
+    """A step of a job (a distillation) was asked to stop before it finished: nothing was kept."""
 
 
 class PlanError(ApplianceError):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from appliance import registry
-from appliance.core.errors import ApplianceError, DatasetError
+from appliance.core.errors import ApplianceError, DatasetError, JobInterrupted
 from appliance.core.text import counted
 from appliance.data import datasets, sources
 from appliance.operations import burst, challenge, jobs, pipeline
@@ -43,7 +43,7 @@ from appliance.operations.jobspec import (
 )
 from appliance.registry import feedback
 from appliance.store import Store, audit, blobs
-from appliance.train import distill, runs, studies
+from appliance.train import runs, studies
 
 if TYPE_CHECKING:
     from appliance.train.engine import RunResult
@@ -233,7 +233,7 @@ def optimise(ctx: Context, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) 
     try:
         version = pipeline.optimize_version(ctx.store, ref, spec.optimize_options(), progress=progress,
                                             should_stop=ctx.should_stop, actor=ctx.actor)
-    except distill.Interrupted:  # stopped while a student learnt: nothing was kept, and a resume starts the stage again
+    except JobInterrupted:  # stopped while a student learnt: nothing was kept, and a resume starts the stage again
         raise Stopped(ctx.state) from None
     ctx.save(optimized=version.ref)
     return version

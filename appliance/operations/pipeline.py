@@ -118,7 +118,7 @@ def optimize_version(
 ) -> registry.ModelVersion:
     """Quantise and (if asked) distil a version into a new version, starting from its FP32 IR: exported from its
     torch bundle where it has one, else the one it was imported with. The distillation, the long part, reports its
-    own steps (done of total) and stops when should_stop says so (distill.Interrupted; nothing is kept).
+    own steps (done of total) and stops when should_stop says so (JobInterrupted; nothing is kept).
 
     Calibration uses a sample of the training split and every score the validation split,
     so the guard judges on texts the quantiser never saw.

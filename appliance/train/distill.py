@@ -35,7 +35,7 @@ from torch import nn
 
 from appliance import inference
 from appliance.core import archive
-from appliance.core.errors import JobError, OptimizeError
+from appliance.core.errors import JobInterrupted, OptimizeError
 from appliance.data.datasets import LoadedDataset
 from appliance.train.bundle import TorchRunner, input_names, load_text_classifier
 
@@ -79,10 +79,6 @@ class DistillParams:
     # In the run above, with the layers' loss: 84.95% with one, 84.14% with none.
     variants: int = 1
     seed: int = 0
-
-
-class Interrupted(JobError):
-    """The distillation was asked to stop (should_stop) before it finished: nothing was kept."""
 
 
 # The rates a search tries, in order of preference: a tie goes to the first. 3e-4 first, as the one that did best on
@@ -166,7 +162,7 @@ def distill(
             pupil.model.train()
         for batch in _batches(texts, indices, params.batch_size, torch.Generator().manual_seed(seed)):
             if should_stop and should_stop():
-                raise Interrupted("distillation stopped before it finished", hint="nothing was kept; start it again")
+                raise JobInterrupted("distillation stopped before it finished", hint="nothing was kept; start it again")
             feeds = inference.encode(reader, [texts[i] for i in batch], names)
             inputs = {name: torch.from_numpy(array) for name, array in feeds.items()}
             with torch.no_grad():

@@ -12,7 +12,7 @@ from safetensors.torch import load as load_safetensors
 
 from appliance import inference, optimize
 from appliance.core import archive, hardware
-from appliance.core.errors import OptimizeError
+from appliance.core.errors import JobInterrupted, OptimizeError
 from appliance.data import datasets
 from appliance.train import distill
 from appliance.train.bundle import input_names, load_text_classifier
@@ -201,7 +201,7 @@ def test_the_same_seed_gives_the_same_student(teacher: tuple[bytes, datasets.Loa
 
 def test_progress_is_reported_and_should_stop_stops(teacher: tuple[bytes, datasets.LoadedDataset]) -> None:
     seen: list[tuple[int, int]] = []
-    with pytest.raises(distill.Interrupted, match="stopped before it finished"):
+    with pytest.raises(JobInterrupted, match="stopped before it finished"):
         distill.distill(*teacher, FAST, progress=lambda step, total: seen.append((step, total)),
                         should_stop=lambda: len(seen) >= 3)
     steps_per_epoch = -(-len(teacher[1].train) * (1 + FAST.variants) // FAST.batch_size)  # each text, and a variant
