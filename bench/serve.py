@@ -899,9 +899,11 @@ async def soaked(system: System, texts: Sequence[str], seconds: float) -> Soak:
         window = min(SOAK_TURN_S, seconds - done)
         if window <= 0:
             break
-        served += (await measure(system, texts, clients, 0.0, window)).throughput * window
+        point = await measure(system, texts, clients, 0.0, window)
+        served += point.throughput * window
         done += window
-        turns.append((clients, _resident_mib(_tree(psutil.Process(system.pid)))))
+        assert point.server_rss_mb is not None  # measured: the system has a server process
+        turns.append((clients, point.server_rss_mb))
         log(f"soak: {done:.0f} s, {clients} clients, {turns[-1][1]:.0f} MiB under load")
     await asyncio.sleep(RELEASE_AFTER_S + 2)
     result = Soak(seconds, before, at_rest(system.pid).rss_mb, turns)
