@@ -7,12 +7,12 @@ Classification, and a Trainer with default TrainingArguments (learning rate 5e-5
 a temporary output_dir, no checkpoints, no reporting integrations, the CPU, the seed, and
 no progress bars. The engine runs with its TrainParams defaults.
 
-Two more systems run beside them when asked: the engine in fast mode (--mode fast: the frozen
-encoder embeds each text once, a linear head trains on the embeddings), and SetFit, the
+Two more systems run beside them when asked: the engine in fast mode (--mode fast: the encoder
+is tuned on pairs of texts, embeds each text once, and a linear head trains on the embeddings), and SetFit, the
 usual few-shot recipe over the same base model, in its own environment (bench/peers/
 setfit-env.sh makes it; --setfit-python names its interpreter), given the same wall-clock
 budget (--setfit-budget, also fast mode's --max-minutes). Their clocks run from the call
-that starts them, loading and embedding included: fast mode's work is mostly embedding.
+that starts them, loading, tuning and embedding included.
 
 With --workers N, the engine also trains data-parallel in N processes (gloo between them on a
 CPU, each with its share of the threads and of every batch), the same run otherwise: its
@@ -257,12 +257,15 @@ def run_fast(store: Store, name: str, train_size: int, base_dir: Path, params: e
         curve.append((time.perf_counter() - started, row.metrics["accuracy"]))
         return False
 
-    result = engine.start(store, dataset=name, base_dir=base_dir, params=params, device=device, on_epoch=epoch_done)
+    said: list[str] = []
+    result = engine.start(store, dataset=name, base_dir=base_dir, params=params, device=device, on_epoch=epoch_done,
+                          log=said.append)
     end_to_end = time.perf_counter() - started
     history = runs.epochs(store, result.run_id)
     return Outcome("engine fast", train_size, curve=curve, final_accuracy=result.metrics["accuracy"],
                    total_s=end_to_end, end_to_end_s=end_to_end, cpu_s=time.process_time() - cpu_started,
-                   notes=engine_notes(runs.get(store, result.run_id), len(history), result))
+                   notes=[*engine_notes(runs.get(store, result.run_id), len(history), result),
+                          *(line for line in said if line.startswith("fast mode:"))])
 
 
 def run_setfit(python: Path, data: datasets.LoadedDataset, base_dir: Path, seed: int, threads: int,

@@ -10,8 +10,8 @@ window):
            or one evaluation step, whichever is larger": the evaluation step is shown beside it). Without the
            budget this set takes hours, so it is the budget that ends it.
   auto     the same texts and budget with the mode left to the planner (auto): full fine-tuning measured here
-           cannot finish one epoch of them in the budget, so it trains in fast mode (train/fast.py: the frozen
-           encoder embeds each text once, a linear head trains on the embeddings). Its wall time against the
+           cannot finish one epoch of them in the budget, so it trains in fast mode (train/fast.py: the
+           encoder is tuned on pairs of texts, embeds each text once, and a linear head trains on the embeddings). Its wall time against the
            budget, and its validation accuracy against the budget-cut full fine-tune's. Targets: within the
            budget's 10% too, and no more than a point below the full fine-tune.
   eta      --eta-rows texts (12,000), one epoch, no budget: the ETA the job reported after --eta-after seconds of

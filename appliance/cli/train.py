@@ -23,10 +23,15 @@ from appliance.train.params import TrainParams
 @click.option("--base", type=click.Path(file_okay=False, path_type=Path),
               help="Local Hugging Face model directory; through a running daemon, one in train.base_models_dir.")
 @schema_option(TrainParams, "mode", "--mode",
-               help="full: fine-tune every weight. fast: embed each text once with the frozen encoder and train only "
-                    "a linear head (minutes where full takes hours; usually a few points less accurate). auto: time "
+               help="full: fine-tune every weight. fast: tune the encoder on pairs of texts, embed each text once "
+                    "and train only a linear head (minutes where full takes hours; usually a few points less "
+                    "accurate). auto: time "
                     "full fine-tuning here first and say how long it takes; fast only if one epoch would not fit "
                     "--max-minutes.")
+@schema_option(TrainParams, "contrastive_pairs", "--contrastive-pairs",
+               help="Fast mode: tune the encoder first on this many pairs of training texts, as SetFit does (same "
+                    "label drawn together, others apart); 0 embeds with the encoder as it is "
+                    f"[fast mode: {TrainParams.FAST_DEFAULTS['contrastive_pairs']}].")
 @schema_option(TrainParams, "epochs", "--epochs", help=f"[fast mode: {TrainParams.FAST_DEFAULTS['epochs']}]")
 @schema_option(TrainParams, "learning_rate", "--lr", "lr",
                help=f"[fast mode: {TrainParams.FAST_DEFAULTS['learning_rate']}]")
@@ -67,6 +72,7 @@ def train(
     dataset: str | None,
     base: Path | None,
     mode: str,
+    contrastive_pairs: int,
     epochs: int,
     lr: float,
     batch_size: int,
@@ -102,7 +108,7 @@ def train(
     if resume_run:
         job = {"resume": resume_run, "name": model_name}
     else:
-        values = {"mode": mode, "epochs": epochs, "learning_rate": lr, "batch_size": batch_size,
+        values = {"mode": mode, "contrastive_pairs": contrastive_pairs, "epochs": epochs, "learning_rate": lr, "batch_size": batch_size,
                   "max_length": max_length, "truncation": truncation, "lora": lora, "freeze": freeze, "schedule": schedule, "patience": patience,
                   "seed": seed, "max_minutes": max_minutes, "checkpoint_minutes": checkpoint_minutes,
                   "checkpoint_every": checkpoint_every, "workers": workers}

@@ -54,7 +54,7 @@ from appliance.train.params import TrainParams
 class Progress:
     """What a progress bar or the TUI shows while a run trains."""
 
-    phase: str  # embed (fast mode) | fit-head (an image run's first) | train | evaluate
+    phase: str  # contrast, then embed (fast mode) | fit-head (an image run's first) | train | evaluate
     epoch: int
     epochs: int
     step: int
@@ -137,7 +137,8 @@ GPU_PAD_TO = 32  # on a GPU, text batches are padded to a multiple of this many 
 IMAGE_LAYERS = 20  # an image model's depth as the planner counts it (_image_shape)
 PROGRESS_EVERY_S = 0.5  # between progress reports while training: each reads the loss, which waits for a GPU
 HEAD_FIT_SHARE = 0.25  # of an image run's budget that fitting the new head on frozen features may take
-EMBED_SHARE = 0.8  # of a fast run's budget that embedding may take; the rest trains and evaluates the head
+CONTRAST_SHARE = 0.5  # of a fast run's budget that tuning the encoder on pairs may take (2,000 short pairs: a minute)
+EMBED_SHARE = 0.8  # of a fast run's budget that tuning and embedding may take; the rest trains and evaluates the head
 DEFAULTS = TrainParams()  # frozen: one instance is every call's default
 EpochFn = Callable[[runs.Epoch], bool]  # after each epoch's evaluation; True ends the run there (a pruned trial)
 
@@ -170,8 +171,9 @@ def create(
     placed = group if group is not None and group.size > 1 and params.mode != "fast" else None
     plan = hardware.plan(hardware.detect(), _request(task, data, base_dir, params, device, placed))
     if isinstance(task, fast.FastTextClassification):
-        plan = replace(plan, precision="fp32", grad_scaler=False, notes=(  # in place of the precision's note
-            *plan.notes[1:], "fast mode: the encoder embeds each text once; only the linear head trains, in fp32"))
+        plan = replace(plan, notes=(*plan.notes, "fast mode: " + (
+            f"the encoder is tuned on {params.contrastive_pairs:,} pairs of texts in that precision, then embeds"
+            if params.contrastive_pairs else "the encoder embeds") + " each text once; the linear head trains in fp32"))
     run_id = runs.create(
         store,
         dataset_id=version.id,
@@ -308,7 +310,7 @@ def _settle(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: Tra
     of full fine-tuning measured here, on a random sample of the training texts. The log says how long the run will
     take before it starts, what was chosen and why."""
     if kind != datasets.TEXT or params.lora or not data.train:
-        return params.changed(mode="full") if params.mode == "auto" else params
+        return params.full() if params.mode == "auto" else params
     sample = _probe_sample(data, params)
     task = tasks.TextClassification(sample, base_dir, params.max_length, None, params.truncation)
     wanted = _wanted_window(task, sample.texts) if _may_widen(kind, params, base_dir) else None
@@ -336,16 +338,17 @@ def _settle_mode(train_size: int, params: TrainParams, rate: float, say: LogFn) 
                 f" about {duration(epoch_s)}")
     if params.max_minutes is None:
         say(f"{measured}, {params.epochs} epochs about {duration(params.epochs * epoch_s)} with no budget"
-            " (--max-minutes bounds it; --mode fast trains a linear head on frozen embeddings in a fraction of the"
-            " time)")
-        return params.changed(mode="full")
+            " (--max-minutes bounds it; --mode fast tunes the encoder on pairs of texts and trains a linear head on"
+            " its embeddings in a fraction of the time)")
+        return params.full()
     budget_s = params.max_minutes * 60
     if epoch_s <= budget_s:
-        say(f"{measured}, within the {duration(budget_s)} budget: fine-tuning every weight (--mode fast trains a"
-            " linear head on frozen embeddings in a fraction of the time)")
-        return params.changed(mode="full")
-    say(f"{measured}, more than the {duration(budget_s)} budget: fast mode instead, a linear head on the frozen"
-        " encoder's embeddings, in one process (--mode full fine-tunes regardless, over part of an epoch)")
+        say(f"{measured}, within the {duration(budget_s)} budget: fine-tuning every weight (--mode fast tunes the"
+            " encoder on pairs of texts and trains a linear head on its embeddings in a fraction of the time)")
+        return params.full()
+    say(f"{measured}, more than the {duration(budget_s)} budget: fast mode instead, the encoder tuned on pairs of"
+        " texts and a linear head on its embeddings, in one process (--mode full fine-tunes regardless, over part of"
+        " an epoch)")
     return params.changed(mode="fast", workers=None)
 
 
@@ -555,8 +558,12 @@ def _train(
     say = log or (lambda _line: None)
     if isinstance(task, fast.FastTextClassification):
         earlier_s = state["position"]["elapsed_s"] if state else 0.0
-        embedded = _embed(task, data, device, params, began - earlier_s if began is not None else time.monotonic(),
-                          progress, should_stop, say)
+        start = began - earlier_s if began is not None else time.monotonic()
+        restored = state is not None and "encoder" in state  # tuned in an earlier session: the head read its vectors
+        if restored:
+            task.encoder.load_state_dict(state["encoder"])
+        tuned = restored or _contrast(task, data, device, params, plan, start, progress, should_stop, say)
+        embedded = _embed(task, data, device, params, start, progress, should_stop, say) if tuned else None
         if embedded is None:
             step = state["position"]["step"] if state else 0
             runs.set_status(store, run_id, "interrupted", step=step)
@@ -578,8 +585,9 @@ def _train(
     total_steps = steps_per_epoch * params.epochs
     position = _Position.of(state["position"]) if state is not None else _Position()
     scheduler = _scheduler(optimizer, params, lambda: position.schedule_steps or total_steps)
-    scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaler)
-    autocast_dtype = _autocast_dtype(plan)
+    head_only = isinstance(task, fast.FastTextClassification)  # its precision was the encoder's: a head trains in fp32
+    scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaler and not head_only)
+    autocast_dtype = None if head_only else _autocast_dtype(plan)
     sample = evaluation_sample(data, params.seed)
     budget = Budget(params.max_minutes * 60 if params.max_minutes else None, len(sample), steps_per_epoch,
                     params.checkpoint_minutes * 60, params.checkpoint_every,
@@ -594,6 +602,9 @@ def _train(
             f" batch of {params.batch_size}")
 
     best_state: dict[str, torch.Tensor] | None = None  # the best weights so far, in host memory: stored once, at the end
+    # A fast run's encoder as tuned on pairs, in its checkpoints: tuning again on resume need not give the same one.
+    tuned_encoder = ({"encoder": task.encoder.state_dict()} if isinstance(task, fast.FastTextClassification)
+                     and params.contrastive_pairs else {})
     if state is not None:
         try:
             model.load_state_dict(state["model"])
@@ -624,7 +635,8 @@ def _train(
         started = time.monotonic()
         writer.submit(position.step, {
             **checkpoint.snapshot({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                   "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}),
+                                   "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+                                   **tuned_encoder}),
             "best": best_state,  # replaced, never changed in place
             "rng": rng[0],
             "helper_rng": rng[1:],
@@ -804,11 +816,45 @@ def _train(
             writer.close()
 
 
+def _contrast(task: fast.FastTextClassification, data: datasets.LoadedDataset, device: torch.device,
+              params: TrainParams, plan: hardware.TrainingPlan, began: float, progress: ProgressFn | None,
+              should_stop: Callable[[], bool], say: LogFn) -> bool:
+    """Fast mode's first phase: the encoder tuned on params.contrastive_pairs pairs of training texts, in the plan's
+    precision, for at most CONTRAST_SHARE of the budget (counted from began). False when told to stop."""
+    if not params.contrastive_pairs:
+        return True
+    order = _shuffled(data.train, params.seed)
+    tuning = fast.pairs(task.targets.tolist(), order, params.contrastive_pairs, params.seed)
+    limit_s = params.max_minutes * 60 * CONTRAST_SHARE - (time.monotonic() - began) if params.max_minutes else None
+    if not tuning or limit_s is not None and limit_s <= 0:
+        say("fast mode: no time left in the budget to tune the encoder on pairs; it embeds as it is")
+        return True
+    stopped = False
+
+    def report(done: int, total: int, rate: float) -> bool:
+        nonlocal stopped
+        if progress:
+            progress(Progress("contrast", 0, params.epochs, done, total, 0.0, rate, (total - done) / rate))
+        stopped = should_stop()
+        return not stopped
+
+    started = time.monotonic()
+    torch.manual_seed(params.seed)  # dropout's draws
+    done = task.contrast(device, tuning, _autocast_dtype(plan), params.seed, limit_s, report)
+    if stopped:
+        return False
+    said = (f"fast mode: the encoder tuned on {done:,} pairs of training texts in {duration(time.monotonic() - started)}"
+            " (a text and one of its label drawn together, one of another label apart)")
+    say(said + ("" if done == len(tuning) else f", {len(tuning):,} asked: the budget's share for it"
+                f" ({CONTRAST_SHARE:.0%}) held no more"))
+    return True
+
+
 def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, device: torch.device,
            params: TrainParams, began: float, progress: ProgressFn | None, should_stop: Callable[[], bool],
            say: LogFn) -> list[int] | None:
-    """Fast mode's first phase: the validation texts, then the training texts in a seeded random order, through the
-    frozen encoder once. The training examples it embedded (all, unless EMBED_SHARE of the budget, counted from
+    """Fast mode's second phase: the validation texts, then the training texts in a seeded random order, through the
+    encoder once. The training examples it embedded (all, unless EMBED_SHARE of the budget, counted from
     began, ran out first: then a random share of them); None when told to stop (a resumed run embeds again)."""
     order = _shuffled(data.train, params.seed)
     limit_s = params.max_minutes * 60 * EMBED_SHARE if params.max_minutes else None

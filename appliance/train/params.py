@@ -21,8 +21,10 @@ class TrainParams(Strict):
 
     noun: ClassVar[str] = "the training"
     # Where a fast run names none: a linear head on fixed vectors needs steps a hundred times larger than
-    # fine-tuning's, and more passes, each a fraction of a second (train/fast.py).
-    FAST_DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 3e-3, "epochs": 30, "patience": 5}
+    # fine-tuning's, and more passes, each a fraction of a second; the encoder is first tuned on 2,000 pairs of
+    # texts (train/fast.py, where the measurements are).
+    FAST_DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 3e-3, "epochs": 30, "patience": 5,
+                                               "contrastive_pairs": 2000}
     # Where an image run names none: a pretrained CNN, its head fitted first (train/images.py), takes a larger rate
     # than a transformer, and more epochs and patience, since augmented epochs score noisily. On 1,600 Fashion-MNIST
     # photos in 8 minutes, 2e-4 reached 88.0% validation accuracy, 1e-4 87.25%, and 5e-4 fell from the fitted head's
@@ -31,7 +33,7 @@ class TrainParams(Strict):
     IMAGE_DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 2e-4, "epochs": 10, "patience": 3,
                                                 "schedule": "cosine", "freeze": 0.5}
     # What a run stored before a field existed did, where that is not the field's default now (see stored()).
-    EARLIER: ClassVar[dict[str, Any]] = {"truncation": "head"}
+    EARLIER: ClassVar[dict[str, Any]] = {"truncation": "head", "contrastive_pairs": 0}
 
     epochs: int = Field(5, ge=1, le=1000)
     learning_rate: float = Field(1e-4, gt=0, le=1)
@@ -51,10 +53,15 @@ class TrainParams(Strict):
                           " input on, kept as they are while the rest fine-tunes: general features stay and a step"
                           " costs less (image runs; 0.5 unless given)")
     mode: Literal["auto", "full", "fast"] = Field(
-        "auto", description="full: fine-tune every weight; fast: embed each text once with the frozen encoder and "
-                            "train a linear head on the embeddings (minutes where full fine-tuning takes hours); "
+        "auto", description="full: fine-tune every weight; fast: tune the encoder on pairs of texts, embed each "
+                            "text once and train a linear head on the embeddings (minutes where full fine-tuning "
+                            "takes hours); "
                             "auto: full, unless max_minutes is set and one epoch of it, at the speed measured on "
                             "this machine, would not fit: then fast. A run records the mode it chose.")
+    contrastive_pairs: int = Field(0, ge=0, le=1_000_000, description="fast mode: pairs of training texts the"
+                                   " encoder is tuned on first, as SetFit does (a text and one of its label drawn"
+                                   " together, a text and one of another label apart), so that its embeddings"
+                                   " separate the labels; 0 embeds with the encoder as it is (fast mode: 2000)")
     workers: int | None = Field(None, ge=1, le=64, description="processes training data-parallel, each on its share"
                                 " of every batch: by default one per GPU, one on a CPU")
     patience: int = Field(2, ge=1, le=1000, description="epochs without a better validation metric before stopping")
@@ -79,6 +86,11 @@ class TrainParams(Strict):
         existed (truncation: head, where the default is now head+tail)."""
         return cls.parse({**cls.EARLIER, **values})
 
+    def full(self) -> Self:
+        """These parameters as mode auto settles them when it fine-tunes every weight: pairs given for fast mode
+        are left out, as full fine-tuning trains the encoder on the labels themselves."""
+        return self.changed(mode="full", contrastive_pairs=0)
+
     def for_images(self) -> Self:
         """These parameters with IMAGE_DEFAULTS where none was given."""
         return self.parse({**self.IMAGE_DEFAULTS, **self.model_dump(exclude_unset=True)})
@@ -88,6 +100,9 @@ class TrainParams(Strict):
         if self.mode == "fast" and self.lora:
             raise refusal("lora: fast mode trains only the classifier head, so there are no adapters to train; "
                           "use one of the two")
+        if self.mode == "full" and self.contrastive_pairs:
+            raise refusal("contrastive_pairs: fast mode tunes the encoder on pairs before embedding; full"
+                          " fine-tuning trains it on the labels themselves; use --mode fast or auto")
         if self.mode == "fast" and (self.workers or 1) > 1:
             raise refusal("workers: fast mode trains a linear head in seconds, in one process; leave workers out")
         return self

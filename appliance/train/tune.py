@@ -100,7 +100,7 @@ def create(store: Store, request: Request, study_id: str | None = None, actor: s
     if request.base_params.mode == "fast":
         raise JobError("a search tunes full fine-tuning: fast mode trains only a linear head, with little to tune",
                        hint="train in fast mode with 'appliance train --mode fast', or tune without it")
-    base = request.base_params.changed(metric=request.metric, mode="full")  # each trial is measured, not auto
+    base = request.base_params.full().changed(metric=request.metric)  # each trial is measured, not auto
     return studies.create(store, dataset_id=version.id, base_model=str(request.base_dir), task=version.task,
                           metric=request.metric, sampler=request.sampler, space=searched, base_params=base.model_dump(),
                           device=request.device, budget_s=request.budget_s, study_id=study_id, actor=actor).id

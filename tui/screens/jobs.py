@@ -212,6 +212,8 @@ def _summary(job: dict[str, Any]) -> str:
 def _describe(report: dict[str, Any]) -> str:
     if report.get("stage") == "train":
         eta = f", eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""
+        if report.get("phase") == "contrast":
+            return f"tuning the encoder on pairs (fast mode), {report['step']:,} of {report['total_steps']:,}{eta}"
         if report.get("phase") == "embed":
             return f"embedding texts (fast mode), {report['step']:,} of {report['total_steps']:,}{eta}"
         if report.get("phase") == "fit-head":
@@ -225,7 +227,7 @@ def _describe(report: dict[str, Any]) -> str:
 
 TRAINING_MODES = [  # TrainParams.mode; fast mode's own epochs and learning rate apply where those are left as shown
     ("auto: fast if full won't fit the budget", "auto"), ("full: fine-tune every weight", "full"),
-    ("fast: a head on frozen embeddings", "fast")]
+    ("fast: tuned on pairs, a head on embeddings", "fast")]
 LONG_TEXTS = [  # TrainParams.truncation: how a text longer than max length is read
     ("head and tail", "head+tail"), ("head only", "head")]
 AFTER_TRAINING = [  # the wizard's choices: a pipeline job's deploy policy (jobspec.Deploy), or a train job
