@@ -1112,9 +1112,11 @@ def summary(results: Results, top: int, client: str) -> None:
     peer_c1 = rate_fewest[OURS] / rate_fewest[best_c1] if rate_fewest[best_c1] else 0.0
     peer_top = rate[OURS] / rate[best_top] if rate[best_top] else 0.0
     p50_ours, p50_peer = at_fewest[OURS].percentile_ms(50), at_fewest[best_c1].percentile_ms(50)
-    print(f"against the best peer: at {fewest} client(s) {peer_c1:.2f}x {best_c1}'s throughput (target "
-          f"{TARGET_PEER_C1:.1f}), p50 {p50_ours:.2f} ms against its {p50_peer:.2f} ms (target: no worse); at {top} "
-          f"clients {peer_top:.2f}x {best_top}'s (target {TARGET_PEER_TOP:.1f})")
+    targets_c1 = ((f" (target {TARGET_PEER_C1:.1f})", " (target: no worse)") if fewest == 1
+                  else ("", " (the targets are at 1 client, which this run did not measure)"))
+    print(f"against the best peer: at {fewest} client(s) {peer_c1:.2f}x {best_c1}'s throughput{targets_c1[0]}, p50 "
+          f"{p50_ours:.2f} ms against its {p50_peer:.2f} ms{targets_c1[1]}; at {top} clients {peer_top:.2f}x "
+          f"{best_top}'s (target {TARGET_PEER_TOP:.1f})")
     soak = results.soak
     if soak is not None:
         late = "too few turns to tell" if soak.late_growth_mb is None else f"{soak.late_growth_mb:+.0f} MiB"
