@@ -88,17 +88,22 @@ LEARNING_RATES = (3e-4, 1e-4, 1e-3)
 
 @dataclass(frozen=True)
 class Student:
-    """The distilled bundle, its validation scores beside the teacher's, its rate (and, when the rate was searched,
-    each rate's validation scores after the first epoch), and how long it took (epochs and seconds)."""
+    """The distilled bundle, its validation scores beside the teacher's, how it was taught, its rate (and, when the
+    rate was searched, each rate's validation scores after the first epoch), and how long it took (epochs and
+    seconds)."""
 
     bundle: bytes  # same files as a training bundle: config.json, model.safetensors, tokenizer files, appliance.json
     metrics: dict[str, float]
     teacher_metrics: dict[str, float]
-    layers: int
+    params: DistillParams
     epochs: int
     seconds: float
     learning_rate: float
     searched: dict[float, dict[str, float]]  # empty when the rate was given
+
+    @property
+    def layers(self) -> int:
+        return self.params.layers
 
     def describe(self) -> str:
         """How the student was taught and how it scored, in words for a report."""
@@ -107,8 +112,11 @@ class Student:
             rate = f"lr {self.learning_rate:g}, the best by validation macro-F1 after the first epoch ({tried})"
         else:
             rate = f"lr {self.learning_rate:g} as given"
-        return (f"{self.layers}-layer student, {self.epochs} epochs at {rate}: accuracy {self.metrics['accuracy']:.3f} "
-                f"against the teacher's {self.teacher_metrics['accuracy']:.3f}")
+        taught = ["soft labels" if self.params.alpha else "", "layers' states" if self.params.hidden_weight else "",
+                  "attention relations" if self.params.attention_weight else ""]
+        return (f"{self.layers}-layer student, {self.epochs} epochs at {rate}, taught the teacher's "
+                f"{', '.join(filter(None, taught)) or 'nothing but the labels'}: accuracy "
+                f"{self.metrics['accuracy']:.3f} against the teacher's {self.teacher_metrics['accuracy']:.3f}")
 
 
 def distill(
@@ -186,7 +194,7 @@ def distill(
     student.load_state_dict(best_state)
     files["config.json"] = student.config.to_json_string().encode()
     files["model.safetensors"] = save_safetensors({k: v.contiguous() for k, v in student.state_dict().items()})
-    return Student(archive.pack(sorted(files.items())), best, teacher_metrics, params.layers, epochs,
+    return Student(archive.pack(sorted(files.items())), best, teacher_metrics, params, epochs,
                    time.monotonic() - started, pupils[0].learning_rate, searched)
 
 

@@ -239,7 +239,9 @@ def test_without_a_rate_the_first_epoch_chooses_one_and_only_its_student_goes_on
 
 def test_a_given_rate_is_not_searched(student: distill.Student) -> None:
     assert student.learning_rate == FAST.learning_rate and student.searched == {}
-    assert f"lr {FAST.learning_rate:g} as given" in student.describe()
+    assert f"lr {FAST.learning_rate:g} as given, taught the teacher's soft labels, layers' states:" in student.describe()
+    assert "soft labels, layers' states, attention relations:" in replace(
+        student, params=replace(FAST, attention_weight=1.0)).describe()
 
 
 @pytest.mark.parametrize("layers", [0, 2, 5])
