@@ -33,7 +33,8 @@ class TrainParams(Strict):
     IMAGE_DEFAULTS: ClassVar[dict[str, Any]] = {"learning_rate": 2e-4, "epochs": 10, "patience": 3,
                                                 "schedule": "cosine", "freeze": 0.5}
     # What a run stored before a field existed did, where that is not the field's default now (see stored()).
-    EARLIER: ClassVar[dict[str, Any]] = {"truncation": "head", "contrastive_pairs": 0}
+    EARLIER: ClassVar[dict[str, Any]] = {"truncation": "head"}
+    EARLIER_FAST: ClassVar[dict[str, Any]] = {"contrastive_pairs": 0}  # and what a fast run did, where fast mode's is not
 
     epochs: int = Field(5, ge=1, le=1000)
     learning_rate: float = Field(1e-4, gt=0, le=1)
@@ -83,8 +84,9 @@ class TrainParams(Strict):
     @classmethod
     def stored(cls, values: dict[str, Any]) -> Self:
         """Parameters as a run or a search stored them: a field added since reads as what such a run did before it
-        existed (truncation: head, where the default is now head+tail)."""
-        return cls.parse({**cls.EARLIER, **values})
+        existed (truncation: head, where the default is now head+tail; a fast run: no pairs, where 2,000 are now)."""
+        earlier = {**cls.EARLIER, **(cls.EARLIER_FAST if values.get("mode") == "fast" else {})}
+        return cls.parse({**earlier, **values})
 
     def full(self) -> Self:
         """These parameters as mode auto settles them when it fine-tunes every weight: pairs given for fast mode

@@ -229,6 +229,7 @@ def test_fast_mode_refuses_what_it_cannot_do(opened: Store, tmp_path: Path, tiny
     assert TrainParams.parse({"contrastive_pairs": 100}).full().contrastive_pairs == 0  # auto settling on full
     # A fast run stored before pairs existed embedded with the encoder as it was, and resumes so.
     assert TrainParams.stored({"mode": "fast", "epochs": 30}).contrastive_pairs == 0
+    assert "contrastive_pairs" not in TrainParams.stored({"mode": "full"}).model_fields_set  # nothing to say there
     folder = tmp_path / "images"
     from PIL import Image
 
