@@ -178,7 +178,8 @@ def test_training_parameters_stored_by_earlier_versions_still_read() -> None:
               "metric": "macro_f1", "checkpoint_every": 50, "seed": 13, "max_minutes": None}  # dataclasses.asdict
     params = TrainParams.stored(stored)
     assert params.model_dump() == {**stored, "weight_decay": 0.0, "max_grad_norm": 1.0, "mode": "auto", "workers": None,
-                                    "checkpoint_minutes": 10.0, "freeze": 0.0, "truncation": "head"}  # as they did
+                                    "checkpoint_minutes": 10.0, "freeze": 0.0, "truncation": "head",
+                                    "contrastive_pairs": 0}  # as they did
     assert TrainParams.parse(stored).truncation == "head+tail"  # a new request's default
     assert TrainParams.parse({"epochs": 3}) == TrainParams().changed(epochs=3)
     with pytest.raises(JobError, match="max_minutes: 0 is not a number above 0"):
