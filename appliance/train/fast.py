@@ -1,4 +1,4 @@
-"""Fast mode: the encoder embeds each text once, and only a linear head trains on the embeddings.
+"""Fast mode: the encoder, tuned on pairs of texts, embeds each text once; only a linear head trains on the embeddings.
 
 Full fine-tuning runs the encoder forward and backward over every example in every epoch;
 on a CPU and a large set that takes hours. Here the encoder is first tuned on a few thousand
@@ -50,8 +50,6 @@ PAIR_BATCH = 16  # pairs per step, SetFit's default: 32 texts, the batch full fi
 PAIR_GROUP = 50  # batches of pairs ordered by length together, so each pads little (TextClassification.batches)
 
 Report = Callable[[int, int, float], bool]  # done, of how many, per second; False: stop there
-
-
 Pair = tuple[int, int, float]  # two training examples, and the cosine their embeddings are drawn to: 1, same label
 
 
