@@ -603,8 +603,7 @@ def _train(
 
     best_state: dict[str, torch.Tensor] | None = None  # the best weights so far, in host memory: stored once, at the end
     # A fast run's encoder as tuned on pairs, in its checkpoints: tuning again on resume need not give the same one.
-    tuned_encoder = ({"encoder": task.encoder.state_dict()} if isinstance(task, fast.FastTextClassification)
-                     and params.contrastive_pairs else {})
+    tuned_encoder = {"encoder": task.encoder.state_dict()} if head_only and params.contrastive_pairs else {}
     if state is not None:
         try:
             model.load_state_dict(state["model"])
