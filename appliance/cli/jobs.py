@@ -208,9 +208,10 @@ def foreground(store: Store, label: str, state: dict[str, Any] | None = None,
 def _describe(progress: dict[str, Any]) -> str:
     if progress.get("stage") == "train":
         eta = f" eta {progress['eta_s']:.0f}s" if progress.get("eta_s") is not None else ""
-        speed = f" {progress['samples_per_s']:.1f} samples/s" if progress.get("samples_per_s") is not None else ""
+        unit = "pairs" if progress.get("phase") == "contrast" else "samples"
+        speed = f" {progress['samples_per_s']:.1f} {unit}/s" if progress.get("samples_per_s") is not None else ""
         if progress.get("phase") == "contrast":
-            return f"tune on pairs (fast mode){speed.replace('samples', 'pairs')}{eta}"
+            return f"tune on pairs (fast mode){speed}{eta}"
         if progress.get("phase") == "embed":
             return f"embed texts (fast mode){speed}{eta}"
         if progress.get("phase") == "fit-head":
