@@ -35,6 +35,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,11 @@ GPU_PAD_TO = 32  # on a GPU, text batches are padded to a multiple of this many 
 IMAGE_LAYERS = 20  # an image model's depth as the planner counts it (_image_shape)
 PROGRESS_EVERY_S = 0.5  # between progress reports while training: each reads the loss, which waits for a GPU
 HEAD_FIT_SHARE = 0.25  # of an image run's budget that fitting the new head on frozen features may take
-CONTRAST_SHARE = 0.5  # of a fast run's budget that tuning the encoder on pairs may take (2,000 short pairs: a minute)
+CONTRAST_SHARE = 0.25  # of a fast run's budget that tuning the encoder on pairs may always take; more where the
+# embedding, as estimated from the tuning's pace, leaves more before EMBED_SHARE (see _contrast)
+EMBED_PACE = 10.0  # texts/s the embedding reads, at the least, for each pair/s the tuning took: measured 13 (the
+# sample's short texts) to 24 (fortunes, 300k synthetic texts) on a 2-core AVX-512 CPU, so the estimate errs long
+EMBED_SETUP_S = 5.0  # converting and compiling the tuned encoder before it embeds (3-4 s for MiniLM there)
 EMBED_SHARE = 0.8  # of a fast run's budget that tuning and embedding may take; the rest trains and evaluates the head
 DEFAULTS = TrainParams()  # frozen: one instance is every call's default
 EpochFn = Callable[[runs.Epoch], bool]  # after each epoch's evaluation; True ends the run there (a pruned trial)
@@ -819,13 +824,16 @@ def _contrast(task: fast.FastTextClassification, data: datasets.LoadedDataset, d
               params: TrainParams, plan: hardware.TrainingPlan, began: float, progress: ProgressFn | None,
               should_stop: Callable[[], bool], say: LogFn) -> bool:
     """Fast mode's first phase: the encoder tuned on params.contrastive_pairs pairs of training texts, in the plan's
-    precision, for at most CONTRAST_SHARE of the budget (counted from began). False when told to stop."""
+    precision. On a budget (counted from began) it takes CONTRAST_SHARE of it, or more: up to EMBED_SHARE less the
+    embedding of every text, as estimated from its own pace (_tuning_s), so a small set's run uses the time it
+    was given and a big one's keeps it for embedding. False when told to stop."""
     if not params.contrastive_pairs:
         return True
     order = _shuffled(data.train, params.seed)
     tuning = fast.pairs(task.targets.tolist(), order, params.contrastive_pairs, params.seed)
-    limit_s = params.max_minutes * 60 * CONTRAST_SHARE - (time.monotonic() - began) if params.max_minutes else None
-    if not tuning or limit_s is not None and limit_s <= 0:
+    texts, started = len(data.validation) + len(data.train), time.monotonic()
+    allowed_s = partial(_tuning_s, params.max_minutes * 60, started - began, texts) if params.max_minutes else None
+    if not tuning or allowed_s is not None and allowed_s(math.inf) <= 0:
         say("fast mode: no time left in the budget to tune the encoder on pairs; it embeds as it is")
         return True
     stopped = False
@@ -837,16 +845,23 @@ def _contrast(task: fast.FastTextClassification, data: datasets.LoadedDataset, d
         stopped = should_stop()
         return not stopped
 
-    started = time.monotonic()
     torch.manual_seed(params.seed)  # dropout's draws
-    done = task.contrast(device, tuning, _autocast_dtype(plan), params.seed, limit_s, report)
+    done = task.contrast(device, tuning, _autocast_dtype(plan), params.seed, allowed_s, report)
     if stopped:
         return False
     said = (f"fast mode: the encoder tuned on {done:,} pairs of training texts in {duration(time.monotonic() - started)}"
             " (a text and one of its label drawn together, one of another label apart)")
-    say(said + ("" if done == len(tuning) else f", {len(tuning):,} asked: the budget's share for it"
-                f" ({CONTRAST_SHARE:.0%}) held no more"))
+    say(said + ("" if done == len(tuning) else f", {len(tuning):,} asked: the budget held no more beside embedding"
+                f" {texts:,} texts"))
     return True
+
+
+def _tuning_s(budget_s: float, before_s: float, texts: int, pairs_per_s: float) -> float:
+    """The seconds tuning on pairs may take, from its start (before_s into the budget), at a pace of pairs_per_s:
+    CONTRAST_SHARE of the budget, or up to EMBED_SHARE of it less the embedding of the texts, at the longest that
+    pace suggests."""
+    embedding_s = EMBED_SETUP_S + texts / (EMBED_PACE * pairs_per_s)
+    return max(budget_s * CONTRAST_SHARE, budget_s * EMBED_SHARE - embedding_s) - before_s
 
 
 def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, device: torch.device,

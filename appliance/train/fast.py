@@ -96,17 +96,18 @@ class FastTextClassification(tasks.TextClassification):
         self.features: torch.Tensor | None = None
 
     def contrast(self, device: torch.device, tuning: Sequence[Pair], dtype: torch.dtype | None, seed: int,
-                 seconds: float | None, progress: Report) -> int:
+                 seconds: Callable[[float], float] | None, progress: Report) -> int:
         """Tune the encoder in place on pairs (cosine similarity regressed on 1 or 0, AdamW, a linear warm-up and
-        decay), in batches of similar lengths, until they are done, seconds have passed, or progress says stop.
-        Where seconds are given, the schedule is fitted, step by step, to the pairs the time left can hold at the
-        pace so far, so its rate decays to nothing at the last step it takes, and progress is told of that many.
-        How many pairs it was tuned on."""
+        decay), in batches of similar lengths, until they are done, the time allowed has passed, or progress says
+        stop. `seconds` gives the time allowed at a pace (pairs/s: what comes after may depend on it); the schedule
+        is fitted, step by step, to the pairs the time left can hold at the pace so far (the first steps, slower,
+        do not hold it down for good), so its rate decays to nothing at the last step it takes, and progress is
+        told of that many. How many pairs it was tuned on."""
         embedder = tasks.MeanPooledClassifier(self.encoder, 1)
         embedder.classifier = nn.Identity()  # its "logits" are the embeddings
         embedder.to(device).train()
         steps = self._pair_batches(tuning, seed)
-        planned = len(steps)  # steps the schedule decays over: fewer, once the time left is seen not to hold them
+        planned = len(steps)  # steps the schedule decays over: fewer where the time left is seen not to hold them
         warmup = max(1, planned // 10)
         optimizer = torch.optim.AdamW([p for p in embedder.parameters() if p.requires_grad], lr=CONTRAST_LEARNING_RATE)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -129,7 +130,8 @@ class FastTextClassification(tasks.TextClassification):
             done += len(batch)
             elapsed = time.monotonic() - started
             if seconds is not None:
-                planned = max(taken, min(planned, taken + math.floor((seconds - elapsed) / (elapsed / taken))))
+                allowed = seconds(done / max(elapsed, 1e-9))
+                planned = max(taken, min(len(steps), taken + math.floor((allowed - elapsed) / (elapsed / taken))))
             total = min(len(tuning), done + (planned - taken) * PAIR_BATCH)
             if not progress(done, total, done / max(elapsed, 1e-9)) or taken >= planned:
                 break

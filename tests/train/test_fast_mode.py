@@ -103,7 +103,7 @@ def test_a_budget_bounds_tuning_on_pairs_and_the_rest_still_trains(opened: Store
     data = datasets.load(opened, datasets.get(opened, tickets))
     task = fast.FastTextClassification(data, tiny_base, 32, "head+tail")
     tuning = fast.pairs(task.targets.tolist(), data.train, 100_000, seed=3)
-    done = task.contrast(torch.device("cpu"), tuning, None, 3, 1.0, lambda *_: True)
+    done = task.contrast(torch.device("cpu"), tuning, None, 3, lambda _pace: 1.0, lambda *_: True)
     assert 0 < done < len(tuning)  # the schedule fitted to what one second held, and it stopped there
 
     lines: list[str] = []
@@ -111,7 +111,16 @@ def test_a_budget_bounds_tuning_on_pairs_and_the_rest_still_trains(opened: Store
                           params=FAST.changed(max_minutes=0.05, contrastive_pairs=100_000))
     assert result.status == "finished"
     [said] = [line for line in lines if line.startswith("fast mode: the encoder tuned on")]
-    assert f"100,000 asked: the budget's share for it ({engine.CONTRAST_SHARE:.0%}) held no more" in said
+    texts = len(data.train) + len(data.validation)
+    assert f"100,000 asked: the budget held no more beside embedding {texts} texts" in said
+
+
+def test_tuning_on_pairs_takes_the_time_that_embedding_the_texts_leaves_and_a_share_of_the_budget_at_least() -> None:
+    # 2 minutes, tuning from 2 s in, 20 pairs a second: 3,000 texts embed in 5 + 15 s at the pace assumed, so the
+    # tuning may run until 96 - 20 s into the budget; 300,000 texts leave nothing, and it keeps its quarter.
+    assert engine._tuning_s(120, 2, 3_000, 20.0) == pytest.approx(0.8 * 120 - 20 - 2)
+    assert engine._tuning_s(120, 2, 300_000, 20.0) == pytest.approx(engine.CONTRAST_SHARE * 120 - 2)
+    assert engine._tuning_s(120, 2, 3_000, 5.0) < engine._tuning_s(120, 2, 3_000, 20.0)  # slower: embeds slower too
 
 
 def test_a_fast_model_scores_as_it_trained_in_torch_and_compiled_by_openvino(
