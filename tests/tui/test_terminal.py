@@ -92,7 +92,11 @@ def test_an_operator_imports_fine_tunes_watches_loses_and_regains_the_daemon(dae
 
     terminal.type("2", "i")  # import: the file browser first, then the file's path and a name
     terminal.wait_for("Import a dataset")
-    terminal.type(TAB, str(tmp_path / "tickets.csv"), TAB, "tickets", ENTER)
+    terminal.type(TAB, str(tmp_path / "tickets.csv"))
+    terminal.wait_for("tickets.csv")  # as an operator would see the path typed before Tab to the next field
+    terminal.type(TAB, "tickets")
+    terminal.wait_for("▊  tickets ")
+    terminal.type(ENTER)
     terminal.wait_for("imported as tickets:1")
 
     terminal.type("3", "n")  # the wizard: its defaults deploy safely (production, as nothing serves yet)
