@@ -129,11 +129,11 @@ class FastTextClassification(tasks.TextClassification):
             scheduler.step()
             done += len(batch)
             elapsed = time.monotonic() - started
+            pace = done / max(elapsed, 1e-9)
             if seconds is not None:
-                allowed = seconds(done / max(elapsed, 1e-9))
-                planned = max(taken, min(len(steps), taken + math.floor((allowed - elapsed) / (elapsed / taken))))
+                planned = max(taken, min(len(steps), taken + math.floor((seconds(pace) - elapsed) / (elapsed / taken))))
             total = min(len(tuning), done + (planned - taken) * PAIR_BATCH)
-            if not progress(done, total, done / max(elapsed, 1e-9)) or taken >= planned:
+            if not progress(done, total, pace) or taken >= planned:
                 break
         embedder.eval()
         return done
