@@ -166,6 +166,12 @@ def predict(runner: Runner, reader: Reader, examples: Sequence[Any], batch_size:
     return logits
 
 
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Each row of logits as the probabilities of the labels."""
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
 def evaluate(runner: Runner, reader: Reader, examples: Sequence[Any], labels: Sequence[int]) -> dict[str, float]:
     """Accuracy and macro-F1 of a runner, measured as training measures them."""
     if not examples:

@@ -516,13 +516,12 @@ def peer_server(port: int) -> None:
     server does; it spares the thread hand-off a `def` endpoint would pay per request.
     """
     from appliance import inference
-    from appliance.serve import drift
 
     servable, version, _origin = load_served()
     names, infer = inference.bind(servable.compiled)
 
     def probabilities(texts: list[str]) -> list[list[float]]:
-        return drift.softmax(infer(inference.encode(servable.reader, texts, names))).tolist()
+        return inference.softmax(infer(inference.encode(servable.reader, texts, names))).tolist()
 
     hand_built(port, version, servable.labels, probabilities)
 
@@ -602,10 +601,9 @@ def ray_server(port: int) -> None:
         @serve.batch(max_batch_size=RAY_BATCHING[0][0], batch_wait_timeout_s=RAY_BATCHING[0][1])
         async def probabilities(self, texts: list[str]) -> list[list[float]]:
             from appliance import inference
-            from appliance.serve import drift
 
             logits = self.infer(inference.encode(self.servable.reader, texts, self.names))
-            return drift.softmax(logits).tolist()
+            return inference.softmax(logits).tolist()
 
         async def __call__(self, request: Request) -> Any:
             if request.url.path == "/v2/health/ready":
@@ -789,12 +787,11 @@ def shared_session(classify: Classify) -> Session:
 
 
 def batcher_classify(batcher: Any, labels: list[str]) -> Classify:
-    """What the server's endpoint does once past HTTP: batch (inline on an idle model, as for a REST request),
-    softmax, the top label."""
-    from appliance.serve import drift
+    """What the server's endpoint does once past HTTP: batch (inline on an idle model, as for a REST request), the
+    top label."""
 
     async def classify(text: str) -> str:
-        probabilities = drift.softmax((await batcher.infer([text], inline=True)).logits)
+        probabilities = (await batcher.infer([text], inline=True)).probabilities
         return labels[int(probabilities[0].argmax())]
 
     return classify

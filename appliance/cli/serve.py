@@ -82,7 +82,6 @@ def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
     import numpy as np
 
     from appliance import inference, pixels
-    from appliance.serve import drift
     from appliance.store import blobs
 
     with opened_store() as opened:
@@ -90,7 +89,7 @@ def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
         servable = inference.load_ir(blobs.read(opened, version.serving_variant().blob_id))
     images = isinstance(servable.reader, pixels.Pictures)
     inputs = [pixels.load(Path(name)) for name in examples] if images else list(examples)
-    probabilities = drift.softmax(inference.predict(servable.compiled, servable.reader, inputs))
+    probabilities = inference.softmax(inference.predict(servable.compiled, servable.reader, inputs))
     rows = [{"image" if images else "text": example, "label": servable.labels[int(np.argmax(row))],
              "scores": {label: round(float(p), 4) for label, p in zip(servable.labels, row)}}
             for example, row in zip(examples, probabilities)]

@@ -102,7 +102,7 @@ def servable_ir(artifact: Artifact, files: dict[str, bytes], name: str, held: He
     servable = inference.load_ir(inference.pack_ir(artifact, files, name), throughput=True)  # timed as served
     reference = drift.reference(servable.reader, held.calibration,
                                 [servable.labels.index(label) for label in held.calibration_labels],
-                                drift.softmax(inference.predict(servable.compiled, servable.reader,
+                                inference.softmax(inference.predict(servable.compiled, servable.reader,
                                                                 held.examples))).to_json()
     return ServableIr(name, inference.pack_ir(artifact, files, name, reference), scores, servable)
 

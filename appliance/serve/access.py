@@ -72,7 +72,9 @@ class AccessLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = "".join(char if char.isprintable() else "?" for char in scope["path"][:200])  # a caller's bytes
+        path = scope["path"][:200]  # a caller's bytes: what the terminal would act on is replaced
+        if not path.isprintable():
+            path = "".join(char if char.isprintable() else "?" for char in path)
         with request("rest", f"{scope['method']} {path}") as entry:
 
             async def answering(message: Message) -> None:

@@ -47,8 +47,11 @@ tokenise, 503 when the model failed on it alone). And a text's CPU is bounded by
 the model can see: what the window would drop anyway is cut before tokenising
 (`words.Words.cut`), so a long text costs no more than one the length of the model's
 window. Each answer says which texts the window cut short (`Inferred.truncated`).
-OpenVINO's threads hold the GIL no longer than it takes to hand the logits over: the batch
-is recorded (`on_batch`: metrics, drift) on the event loop once its answers have gone out.
+Each piece's probabilities are worked out once, where its inference ends (on OpenVINO's
+thread, or inline): a softmax over a piece costs what one over a single row does, about
+8 µs, which the event loop used to pay for every request. OpenVINO's threads hold the GIL
+no longer than that: the batch is recorded (`on_batch`: metrics, drift) on the event loop
+once its answers have gone out.
 
 A burst of large batches leaves OpenVINO holding buffers sized for them (tens of MB per
 infer request); once the model has been quiet for `RELEASE_AFTER_S`, the collector hands
@@ -84,9 +87,11 @@ RELEASE_AFTER_S = 5.0  # quiet this long, the model's intermediate buffers go ba
 
 
 class Inferred(NamedTuple):
-    """A request's answer: a row of logits per example, and whether the model's window cut it short."""
+    """A request's answer: per example, a row of logits, the labels' probabilities, and whether the model's window
+    cut it short."""
 
     logits: np.ndarray
+    probabilities: np.ndarray
     truncated: list[bool]
 
 
@@ -97,9 +102,17 @@ class _Request:
     examples: list[str] | list[bytes | np.ndarray]
     future: asyncio.Future[Inferred]
     inline: bool = False
-    rows: list[np.ndarray | None] = field(default_factory=list)
+    rows: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)  # logits, probabilities
     truncated: list[bool] = field(default_factory=list)
     remaining: int = 0
+
+    def answer(self) -> Inferred:
+        """The rows gathered, as arrays; a lone example's are views of its piece's (np.stack would copy them)."""
+        if len(self.rows) == 1:
+            logits, probabilities = self.rows[0]
+            return Inferred(logits[None], probabilities[None], self.truncated)
+        return Inferred(np.stack([row[0] for row in self.rows]), np.stack([row[1] for row in self.rows]),
+                        self.truncated)
 
 
 Item = tuple[_Request, int]  # a request and the index of one of its examples
@@ -127,7 +140,12 @@ class _Rows(NamedTuple):
     """A piece's answer, row by row in the piece's order."""
 
     logits: np.ndarray
+    probabilities: np.ndarray
     truncated: list[bool]
+
+    @classmethod
+    def of(cls, logits: np.ndarray, inputs: words.Read | pixels.Seen) -> _Rows:
+        return cls(logits, inference.softmax(logits), _truncated(inputs))
 
 
 @dataclass(frozen=True)
@@ -144,16 +162,16 @@ class Batch:
     """One finished inference, for the metrics and the drift monitor (on the event loop, after its answers)."""
 
     inputs: words.Read | pixels.Seen  # what the model was given: texts read, or images seen
-    logits: np.ndarray
+    probabilities: np.ndarray  # what it answered
     seconds: float
 
     @property
     def size(self) -> int:
-        return len(self.logits)
+        return len(self.probabilities)
 
 
 class Batcher:
-    """Batches examples for one compiled model; `await infer(examples)` returns their logits."""
+    """Batches examples for one compiled model; `await infer(examples)` returns their answers (`Inferred`)."""
 
     def __init__(
         self,
@@ -215,9 +233,10 @@ class Batcher:
         self._thread.start()
 
     async def infer(self, examples: list[str] | list[bytes | np.ndarray], inline: bool = False) -> Inferred:
-        """The logits of examples, in order, and which were truncated; Overloaded when the queue is full, BadRequest
-        naming an example that could not be read, ServeError when the model failed on one. `inline`: the caller's
-        request reached the server whole, so it may be inferred on the event loop when the model is idle."""
+        """The logits and probabilities of examples, in order, and which were truncated; Overloaded when the queue
+        is full, BadRequest naming an example that could not be read, ServeError when the model failed on one.
+        `inline`: the caller's request reached the server whole, so it may be inferred on the event loop when the
+        model is idle."""
         if self.depth + len(examples) > self._max_queue:
             raise Overloaded(f"the queue holds {self.depth} examples; {len(examples)} more would pass "
                              f"{self._max_queue}")
@@ -351,8 +370,8 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return
-        self._deliver(flight, piece, _Rows(logits, _truncated(inputs)), None,
-                      Batch(inputs, logits, self._inline.latency / 1000))
+        rows = _Rows.of(logits, inputs)
+        self._deliver(flight, piece, rows, None, Batch(inputs, rows.probabilities, self._inline.latency / 1000))
 
     def _read(self, flight: _Flight, piece: list[Item]) -> tuple[words.Read | pixels.Seen,
                                                                   dict[str, np.ndarray]] | None:
@@ -377,8 +396,9 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001  on OpenVINO's thread: the callers hear of it, the thread goes on
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return
-        batch = Batch(inputs, logits, request.latency / 1000)  # device time, not queueing
-        self._answer(flight, piece, _Rows(logits, _truncated(inputs)), None, batch)
+        rows = _Rows.of(logits, inputs)
+        batch = Batch(inputs, rows.probabilities, request.latency / 1000)  # device time, not queueing
+        self._answer(flight, piece, rows, None, batch)
 
     def _answer(self, flight: _Flight, piece: list[Item], rows: _Rows | None, failure: _Failure | None,
                 batch: Batch | None = None) -> None:
@@ -411,10 +431,11 @@ class Batcher:
             if failure is not None:
                 request.future.set_exception(_refusal(failure, index, self._images))
                 continue
-            request.rows[index], request.truncated[index] = rows.logits[row], rows.truncated[row]
+            request.rows[index] = rows.logits[row], rows.probabilities[row]
+            request.truncated[index] = rows.truncated[row]
             request.remaining -= 1
             if not request.remaining:
-                request.future.set_result(Inferred(np.stack(request.rows), request.truncated))
+                request.future.set_result(request.answer())
         if batch is not None:  # after the callers' wake-ups, so that recording it is nobody's wait
             asyncio.get_running_loop().call_soon(self._observe, batch)
 

@@ -105,21 +105,22 @@ class Window:
         self.reference, self.size = reference, size
         self.counted = reference.fresh()
         self._inputs: list[Inputs] = []  # kept aside, not counted yet
-        self._logits: list[np.ndarray] = []
+        self._probabilities: list[np.ndarray] = []
         self._waiting = 0
 
-    def add(self, inputs: Inputs, logits: np.ndarray) -> dict[str, float] | None:
-        """Take one batch served; when the window is full, its PSI per feature (and a new window starts)."""
+    def add(self, inputs: Inputs, probabilities: np.ndarray) -> dict[str, float] | None:
+        """Take one batch served (what it was given, what it answered); when the window is full, its PSI per feature
+        (and a new window starts)."""
         if isinstance(inputs, pixels.Seen):  # an image's pixels take room: only what is counted of it is kept
             inputs = replace(inputs, feeds={})
         self._inputs.append(inputs)
-        self._logits.append(logits)
-        self._waiting += len(logits)
+        self._probabilities.append(probabilities)
+        self._waiting += len(probabilities)
         if self._waiting < CHUNK and self.counted.examples + self._waiting < self.size:
             return None
         self.counted.add_inputs(self._inputs)
-        self.counted.add_outputs(softmax(np.concatenate(self._logits)))
-        self._inputs, self._logits, self._waiting = [], [], 0
+        self.counted.add_outputs(np.concatenate(self._probabilities))
+        self._inputs, self._probabilities, self._waiting = [], [], 0
         if self.counted.examples < self.size:
             return None
         scores, self.counted = self.counted.scores(self.reference), self.reference.fresh()
@@ -143,8 +144,3 @@ def reference(reader: words.Words | pixels.Pictures, train_examples: Sequence[st
 def _binned(values: np.ndarray, edges: Sequence[float]) -> np.ndarray:
     """np.histogram's counts for values inside the edges, for a fraction of its cost: bins are [low, high)."""
     return np.bincount(np.searchsorted(edges, values, side="right") - 1, minlength=len(edges) - 1)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)

@@ -191,10 +191,9 @@ class Runtime:
         elapsed = time.perf_counter() - started
         self.metrics.request(model, loaded.version, 200, elapsed)
         self.usage.count(model, caller, elapsed)
-        probabilities = drift.softmax(inferred.logits)
         ids = ([""] * len(examples) if self.predictions is None
-               else self.predictions.add(model, loaded.version, loaded.labels, probabilities, examples))
-        return Answer(loaded, probabilities, ids, inferred.truncated)
+               else self.predictions.add(model, loaded.version, loaded.labels, inferred.probabilities, examples))
+        return Answer(loaded, inferred.probabilities, ids, inferred.truncated)
 
     async def record_feedback(self, items: list[tuple[str, str]], actor: str,
                               allowed: Callable[[str], bool] | None = None, source: str = "api") -> dict[str, Any]:
@@ -419,7 +418,7 @@ class Runtime:
         if loaded.window is None:
             return
         with loaded.lock:
-            scores = loaded.window.add(batch.inputs, batch.logits)
+            scores = loaded.window.add(batch.inputs, batch.probabilities)
         if scores is None:
             return
         loaded.drift_scores = scores

@@ -24,7 +24,6 @@ from appliance.core import config
 from appliance.data import datasets
 from appliance.operations import pipeline
 from appliance.registry import feedback
-from appliance.serve import drift
 from appliance.store import blobs, lifecycle
 from appliance.train import engine
 from appliance.train.params import TrainParams
@@ -97,7 +96,7 @@ def test_triton_clients_classify_image_files_over_rest_and_grpc_as_the_model_doe
     image.set_data_from_numpy(np.array(photos, dtype=object), binary_data=True)
     answer = rest.infer("shapes", [image], headers=headers(served))
     assert [label.decode() for label in answer.as_numpy("label")] == [LABELS[i] for i in expected.argmax(axis=1)]
-    np.testing.assert_allclose(answer.as_numpy("probabilities"), drift.softmax(expected), atol=2e-3)
+    np.testing.assert_allclose(answer.as_numpy("probabilities"), inference.softmax(expected), atol=2e-3)
     assert not answer.as_numpy("truncated").any()
 
     grpc = grpcclient.InferenceServerClient(served.grpc)
