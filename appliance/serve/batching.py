@@ -87,10 +87,8 @@ RELEASE_AFTER_S = 5.0  # quiet this long, the model's intermediate buffers go ba
 
 
 class Inferred(NamedTuple):
-    """A request's answer: per example, a row of logits, the labels' probabilities, and whether the model's window
-    cut it short."""
+    """A request's answer: per example, the labels' probabilities and whether the model's window cut it short."""
 
-    logits: np.ndarray
     probabilities: np.ndarray
     truncated: list[bool]
 
@@ -102,17 +100,14 @@ class _Request:
     examples: list[str] | list[bytes | np.ndarray]
     future: asyncio.Future[Inferred]
     inline: bool = False
-    rows: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)  # logits, probabilities
+    rows: list[np.ndarray | None] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     remaining: int = 0
 
     def answer(self) -> Inferred:
-        """The rows gathered, as arrays; a lone example's are views of its piece's (np.stack would copy them)."""
-        if len(self.rows) == 1:
-            logits, probabilities = self.rows[0]
-            return Inferred(logits[None], probabilities[None], self.truncated)
-        return Inferred(np.stack([row[0] for row in self.rows]), np.stack([row[1] for row in self.rows]),
-                        self.truncated)
+        """The rows gathered, as one array; a lone example's is a view of its piece's (np.stack would copy it)."""
+        rows = self.rows[0][None] if len(self.rows) == 1 else np.stack(self.rows)
+        return Inferred(rows, self.truncated)
 
 
 Item = tuple[_Request, int]  # a request and the index of one of its examples
@@ -139,13 +134,12 @@ class _Flight:
 class _Rows(NamedTuple):
     """A piece's answer, row by row in the piece's order."""
 
-    logits: np.ndarray
     probabilities: np.ndarray
     truncated: list[bool]
 
     @classmethod
     def of(cls, logits: np.ndarray, inputs: words.Read | pixels.Seen) -> _Rows:
-        return cls(logits, inference.softmax(logits), _truncated(inputs))
+        return cls(inference.softmax(logits), _truncated(inputs))
 
 
 @dataclass(frozen=True)
@@ -233,7 +227,7 @@ class Batcher:
         self._thread.start()
 
     async def infer(self, examples: list[str] | list[bytes | np.ndarray], inline: bool = False) -> Inferred:
-        """The logits and probabilities of examples, in order, and which were truncated; Overloaded when the queue
+        """The probabilities of examples, in order, and which were truncated; Overloaded when the queue
         is full, BadRequest naming an example that could not be read, ServeError when the model failed on one.
         `inline`: the caller's request reached the server whole, so it may be inferred on the event loop when the
         model is idle."""
@@ -431,8 +425,7 @@ class Batcher:
             if failure is not None:
                 request.future.set_exception(_refusal(failure, index, self._images))
                 continue
-            request.rows[index] = rows.logits[row], rows.probabilities[row]
-            request.truncated[index] = rows.truncated[row]
+            request.rows[index], request.truncated[index] = rows.probabilities[row], rows.truncated[row]
             request.remaining -= 1
             if not request.remaining:
                 request.future.set_result(request.answer())

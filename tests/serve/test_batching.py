@@ -19,7 +19,7 @@ def test_concurrent_requests_share_inferences_and_get_their_own_answers(
     servable: inference.Servable, trained: Trained
 ) -> None:
     texts = trained.data.texts[:60] + ["parcel", "refund " * 60]
-    expected = inference.predict(servable.compiled, servable.reader, texts)
+    expected = inference.softmax(inference.predict(servable.compiled, servable.reader, texts))
     batches: list[batching.Batch] = []
 
     async def scenario() -> list[batching.Inferred]:
@@ -33,7 +33,7 @@ def test_concurrent_requests_share_inferences_and_get_their_own_answers(
         return answers
 
     answers = asyncio.run(scenario())
-    np.testing.assert_allclose(np.concatenate([answer.logits for answer in answers]), expected, atol=1e-4)
+    np.testing.assert_allclose(np.concatenate([answer.probabilities for answer in answers]), expected, atol=1e-4)
     assert sum(batch.size for batch in batches) == len(texts)
     assert max(batch.size for batch in batches) > 3  # requests were merged
     assert all(batch.size <= 16 for batch in batches)
@@ -43,7 +43,7 @@ def test_a_lone_request_on_an_idle_model_is_inferred_inline_and_a_crowd_still_sh
     servable: inference.Servable, trained: Trained
 ) -> None:
     texts = trained.data.texts[:40]
-    expected = inference.predict(servable.compiled, servable.reader, texts)
+    expected = inference.softmax(inference.predict(servable.compiled, servable.reader, texts))
     batches: list[batching.Batch] = []
 
     async def scenario() -> tuple[list[batching.Inferred], list[batching.Inferred]]:
@@ -56,8 +56,8 @@ def test_a_lone_request_on_an_idle_model_is_inferred_inline_and_a_crowd_still_sh
         return one_by_one, crowd
 
     one_by_one, crowd = asyncio.run(scenario())
-    np.testing.assert_allclose(np.concatenate([answer.logits for answer in one_by_one]), expected[:5], atol=1e-4)
-    np.testing.assert_allclose(np.concatenate([answer.logits for answer in crowd]), expected, atol=1e-4)
+    np.testing.assert_allclose(np.concatenate([answer.probabilities for answer in one_by_one]), expected[:5], atol=1e-4)
+    np.testing.assert_allclose(np.concatenate([answer.probabilities for answer in crowd]), expected, atol=1e-4)
     assert [batch.size for batch in batches[:5]] == [1] * 5  # each recorded, on the loop
     assert max(batch.size for batch in batches[5:]) > batching.INLINE_TEXTS  # the crowd was batched
 
@@ -82,7 +82,7 @@ def test_a_light_load_runs_on_the_latency_engine_and_a_crowd_on_the_throughput_o
 ) -> None:
     """Both engines are the same model: which one a batch took never changes its answer."""
     texts = trained.data.texts[:48]
-    expected = inference.predict(servable.compiled, servable.reader, texts)
+    expected = inference.softmax(inference.predict(servable.compiled, servable.reader, texts))
     assert servable.batched is not None
 
     async def scenario() -> tuple[list[batching.Inferred], list[batching.Inferred], int, int, int]:
@@ -98,8 +98,8 @@ def test_a_light_load_runs_on_the_latency_engine_and_a_crowd_on_the_throughput_o
         return light, crowd, started_light, latency.started, throughput.started
 
     light, crowd, started_light, on_latency, on_throughput = asyncio.run(scenario())
-    np.testing.assert_allclose(np.concatenate([answer.logits for answer in light]), expected[:12], atol=1e-4)
-    np.testing.assert_allclose(np.concatenate([answer.logits for answer in crowd]), expected, atol=1e-4)
+    np.testing.assert_allclose(np.concatenate([answer.probabilities for answer in light]), expected[:12], atol=1e-4)
+    np.testing.assert_allclose(np.concatenate([answer.probabilities for answer in crowd]), expected, atol=1e-4)
     assert started_light == 0 and on_latency >= 2
     assert on_throughput >= 48 // 4 - 2  # nearly every batch of the crowd: the last ones start as it thins out
 
@@ -121,7 +121,7 @@ def test_a_full_queue_refuses_at_once_and_answers_what_it_accepted(servable: inf
         await asyncio.sleep(0)
         with pytest.raises(Overloaded, match="would pass 5"):
             await batcher.infer(["five", "six"])
-        assert (await accepted).logits.shape == (4, 3)
+        assert (await accepted).probabilities.shape == (4, 3)
         await batcher.close()
 
     asyncio.run(scenario())
@@ -144,7 +144,7 @@ def test_texts_arriving_while_inference_is_busy_join_one_batch(servable: inferen
         return answers
 
     answers = asyncio.run(scenario())
-    assert all(answer.logits.shape == (1, 3) for answer in answers)
+    assert all(answer.probabilities.shape == (1, 3) for answer in answers)
     assert sum(batch.size for batch in batches) == 40
     assert len(batches) <= 10  # one inference per text would be 40
     assert all(batch.size <= 16 for batch in batches)
@@ -160,7 +160,7 @@ def test_a_lone_request_does_not_wait_for_company(servable: inference.Servable) 
         await batcher.close()
         return answer
 
-    assert asyncio.run(scenario()).logits.shape == (1, 3)
+    assert asyncio.run(scenario()).probabilities.shape == (1, 3)
 
 
 def test_a_quiet_model_hands_back_its_buffers_and_goes_on_answering(
@@ -193,7 +193,7 @@ def test_a_quiet_model_hands_back_its_buffers_and_goes_on_answering(
         return answers
 
     answers = asyncio.run(scenario())
-    assert [answer.logits.shape for answer in answers] == [(8, 3), (1, 3), (1, 3)]
+    assert [answer.probabilities.shape for answer in answers] == [(8, 3), (1, 3), (1, 3)]
 
 
 def test_a_model_that_answered_lone_requests_inline_hands_back_its_buffers_too(
