@@ -51,7 +51,20 @@ class Servable:
     reader: Reader
     labels: list[str]
     manifest: dict[str, Any]
-    batched: ov.CompiledModel | None = None  # the same model compiled for throughput, where it has streams to spare
+    for_throughput: Callable[[], ov.CompiledModel] | None = None  # compiles the same model for throughput
+
+    def compile_batched(self) -> ov.CompiledModel | None:
+        """The same model compiled for throughput, as the server runs batches under load (serve.batching), or None:
+        loaded without, or the device runs one stream anyway (the same as `compiled`). Compiled anew on each call:
+        the server lets it go when quiet and compiles it again when the load comes back."""
+        if self.for_throughput is None:
+            return None
+        try:
+            batched = self.for_throughput()
+        except RuntimeError as exc:
+            raise ArtifactError(f"OpenVINO cannot compile the {self.manifest.get('variant')} artifact for throughput: "
+                                f"{exc}") from exc
+        return batched if batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") >= 2 else None
 
 
 # -- a model from bytes -------------------------------------------------------------------
@@ -93,8 +106,8 @@ def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = No
             throughput: bool = False) -> Servable:
     """Compile a packed IR from decrypted bytes: the weights go from memory to OpenVINO, never to a file.
 
-    `throughput`: compile it a second time for throughput (`Servable.batched`), as the server runs batches under load,
-    unless the device runs one stream anyway. Both come from one read of the IR, and it is let go before they answer.
+    `throughput`: keep what compiles it for throughput too (`Servable.compile_batched`), as the server runs batches
+    under load. The IR is read once and kept for that, at little cost: the compiled model holds its weights anyway.
     """
     files = archive.unpack(blob)
     manifest = json.loads(files["appliance.json"]) if "appliance.json" in files else {}
@@ -105,12 +118,10 @@ def load_ir(blob: bytes, device: str = "CPU", config: dict[str, Any] | None = No
     try:
         model = read_openvino(Artifact(files["model.xml"], files["model.bin"]))
         compiled = compile_openvino(model, device, config)
-        batched = compile_openvino(model, device, (config or {}) | THROUGHPUT) if throughput else None
     except RuntimeError as exc:
         raise ArtifactError(f"OpenVINO cannot compile the {manifest.get('variant')} artifact: {exc}") from exc
-    if batched is not None and batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS") < 2:
-        batched = None  # one stream: the same as the model compiled for latency
-    return Servable(compiled, reader_of(files, manifest), manifest["labels"], manifest, batched)
+    for_throughput = functools.partial(compile_openvino, model, device, (config or {}) | THROUGHPUT) if throughput else None
+    return Servable(compiled, reader_of(files, manifest), manifest["labels"], manifest, for_throughput)
 
 
 def reader_of(files: Mapping[str, bytes], manifest: Mapping[str, Any]) -> Reader:
@@ -190,8 +201,8 @@ def speed(
     batched: ov.CompiledModel | None = None,
 ) -> dict[str, float]:
     """p50 latency of one example, and examples/s at batch 1 and 16, reading included (tokenising, or decoding an
-    image), as a client sees it. With `batched` (a Servable's), batches of 16 run as the server runs them under
-    load: on that engine, every stream busy (crowd()).
+    image), as a client sees it. With `batched` (a Servable's compile_batched()), batches of 16 run as the server
+    runs them under load: on that engine, every stream busy (crowd()).
 
     Examples are taken in the order given, cycling until min_seconds have passed (and each
     was seen once), so every variant is timed on the same inputs.
@@ -249,6 +260,7 @@ def compare(
     spreads added is noise, not evidence."""
     sample = list(examples[:COMPARE_EXAMPLES])
     bound = {name: bind(servable.compiled) for name, servable in servables.items()}
+    batched = {name: servable.compile_batched() for name, servable in servables.items()}
     order = list(servables)
     measured: dict[str, list[dict[str, float]]] = {name: [] for name in order}
     for index in range(rounds):
@@ -256,7 +268,7 @@ def compare(
         for name in order[turn:] + order[:turn]:
             names, infer = bound[name]
             measured[name].append(speed(infer, names, servables[name].reader, sample, min_seconds=seconds,
-                                        batched=servables[name].batched))
+                                        batched=batched[name]))
     return {name: _median_and_spread(rows) for name, rows in measured.items()}
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+import openvino as ov
 import pytest
 import torch
 
@@ -250,13 +251,14 @@ def test_batches_of_16_are_timed_on_the_engine_that_serves_them_under_load(
 ) -> None:
     files = archive.unpack(trained.bundle)
     servable = inference.load_ir(inference.pack_ir(fp32_ir, files, "fp32"), throughput=True)
-    assert servable.batched is not None  # this box runs more than one stream
-    crowds: list[int] = []
+    assert servable.compile_batched() is not None  # this box runs more than one stream
+    crowds: list[ov.CompiledModel] = []
     measured = inference.crowd
-    monkeypatch.setattr(inference, "crowd", lambda batched, *args: crowds.append(id(batched)) or measured(batched, *args))
+    monkeypatch.setattr(inference, "crowd", lambda batched, *args: crowds.append(batched) or measured(batched, *args))
     texts = mixed_texts(trained)
     figures = inference.compare({"fp32": servable}, texts, rounds=2, seconds=0.01)["fp32"]
-    assert crowds == [id(servable.batched)] * 2  # each round's batches of 16 on the throughput engine
+    assert len(crowds) == 2 and crowds[0] is crowds[1]  # each round's batches of 16 on its one throughput engine
+    assert crowds[0].get_property("PERFORMANCE_HINT") == "THROUGHPUT"
     assert figures["throughput_b16"] > 0 and {"latency_ms_p50", "throughput_b1", "throughput_b16_spread"} <= set(figures)
     latency_only = inference.load_ir(inference.pack_ir(fp32_ir, files, "fp32"))
     inference.compare({"fp32": latency_only}, texts, rounds=1, seconds=0.01)

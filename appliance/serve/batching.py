@@ -56,13 +56,19 @@ once its answers have gone out.
 A burst of large batches leaves OpenVINO holding buffers sized for them (tens of MB per
 infer request); once the model has been quiet for `RELEASE_AFTER_S`, the collector hands
 them back (`release_memory`), and the C heap's freed pages go back to the system
-(`_trim_heap`), so a server at rest holds what a server at rest needs.
+(`_trim_heap`), so a server at rest holds what a server at rest needs. That includes the
+throughput engine itself, which a server at rest does not use: its weights, laid out again
+for its streams, are 20-50 MB of a MiniLM's (more where the CPU computes in FP32 rather
+than BF16). It is let go with the buffers and compiled again, off the event loop, when the
+load comes back (`_compile_throughput`: a fifth of a second for MiniLM), while the latency
+engine takes the batches meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import itertools
 import logging
 import queue
 import threading
@@ -176,7 +182,7 @@ class Batcher:
         max_delay_ms: float = ServeSettings.max_delay_ms,
         max_queue: int = ServeSettings.max_queue,
         on_batch: Callable[[Batch], None] | None = None,
-        batched: ov.CompiledModel | None = None,
+        compile_batched: Callable[[], ov.CompiledModel | None] | None = None,
     ) -> None:
         self._names, _ = inference.bind(compiled)
         self._reader = reader
@@ -185,12 +191,12 @@ class Batcher:
         self._max_queue = max_queue
         self.on_batch = on_batch or (lambda batch: None)
         self._latency = self._engine(compiled, max(2, compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
-        self._throughput = None  # see the module's notes: the engine for batches when more wait than one can run
+        self._throughput: _Engine | None = None  # see the module's notes: for batches when more wait than one can run
+        self._compile_batched = compile_batched  # None: no throughput engine (not asked for, or one stream anyway)
+        self._compiling: asyncio.Task[ov.CompiledModel | None] | None = None
         self._busy_depth = 0  # from this many examples waiting and in flight, batches go to the throughput engine
-        if batched is not None:
-            streams = batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
-            self._throughput = self._engine(batched, inference.BATCHES_PER_STREAM * streams, ROWS_MULTIPLE)
-            self._busy_depth = streams * max_batch_size
+        self._started: dict[int, tuple[_Flight, list[Item], words.Read | pixels.Seen, dict[str, np.ndarray]]] = {}
+        self._starts = itertools.count()  # keys of _started: what an infer request carries to its callback
         self._inline = compiled.create_infer_request()
         self._batches = 0  # closed and not answered yet, on either engine; at most the engine chosen now has slots
         self._slot_freed = asyncio.Event()
@@ -200,7 +206,7 @@ class Batcher:
         self._in_flight = 0
         self._holding = False  # buffers an inference left behind, not yet released (see _collect)
         self._releasing = False  # the buffers are being released: nothing may start meanwhile
-        self._last_start = 0.0  # time.monotonic() when the last batch started
+        self._last_start = 0.0  # time.monotonic() when the last batch started (or the throughput engine came)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._collector: asyncio.Task[None] | None = None
         self._thread = threading.Thread(target=self._dispatch, name="batcher", daemon=True)
@@ -209,7 +215,7 @@ class Batcher:
     def serving(cls, servable: inference.Servable, serve: ServeSettings) -> Batcher:
         """The batcher the server puts in front of a loaded version: its engines and the batching settings."""
         return cls(servable.compiled, servable.reader, max_batch_size=serve.max_batch_size,
-                   max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue, batched=servable.batched)
+                   max_delay_ms=serve.max_delay_ms, max_queue=serve.max_queue, compile_batched=servable.compile_batched)
 
     def _engine(self, compiled: ov.CompiledModel, slots: int, rows_multiple: int = 1) -> _Engine:
         infer = ov.AsyncInferQueue(compiled, slots)
@@ -225,6 +231,7 @@ class Batcher:
         self._loop = asyncio.get_running_loop()
         self._collector = self._loop.create_task(self._collect())
         self._thread.start()
+        self._compile_throughput()
 
     async def infer(self, examples: list[str] | list[bytes | np.ndarray], inline: bool = False) -> Inferred:
         """The probabilities of examples, in order, and which were truncated; Overloaded when the queue
@@ -257,6 +264,8 @@ class Batcher:
         """Answer everything accepted, then stop: what a swap or a shutdown waits for."""
         while self.depth:
             await asyncio.sleep(0.005)
+        if self._compiling is not None:
+            await asyncio.wait([self._compiling])
         if self._collector:
             self._collector.cancel()
         self._work.put(None)
@@ -268,7 +277,7 @@ class Batcher:
                 await asyncio.wait_for(self._arrived.wait(), self._until_release())
             except TimeoutError:
                 if not self.depth and time.monotonic() - self._last_start >= RELEASE_AFTER_S:
-                    self._releasing = True  # so that no request starts an inference while the buffers go
+                    self._releasing = True  # so that no request starts an inference while the buffers and engine go
                     try:
                         self._holding = not await asyncio.to_thread(self._release)
                     finally:
@@ -301,10 +310,44 @@ class Batcher:
         return RELEASE_AFTER_S - quiet_for if quiet_for < RELEASE_AFTER_S else RELEASE_AFTER_S
 
     def _engine_now(self) -> _Engine:
-        """The throughput engine while more examples wait or run than the latency engine's one stream takes well."""
-        if self._throughput is not None and self.depth >= self._busy_depth:
-            return self._throughput
+        """The throughput engine while more examples wait or run than the latency engine's one stream takes well;
+        the latency engine while the throughput one is being compiled again."""
+        if self._busy_depth and self.depth >= self._busy_depth:
+            if self._throughput is not None:
+                return self._throughput
+            self._compile_throughput()
         return self._latency
+
+    def _compile_throughput(self) -> None:
+        """Compile the throughput engine on a worker thread, unless that is under way or there is none to compile."""
+        if self._compile_batched is None or self._compiling is not None or self._loop is None:
+            return
+        self._compiling = self._loop.create_task(asyncio.to_thread(self._compile_batched))
+        self._compiling.add_done_callback(self._adopt)
+
+    def _adopt(self, compiling: asyncio.Task[ov.CompiledModel | None]) -> None:
+        self._compiling = None
+        if compiling.cancelled():
+            return
+        error = compiling.exception()
+        batched = None if error else compiling.result()
+        if batched is None:  # one stream, or it failed: no second try
+            if error:
+                log.warning("the model was not compiled for throughput, so its latency engine takes every batch: %s",
+                            error)
+            self._compile_batched = None
+            return
+        streams = batched.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
+        self._throughput = self._engine(batched, inference.BATCHES_PER_STREAM * streams, ROWS_MULTIPLE)
+        self._busy_depth = streams * self._max_batch
+        self._hold()  # compiled at start and no crowd came: it goes again after a quiet spell
+
+    def _hold(self) -> None:
+        """From now, the model holds what a quiet spell gives back: buffers a batch sized, the throughput engine."""
+        self._last_start = time.monotonic()
+        if not self._holding:
+            self._holding = True
+            self._arrived.set()  # the collector, waiting with no timer, sets the one that gives them back
 
     def _start(self, batch: list[Item]) -> None:
         """Start a closed batch, which holds a slot of the engine chosen now: inferred here when it may be (see the
@@ -313,10 +356,7 @@ class Batcher:
         self._in_flight += len(batch)
         engine = self._engine_now()  # the batch counted, as it was while it waited: the collector chose the same
         self._batches += 1
-        self._last_start = time.monotonic()
-        if not self._holding:
-            self._holding = True
-            self._arrived.set()  # the collector, waiting with no timer, sets the one that gives the buffers back
+        self._hold()
         pieces = [batch] if self._images else _pieces(batch)
         flight = _Flight(len(pieces), engine)
         if idle and len(pieces) == 1 and len(batch) <= INLINE_TEXTS and all(r.inline for r, _ in batch):
@@ -326,8 +366,14 @@ class Batcher:
             self._work.put((flight, piece))
 
     def _release(self) -> bool:
-        """Hand back the buffers the last batches sized, once the last callback has returned; False while another
-        user of a compiled model (a warm-up, an evaluation) has an inference running, to try again later."""
+        """Hand back the buffers the last batches sized and the throughput engine where it can be compiled again, once
+        the last callback has returned; False while another user of a compiled model (a warm-up, an evaluation) has an
+        inference running, to try again later. On a worker thread: the engine's last reference goes here, waiting
+        for nothing, not on the event loop."""
+        if self._throughput is not None and self._compile_batched is not None:
+            dropped, self._throughput = self._throughput, None
+            dropped.queue.wait_all()
+            del dropped
         released = True
         for engine in filter(None, (self._latency, self._throughput)):
             engine.queue.wait_all()
@@ -341,17 +387,28 @@ class Batcher:
 
     def _dispatch(self) -> None:
         """The dispatcher thread: read a piece and start it; blocks while every infer request is busy."""
-        while (work := self._work.get()) is not None:
-            flight, piece = work
-            if (read := self._read(flight, piece)) is None:
-                continue
-            inputs, feeds = read
-            feeds = _padded(feeds, flight.engine.rows_multiple)
-            try:
-                # Shared, not copied: the arrays are this piece's alone and live in its userdata until it is done.
-                flight.engine.queue.start_async(feeds, (flight, piece, inputs, feeds), share_inputs=True)
-            except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
-                self._answer(flight, piece, None, _Failure(exc, input_fault=False))
+        while self._dispatch_next():
+            pass
+
+    def _dispatch_next(self) -> bool:
+        """Start the next piece; False to stop. Its own frame, so that between pieces the thread holds none."""
+        if (work := self._work.get()) is None:
+            return False
+        flight, piece = work
+        if (read := self._read(flight, piece)) is None:
+            return True
+        inputs, feeds = read
+        feeds = _padded(feeds, flight.engine.rows_multiple)
+        # The infer request carries a key, not the piece: OpenVINO keeps a request's userdata until its next start,
+        # and a flight there would hold its engine, a cycle Python cannot see, so a dropped engine would never go.
+        key = next(self._starts)
+        self._started[key] = (flight, piece, inputs, feeds)  # the feeds, shared not copied, live until it is done
+        try:
+            flight.engine.queue.start_async(feeds, key, share_inputs=True)
+        except Exception as exc:  # noqa: BLE001  a failure answers this piece's callers, never kills the thread
+            del self._started[key]
+            self._answer(flight, piece, None, _Failure(exc, input_fault=False))
+        return True
 
     def _run_inline(self, flight: _Flight, piece: list[Item]) -> None:
         """Infer a small piece right here, on the event loop, while the model is idle (see the module's notes)."""
@@ -383,8 +440,8 @@ class Batcher:
             self._answer(flight, piece, None, _Failure(exc, input_fault=False))
             return None
 
-    def _done(self, request: ov.InferRequest, userdata: tuple) -> None:
-        flight, piece, inputs, _feeds = userdata  # the feeds ride along only to stay alive while shared
+    def _done(self, request: ov.InferRequest, key: int) -> None:
+        flight, piece, inputs, _feeds = self._started.pop(key)
         try:
             logits = request.get_output_tensor(0).data[: len(piece)].copy()  # the padding's rows left out
         except Exception as exc:  # noqa: BLE001  on OpenVINO's thread: the callers hear of it, the thread goes on

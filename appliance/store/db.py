@@ -42,8 +42,9 @@ class Checkpointer:
     Not entirely: a writer that never pauses (a training run saving a checkpoint every
     few steps, in a transaction still open when this thread wakes) outruns a copy that
     lets it go on. The WAL, never folded in whole, never starts over and grows until the
-    disk is full. So past WAL_BOUND_BYTES SQLite's own checkpoint runs after the commit,
-    in the writer: the one writing too fast is the one that waits.
+    disk is full. So past WAL_BOUND_BYTES SQLite's own checkpoint runs after each commit,
+    in the writer: the one writing too fast is the one that waits. This thread then stands
+    aside, as a copy of its own running at the commit would have the writer's skipped.
     """
 
     CHECKPOINT_EVERY_S = 30.0
@@ -69,13 +70,20 @@ class Checkpointer:
         self._wake.set()
         self._thread.join()
 
+    def _wal_size(self) -> int:
+        try:
+            return self._path.with_name(self._path.name + "-wal").stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def _run(self) -> None:
         conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_MS / 1000)
         try:
             while not self._stopping:
                 self._wake.wait(self.CHECKPOINT_EVERY_S)
                 self._wake.clear()
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                if self._wal_size() <= WAL_BOUND_BYTES:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         finally:
             conn.close()
 

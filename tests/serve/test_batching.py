@@ -83,14 +83,13 @@ def test_a_light_load_runs_on_the_latency_engine_and_a_crowd_on_the_throughput_o
     """Both engines are the same model: which one a batch took never changes its answer."""
     texts = trained.data.texts[:48]
     expected = inference.softmax(inference.predict(servable.compiled, servable.reader, texts))
-    assert servable.batched is not None
 
     async def scenario() -> tuple[list[batching.Inferred], list[batching.Inferred], int, int, int]:
         batcher = batching.Batcher(servable.compiled, servable.reader, max_batch_size=4, max_delay_ms=5,
-                                   batched=servable.batched)
-        latency, throughput = _Counted(batcher._latency.queue), _Counted(batcher._throughput.queue)
-        batcher._latency.queue, batcher._throughput.queue = latency, throughput  # type: ignore[assignment]
+                                   compile_batched=servable.compile_batched)
         batcher.start()
+        latency, throughput = _Counted(batcher._latency.queue), _Counted((await _throughput_engine(batcher)).queue)
+        batcher._latency.queue, batcher._throughput.queue = latency, throughput  # type: ignore[assignment,union-attr]
         light = [await batcher.infer(texts[i : i + 6]) for i in range(0, 12, 6)]  # one request at a time
         started_light = throughput.started
         crowd = await asyncio.gather(*(batcher.infer([text]) for text in texts))  # 48 waiting: 6 batches per stream
@@ -102,6 +101,53 @@ def test_a_light_load_runs_on_the_latency_engine_and_a_crowd_on_the_throughput_o
     np.testing.assert_allclose(np.concatenate([answer.probabilities for answer in crowd]), expected, atol=1e-4)
     assert started_light == 0 and on_latency >= 2
     assert on_throughput >= 48 // 4 - 2  # nearly every batch of the crowd: the last ones start as it thins out
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: OpenVINO runs one stream for throughput too")
+def test_a_quiet_batcher_lets_its_throughput_engine_go_and_compiles_it_again_when_a_crowd_comes_back(
+    servable: inference.Servable, trained: Trained, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server at rest holds one compiled model, not two: the second is 20-50 MB of a MiniLM's weights."""
+    monkeypatch.setattr(batching, "RELEASE_AFTER_S", 0.2)
+    texts = trained.data.texts[:48]
+    expected = inference.softmax(inference.predict(servable.compiled, servable.reader, texts))
+
+    async def let_go(batcher: batching.Batcher) -> bool:
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if batcher._throughput is None and not batcher._holding:
+                return True
+        return False
+
+    async def scenario() -> tuple[bool, bool, list[list[batching.Inferred]], int]:
+        batcher = batching.Batcher(servable.compiled, servable.reader, max_batch_size=4, max_delay_ms=5,
+                                   compile_batched=servable.compile_batched)
+        batcher.start()
+        first = await _throughput_engine(batcher)  # compiled at start...
+        unused_let_go = await let_go(batcher)  # ...and let go when no crowd came
+        crowds = [await asyncio.gather(*(batcher.infer([text]) for text in texts))]  # asks for it again
+        again = await _throughput_engine(batcher)
+        counted = _Counted(again.queue)
+        again.queue = counted  # type: ignore[assignment]
+        crowds.append(await asyncio.gather(*(batcher.infer([text]) for text in texts)))
+        used_let_go = await let_go(batcher)
+        await batcher.close()
+        return unused_let_go and again is not first, used_let_go, crowds, counted.started
+
+    unused_let_go, used_let_go, crowds, on_the_new_engine = asyncio.run(scenario())
+    assert unused_let_go and used_let_go
+    for crowd in crowds:
+        np.testing.assert_allclose(np.concatenate([answer.probabilities for answer in crowd]), expected, atol=1e-4)
+    assert on_the_new_engine >= 48 // 4 - 2  # nearly every batch of the second crowd
+
+
+async def _throughput_engine(batcher: batching.Batcher) -> batching._Engine:
+    """The batcher's throughput engine, once compiled (off the event loop, so not at once)."""
+    for _ in range(600):
+        if batcher._throughput is not None:
+            return batcher._throughput
+        await asyncio.sleep(0.05)
+    raise AssertionError("the throughput engine was not compiled within 30 s")
 
 
 def test_a_batch_is_cut_only_where_long_texts_would_pad_short_ones() -> None:
