@@ -863,7 +863,9 @@ async def run(
     systems.append(System(OURS_GRPC, grpc_session(f"127.0.0.1:{servers.grpc_port}", token), servers.pid(OURS_GRPC)))
     systems += [
         System(BATCHER, shared_session(batcher_classify(batcher, servable.labels))),
-        System(THREADS, shared_session(threads_classify(pool, servable))),
+        # Its own compiled model, as a hand-built server would have: the batcher gives its model's buffers back
+        # while quiet, which OpenVINO cannot do safely while another user's inferences start on the same model.
+        System(THREADS, shared_session(threads_classify(pool, load_served()[0]))),
     ]
     try:
         accuracy = {system.name: await score(system, validation) for system in systems}
