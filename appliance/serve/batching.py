@@ -370,7 +370,7 @@ class Batcher:
         the last callback has returned; False while another user of a compiled model (a warm-up, an evaluation) has an
         inference running, to try again later. On a worker thread: the engine's last reference goes here, waiting
         for nothing, not on the event loop."""
-        if self._throughput is not None and self._compile_batched is not None:
+        if self._throughput is not None:
             dropped, self._throughput = self._throughput, None
             dropped.queue.wait_all()
             del dropped

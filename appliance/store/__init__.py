@@ -44,7 +44,7 @@ class Store:
     def __post_init__(self) -> None:
         if not self.read_only:
             store_db.Checkpointer.hand_over(self.db)
-            self.checkpointer = store_db.Checkpointer(self.settings.db_path)
+            self.checkpointer = store_db.Checkpointer(self.settings.db_path, self.settings.wal_path)
 
     def close(self) -> None:
         if self.checkpointer is not None:

@@ -49,8 +49,9 @@ class Checkpointer:
 
     CHECKPOINT_EVERY_S = 30.0
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, wal_path: Path) -> None:
         self._path = path
+        self._wal_path = wal_path
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
@@ -72,7 +73,7 @@ class Checkpointer:
 
     def _wal_size(self) -> int:
         try:
-            return self._path.with_name(self._path.name + "-wal").stat().st_size
+            return self._wal_path.stat().st_size
         except FileNotFoundError:
             return 0
 
