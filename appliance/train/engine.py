@@ -443,7 +443,7 @@ def _full_rate(task: tasks.TextClassification, sample: datasets.LoadedDataset, p
 
     def step(batch: list[int]) -> None:
         inputs = _on(on, task.collate(batch))
-        with torch.autocast(on.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        with tasks.autocast(on, autocast_dtype):
             model(**inputs).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -568,7 +568,7 @@ def _train(
         if restored:
             task.encoder.load_state_dict(state["encoder"])
         tuned = restored or _contrast(task, data, device, params, plan, start, progress, should_stop, say)
-        embedded = _embed(task, data, device, params, start, progress, should_stop, say) if tuned else None
+        embedded = _embed(task, data, device, plan, params, start, progress, should_stop, say) if tuned else None
         if embedded is None:
             step = state["position"]["step"] if state else 0
             runs.set_status(store, run_id, "interrupted", step=step)
@@ -580,7 +580,7 @@ def _train(
     head_fitted_on = 0  # images: an image run's new head is fitted on frozen features first
     if isinstance(task, images.ImageClassification) and state is None:
         if group.leads:  # the others take the lead's weights as DistributedDataParallel starts
-            head_fitted_on = _fit_head(task, model, data, device, params, began, progress, should_stop)
+            head_fitted_on = _fit_head(task, model, data, device, plan, params, began, progress, should_stop)
         head_fitted_on = group.share(head_fitted_on)
     trained = model if group.size == 1 else torch.nn.parallel.DistributedDataParallel(model,
                                                                                      gradient_as_bucket_view=True)
@@ -685,8 +685,7 @@ def _train(
                 inputs = _on(device, collated)
                 accumulating = (index + 1) % plan.accumulation and index + 1 < len(batches)
                 with trained.no_sync() if accumulating and group.size > 1 else contextlib.nullcontext():
-                    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                        enabled=autocast_dtype is not None):
+                    with tasks.autocast(device, autocast_dtype):
                         loss = trained(**inputs).loss
                     scaler.scale(loss / plan.accumulation).backward()
                 unsettled_loss += loss.detach() * len(batches[index])  # the lead's share stands for the batch
@@ -865,7 +864,7 @@ def _tuning_s(budget_s: float, before_s: float, texts: int, pairs_per_s: float) 
 
 
 def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, device: torch.device,
-           params: TrainParams, began: float, progress: ProgressFn | None, should_stop: Callable[[], bool],
+           plan: hardware.TrainingPlan, params: TrainParams, began: float, progress: ProgressFn | None, should_stop: Callable[[], bool],
            say: LogFn) -> list[int] | None:
     """Fast mode's second phase: the validation texts, then the training texts in a seeded random order, through the
     encoder once. The training examples it embedded (all, unless EMBED_SHARE of the budget, counted from
@@ -884,7 +883,7 @@ def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, devi
         return not (stopped or out_of_time)
 
     started = time.monotonic()
-    done = task.embed(device, data.validation + order, report)
+    done = task.embed(device, data.validation + order, report, _autocast_dtype(plan))
     if stopped:
         return None
     kept = sorted(order[: max(0, done - len(data.validation))])
@@ -899,8 +898,8 @@ def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, devi
 
 
 def _fit_head(task: images.ImageClassification, model: torch.nn.Module, data: datasets.LoadedDataset,
-              device: torch.device, params: TrainParams, began: float | None, progress: ProgressFn | None,
-              should_stop: Callable[[], bool]) -> int:
+              device: torch.device, plan: hardware.TrainingPlan, params: TrainParams, began: float | None,
+              progress: ProgressFn | None, should_stop: Callable[[], bool]) -> int:
     """An image run's first phase (train/images.py): the new head fitted on frozen features of the training images,
     in a seeded random order, until they are all read, the run is told to stop, or HEAD_FIT_SHARE of its budget is
     spent. How many images it was fitted on."""
@@ -913,7 +912,7 @@ def _fit_head(task: images.ImageClassification, model: torch.nn.Module, data: da
             progress(Progress("fit-head", 0, params.epochs, done, total, 0.0, rate, (total - done) / rate))
         return not (should_stop() or limit_s is not None and time.monotonic() - started >= limit_s)
 
-    return task.fit_head(model, order, device, report)
+    return task.fit_head(model, order, device, report, _autocast_dtype(plan))
 
 
 def _shuffled(indices: list[int], seed: int) -> list[int]:
@@ -1087,7 +1086,7 @@ def evaluate(
     batches = task.batches(indices[group.rank::group.size], plan.micro_batch * 2, torch.Generator().manual_seed(0))
     for batch, collated in zip(batches, one_ahead(task.collate, batches), strict=True):
         inputs = _on(device, collated)
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        with tasks.autocast(device, autocast_dtype):
             output = model(**inputs)
         losses.append(output.loss.float() * len(batch))
         predicted.append(output.logits.argmax(dim=-1))

@@ -117,7 +117,7 @@ class FastTextClassification(tasks.TextClassification):
         for taken, batch in enumerate(steps, start=1):
             left = super().collate([a for a, _, _ in batch])
             right = super().collate([b for _, b, _ in batch])
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            with tasks.autocast(device, dtype):
                 first = embedder(left["input_ids"].to(device), left["attention_mask"].to(device)).logits
                 second = embedder(right["input_ids"].to(device), right["attention_mask"].to(device)).logits
             similarity = nn.functional.cosine_similarity(first.float(), second.float())
@@ -150,8 +150,8 @@ class FastTextClassification(tasks.TextClassification):
         random.Random(seed).shuffle(steps)
         return steps
 
-    def embed(self, device: torch.device, order: Sequence[int], progress: Report) -> int:
-        """The embeddings of texts in the order given, OpenVINO on a CPU, torch under autocast on a GPU, until
+    def embed(self, device: torch.device, order: Sequence[int], progress: Report, dtype: torch.dtype | None) -> int:
+        """The embeddings of texts in the order given, OpenVINO on a CPU, torch in the plan's dtype on a GPU, until
         progress says stop: how many were embedded, always a prefix of order (examples outside it have none).
         Each window of EMBED_WINDOW texts runs shortest first, so batches pad little."""
         model = tasks.MeanPooledClassifier(self.encoder, len(self.label_names))
@@ -171,7 +171,7 @@ class FastTextClassification(tasks.TextClassification):
 
             @torch.no_grad()
             def run(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-                with torch.autocast(device.type, dtype=torch.bfloat16):
+                with tasks.autocast(device, dtype):
                     return model(batch["input_ids"].to(device), batch["attention_mask"].to(device)).logits.float().cpu()
 
         self.features = torch.zeros(len(self.input_ids), self.encoder.config.hidden_size)

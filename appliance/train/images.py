@@ -52,7 +52,7 @@ from appliance.core import archive
 from appliance.core.errors import JobError, OptimizeError
 from appliance.data.datasets import LoadedDataset
 from appliance.train.bundle import onnx_bytes
-from appliance.train.tasks import ModelOutput, manifest
+from appliance.train.tasks import ModelOutput, autocast, manifest
 
 EFFICIENTNET_LITE = tuple(f"efficientnet-lite{n}" for n in range(5))
 SMALL_CNN = "small-cnn"
@@ -239,14 +239,14 @@ class ImageClassification:
                 "labels": self.targets[list(indices)]}
 
     def fit_head(self, model: nn.Module, indices: Sequence[int], device: torch.device,
-                 progress: HeadFitProgress) -> int:
+                 progress: HeadFitProgress, dtype: torch.dtype | None) -> int:
         """Fit the classifier of a pretrained model alone, on its frozen features of these images (at most
         HEAD_FIT_IMAGES of them, read centred) until progress says stop: how many it was fitted on, 0 for a model
         with no pretrained features (the small CNN) or where none was embedded."""
         if not isinstance(model, EfficientNetLite):
             return 0
         picked = list(indices)[:HEAD_FIT_IMAGES]
-        embed = _embedder(model, self.image_size, device)
+        embed = _embedder(model, self.image_size, device, dtype)
         rows: list[torch.Tensor] = []
         started = time.monotonic()
         for start in range(0, len(picked), HEAD_FIT_BATCH):
@@ -275,9 +275,11 @@ class ImageClassification:
 
 
 
-def _embedder(model: EfficientNetLite, image_size: int, device: torch.device) -> Callable[[Any], torch.Tensor]:
+def _embedder(model: EfficientNetLite, image_size: int, device: torch.device,
+              dtype: torch.dtype | None) -> Callable[[Any], torch.Tensor]:
     """Pixels (a numpy batch) to pooled features: through OpenVINO on a CPU, several times faster than torch there
-    and worth its few seconds of compiling; in torch under bf16 autocast on a GPU."""
+    and worth its few seconds of compiling; in torch in the plan's dtype on a GPU (bf16 where it is native, fp16 on
+    an older GPU)."""
     if device.type == "cpu":
         from appliance import inference
 
@@ -287,7 +289,7 @@ def _embedder(model: EfficientNetLite, image_size: int, device: torch.device) ->
 
     @torch.no_grad()
     def embed(batch: Any) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with autocast(device, dtype):
             return model.pooled(torch.from_numpy(batch).to(device)).float().cpu()
 
     return embed

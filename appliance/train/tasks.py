@@ -45,6 +45,11 @@ TOKENIZER_FILES = (
 MEAN_POOLED = "mean-pooled"  # a manifest's name for MeanPooledClassifier; none names a Hugging Face classifier
 
 
+def autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """Mixed precision in dtype (the plan's bf16 or fp16) on device; None: none, all in fp32."""
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
 class Task(Protocol):
     """What the engine needs from a task."""
 

@@ -67,7 +67,7 @@ def test_fast_mode_tunes_on_pairs_embeds_each_text_once_then_trains_only_a_head(
 
 def _separation(task: fast.FastTextClassification, texts: list[int]) -> float:
     """Mean cosine of the texts' embeddings with those of their own label, less with those of others."""
-    task.embed(torch.device("cpu"), texts, lambda *_: True)
+    task.embed(torch.device("cpu"), texts, lambda *_: True, None)
     vectors = torch.nn.functional.normalize(task.features[texts], dim=1)
     labels = task.targets[texts]
     cosines, same = vectors @ vectors.T, labels[:, None] == labels[None, :]
