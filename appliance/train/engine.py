@@ -864,8 +864,8 @@ def _tuning_s(budget_s: float, before_s: float, texts: int, pairs_per_s: float) 
 
 
 def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, device: torch.device,
-           plan: hardware.TrainingPlan, params: TrainParams, began: float, progress: ProgressFn | None, should_stop: Callable[[], bool],
-           say: LogFn) -> list[int] | None:
+           plan: hardware.TrainingPlan, params: TrainParams, began: float, progress: ProgressFn | None,
+           should_stop: Callable[[], bool], say: LogFn) -> list[int] | None:
     """Fast mode's second phase: the validation texts, then the training texts in a seeded random order, through the
     encoder once. The training examples it embedded (all, unless EMBED_SHARE of the budget, counted from
     began, ran out first: then a random share of them); None when told to stop (a resumed run embeds again)."""
