@@ -38,6 +38,7 @@ from appliance.core import archive
 from appliance.core.errors import JobInterrupted, OptimizeError
 from appliance.data.datasets import LoadedDataset
 from appliance.train.bundle import TorchRunner, input_names, load_text_classifier
+from appliance.train.tasks import adamw
 
 LAYER_PATHS = ("encoder.layer", "transformer.layer")  # BERT, MiniLM, RoBERTa, ELECTRA; DistilBERT
 # Where, inside one of those layers, its self-attention's query, key and value projections are.
@@ -204,7 +205,7 @@ class _Pupil:
     def __init__(self, model: nn.Module, learning_rate: float, steps: int, *, projections: bool) -> None:
         self.model, self.learning_rate = model, learning_rate
         self.taps = _Taps(_layer_list(model), range(model.config.num_hidden_layers), projections=projections)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+        self.optimizer = adamw(model.parameters(), learning_rate)
         self.scheduler = torch.optim.lr_scheduler.LinearLR(self.optimizer, 1.0, 0.0, total_iters=steps)
 
     def learn(self, inputs: dict[str, torch.Tensor], soft: torch.Tensor, teacher: _Taps,

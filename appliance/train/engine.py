@@ -11,7 +11,8 @@ waits only for its state to be copied to host memory, and a thread stores it
 (checkpoint.Writer). A run cut short continues from its checkpoint with the same data
 order and random state, so it ends where an uninterrupted run would have. On a GPU the
 loop never waits for the device between progress reports: batches go from pinned memory
-without blocking, the loss is summed on the device, AdamW is the fused kernel.
+without blocking, the loss is summed on the device. AdamW is the fused kernel, on a GPU
+and a CPU alike.
 
 A large validation split is sampled after each epoch (EVAL_SAMPLE examples, stratified,
 fixed), and the kept model is evaluated on all of it once at the end when the budget
@@ -33,7 +34,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -431,7 +432,9 @@ def _probe_sample(data: datasets.LoadedDataset, params: TrainParams) -> datasets
 def _full_rate(task: tasks.TextClassification, sample: datasets.LoadedDataset, params: TrainParams,
                device: str | None) -> float:
     """Examples/s of full fine-tuning: PROBE_BATCHES steps on the sample's texts (as task reads them), after one to
-    warm up."""
+    warm up, timed as cost per second (Task.cost: padded tokens) and read as examples of the sample at the cost each
+    has alone, as an epoch's batches of like lengths pad little: a few random batches can be mostly long texts, or
+    short."""
     plan = hardware.plan(hardware.detect(), _request(task, sample, task.base_dir, params.changed(workers=None),
                                                      device))
     torch.set_num_threads(plan.threads)
@@ -456,7 +459,8 @@ def _full_rate(task: tasks.TextClassification, sample: datasets.LoadedDataset, p
         step(batch)
     if on.type == "cuda":
         torch.cuda.synchronize(on)
-    return sum(len(batch) for batch in timed) / (time.monotonic() - started)
+    per_example = sum(task.cost([index]) for index in sample.train) / len(sample.train)
+    return sum(map(task.cost, timed)) / (time.monotonic() - started) / per_example
 
 
 def _fit(task: tasks.Task, device: torch.device) -> None:
@@ -678,8 +682,9 @@ def _train(
             generator = torch.Generator().manual_seed(params.seed * 1009 + epoch)
             batches = [batch for batch in task.batches(data.train, plan.micro_batch * group.size, generator)
                        if len(batch) >= group.size]  # each rank takes its share: one too small for all is left out
+            speed.epoch(batches, task.cost)
             model.train()
-            step_start, step_samples = time.monotonic(), 0
+            step_start, step_cost = time.monotonic(), 0
             for index, collated in enumerate(_collated(task, batches, position.batch, group, params.seed * 1009 + epoch),
                                              start=position.batch):
                 inputs = _on(device, collated)
@@ -691,7 +696,7 @@ def _train(
                 unsettled_loss += loss.detach() * len(batches[index])  # the lead's share stands for the batch
                 position.seen += len(batches[index])
                 samples_this_session += len(batches[index])
-                step_samples += len(batches[index])
+                step_cost += task.cost(batches[index])
                 if accumulating:
                     continue
                 scaler.unscale_(optimizer)
@@ -705,7 +710,7 @@ def _train(
                 now = time.monotonic()
                 train_s_this_session += now - step_start
                 position.elapsed_s = now - session_start
-                rate = speed.step(step_samples, now - step_start)
+                rate = speed.step(step_cost, now - step_start)
                 if budget.seconds is not None and position.eval_s_per_example is None and sample:
                     score(sample[:4 * plan.micro_batch])  # what an evaluation costs, before the budget counts on it
                 if estimated_at is None and (speed.measured_s >= budget.probe_s() or position.batch == len(batches)):
@@ -739,7 +744,7 @@ def _train(
                 if out_of_time:
                     stopped = "budget"
                     break
-                step_start, step_samples = time.monotonic(), 0
+                step_start, step_cost = time.monotonic(), 0
 
             settle_loss()
             if progress:
@@ -941,27 +946,34 @@ def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:
 
 
 class _Speed:
-    """Training's examples/s this session, its first optimizer step left out where later ones were measured: that
+    """Training's speed this session, said in examples/s of the epoch at hand. It is measured as cost per second
+    (Task.cost: a text batch's padded tokens), for a run's batches differ tenfold in cost: counted in examples,
+    the first ten seconds of a run on real texts, which happened to draw many long ones, said its epochs would take
+    1.5 times what they took. The session's first optimizer step is left out where later ones were measured: that
     step pays once for what the rest reuse (on a GPU, loading the kernels: 10 s of an image run on an H100, whose
     next steps took 70 ms), and counted in, it made an early estimate 40 times too long."""
 
     def __init__(self) -> None:
-        self.first = (0, 0.0)  # examples and seconds of the session's first step
-        self.examples, self.measured_s = 0, 0.0  # of the steps after it
+        self.first = (0, 0.0)  # cost and seconds of the session's first step
+        self.cost, self.measured_s = 0, 0.0  # of the steps after it
+        self.per_example = 1.0  # the epoch's cost per example
 
-    def step(self, examples: int, seconds: float) -> float:
+    def epoch(self, batches: Sequence[Sequence[int]], cost: Callable[[Sequence[int]], int]) -> None:
+        """An epoch begins: its examples are worth what these batches cost, on average."""
+        self.per_example = sum(map(cost, batches)) / max(1, sum(map(len, batches)))
+
+    def step(self, cost: int, seconds: float) -> float:
         """Count one optimizer step; the rate so far."""
         if self.first == (0, 0.0):
-            self.first = (examples, seconds)
+            self.first = (cost, seconds)
         else:
-            self.examples, self.measured_s = self.examples + examples, self.measured_s + seconds
+            self.cost, self.measured_s = self.cost + cost, self.measured_s + seconds
         return self.rate
 
     @property
     def rate(self) -> float:
-        if self.measured_s > 0:
-            return self.examples / self.measured_s
-        return self.first[0] / max(self.first[1], 1e-9)
+        per_s = self.cost / self.measured_s if self.measured_s > 0 else self.first[0] / max(self.first[1], 1e-9)
+        return per_s / self.per_example
 
 
 @dataclass(frozen=True)
@@ -1101,15 +1113,13 @@ def evaluate(
 
 
 def _optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.AdamW:
-    """AdamW without weight decay on biases and norms, as is usual for transformers; on a GPU its fused kernel, one
-    launch for every tensor's update."""
+    """AdamW (the fused kernel, tasks.adamw) without weight decay on biases and norms, as is usual for transformers."""
     decay, no_decay = [], []
     for parameter in model.parameters():
         if parameter.requires_grad:
             (no_decay if parameter.ndim < 2 else decay).append(parameter)
     groups = [{"params": decay, "weight_decay": params.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    on_gpu = next(model.parameters()).device.type == "cuda"
-    return torch.optim.AdamW(groups, lr=params.learning_rate, fused=True if on_gpu else None)
+    return tasks.adamw(groups, params.learning_rate)
 
 
 def _scheduler(optimizer: torch.optim.Optimizer, params: TrainParams, horizon: Callable[[], int]

@@ -109,7 +109,7 @@ class FastTextClassification(tasks.TextClassification):
         steps = self._pair_batches(tuning, seed)
         planned = len(steps)  # steps the schedule decays over: fewer where the time left is seen not to hold them
         warmup = max(1, planned // 10)
-        optimizer = torch.optim.AdamW([p for p in embedder.parameters() if p.requires_grad], lr=CONTRAST_LEARNING_RATE)
+        optimizer = tasks.adamw([p for p in embedder.parameters() if p.requires_grad], CONTRAST_LEARNING_RATE)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min((step + 1) / warmup, max(0.0, (planned - step) / max(1, planned - warmup))))
         scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
@@ -195,6 +195,9 @@ class FastTextClassification(tasks.TextClassification):
     def batches(self, indices: Sequence[int], size: int, generator: torch.Generator) -> list[list[int]]:
         order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
         return [order[i : i + size] for i in range(0, len(order), size)]
+
+    def cost(self, indices: Sequence[int]) -> int:
+        return len(indices)  # embeddings, of one size
 
     def collate(self, indices: Sequence[int], augment_seed: int | None = None) -> dict[str, torch.Tensor]:
         assert self.features is not None, "embed() before training"

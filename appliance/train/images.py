@@ -230,6 +230,9 @@ class ImageClassification:
         order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
         return [order[i : i + size] for i in range(0, len(order), size)]
 
+    def cost(self, indices: Sequence[int]) -> int:
+        return len(indices)  # images, of one size
+
     def collate(self, indices: Sequence[int], augment_seed: int | None = None) -> dict[str, torch.Tensor]:
         """Pixels of these images, normalised as the backbone expects; augmented, repeatably, where a seed is given
         (training), centred otherwise (evaluation)."""

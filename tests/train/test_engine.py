@@ -256,6 +256,24 @@ def test_a_run_says_early_how_long_it_takes_and_where_its_budget_ends_it(
     assert "its learning rate scheduled to end there" in said
 
 
+def test_the_speed_said_early_is_the_epoch_s_whatever_batches_came_first() -> None:
+    """A run's first steps may draw mostly long texts: the examples/s said from them is what the whole epoch will
+    do, so an early estimate holds (counted in examples, these first steps would say 2.9 times the epoch's time)."""
+    lengths = [128] * 320 + [16] * 960  # tokens of each text: a few long, most short
+    batches = [list(range(start, start + 32)) for start in range(0, len(lengths), 32)]
+
+    def cost(batch: list[int]) -> int:  # padded tokens, as a text task counts them
+        return len(batch) * max(lengths[i] for i in batch)
+
+    seconds_per_token = 1e-4  # this machine: a step's time grows with its tokens
+    epoch_s = sum(map(cost, batches)) * seconds_per_token
+    speed = engine._Speed()
+    speed.epoch(batches, cost)
+    for batch in batches[:6]:  # the long ones come first
+        rate = speed.step(cost(batch), cost(batch) * seconds_per_token)
+    assert len(lengths) / rate == pytest.approx(epoch_s)
+
+
 def test_a_budgeted_run_fits_its_schedule_again_once_its_first_epoch_is_measured(
         opened: Store, many_tickets: str, tiny_base: Path) -> None:
     """The early estimate rests on seconds of training; after the first epoch and its evaluation the run says how
