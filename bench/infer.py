@@ -199,7 +199,7 @@ def fine_tune(data: datasets.LoadedDataset, base_dir: Path, args: argparse.Names
     task = tasks.TextClassification(data, base_dir, args.max_length, lora=None)
     torch.manual_seed(args.seed)
     model = task.build_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    optimizer = tasks.adamw(model.parameters(), args.learning_rate)
     steps = -(-len(data.train) // args.batch_size) * args.epochs
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=steps)
     model.train()
