@@ -115,6 +115,8 @@ def main() -> None:
     parser.add_argument("--student-learning-rate", type=float, help="distillation rate (default: searched by the first epoch)")
     parser.add_argument("--student-attention-weight", type=float,
                         help="weight of the self-attention relations' loss in distillation (default: DistillParams', 0: off)")
+    parser.add_argument("--student-variants", type=int,
+                        help="changed copies of each training text an epoch, taught by the teacher alone (default: DistillParams')")
     parser.add_argument("--no-student", action="store_true", help="skip distillation")
     parser.add_argument("--min-seconds", type=float, default=3.0, help="timing window per batch size (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds over all variants; best kept (default 3)")
@@ -224,6 +226,8 @@ def distil(
         params = dataclasses.replace(params, learning_rate=args.student_learning_rate)
     if args.student_attention_weight is not None:
         params = dataclasses.replace(params, attention_weight=args.student_attention_weight)
+    if args.student_variants is not None:
+        params = dataclasses.replace(params, variants=args.student_variants)
     rate = f"lr {params.learning_rate:g}" if params.learning_rate is not None else f"lr searched among {distill.LEARNING_RATES}"
     attention = f", attention relations weighted {params.attention_weight:g}" if params.attention_weight else ""
     log(f"distil a {params.layers}-layer student, at least {params.epochs} epochs and {params.min_steps} steps, {rate}"
