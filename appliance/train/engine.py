@@ -34,7 +34,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -682,7 +682,8 @@ def _train(
             generator = torch.Generator().manual_seed(params.seed * 1009 + epoch)
             batches = [batch for batch in task.batches(data.train, plan.micro_batch * group.size, generator)
                        if len(batch) >= group.size]  # each rank takes its share: one too small for all is left out
-            speed.epoch(batches, task.cost)
+            costs = [task.cost(batch) for batch in batches]
+            speed.epoch(sum(costs) / max(1, sum(map(len, batches))))
             model.train()
             step_start, step_cost = time.monotonic(), 0
             for index, collated in enumerate(_collated(task, batches, position.batch, group, params.seed * 1009 + epoch),
@@ -696,7 +697,7 @@ def _train(
                 unsettled_loss += loss.detach() * len(batches[index])  # the lead's share stands for the batch
                 position.seen += len(batches[index])
                 samples_this_session += len(batches[index])
-                step_cost += task.cost(batches[index])
+                step_cost += costs[index]
                 if accumulating:
                     continue
                 scaler.unscale_(optimizer)
@@ -958,9 +959,9 @@ class _Speed:
         self.cost, self.measured_s = 0, 0.0  # of the steps after it
         self.per_example = 1.0  # the epoch's cost per example
 
-    def epoch(self, batches: Sequence[Sequence[int]], cost: Callable[[Sequence[int]], int]) -> None:
-        """An epoch begins: its examples are worth what these batches cost, on average."""
-        self.per_example = sum(map(cost, batches)) / max(1, sum(map(len, batches)))
+    def epoch(self, per_example: float) -> None:
+        """An epoch begins whose examples cost this much each, on average over its batches."""
+        self.per_example = per_example
 
     def step(self, cost: int, seconds: float) -> float:
         """Count one optimizer step; the rate so far."""
