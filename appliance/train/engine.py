@@ -616,7 +616,7 @@ def _train(
     if state is not None:
         try:
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+            optimizer.load_state_dict(_with_kernel_of(optimizer, state["optimizer"]))
         except (RuntimeError, ValueError):  # torch's "missing keys" and "different number of parameter groups"
             raise JobError(f"run {run_id}'s checkpoint holds a model or optimizer laid out by an earlier version of"
                            " the appliance, which this one cannot continue", hint=f"start a new run with the same"
@@ -1121,6 +1121,13 @@ def _optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.AdamW
             (no_decay if parameter.ndim < 2 else decay).append(parameter)
     groups = [{"params": decay, "weight_decay": params.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return tasks.adamw(groups, params.learning_rate)
+
+
+def _with_kernel_of(optimizer: torch.optim.Optimizer, saved: dict) -> dict:
+    """A saved optimizer state with this optimizer's kernel (fused, foreach): that says how an update runs, not what
+    it learnt, and a checkpoint written before AdamW was fused on a CPU would otherwise bring back the slower one."""
+    kernel = {key: optimizer.defaults[key] for key in ("fused", "foreach")}
+    return {**saved, "param_groups": [{**group, **kernel} for group in saved["param_groups"]]}
 
 
 def _scheduler(optimizer: torch.optim.Optimizer, params: TrainParams, horizon: Callable[[], int]
