@@ -232,7 +232,7 @@ def distil(
     attention = f", attention relations weighted {params.attention_weight:g}" if params.attention_weight else ""
     log(f"distil a {params.layers}-layer student, at least {params.epochs} epochs and {params.min_steps} steps, {rate}"
         f"{attention}")
-    student = distill.distill(bundle, data, params)
+    student = distill.distill(bundle, data, params, precision=distill.precision_for(hardware.detect().cpu))
     log(f"{student.describe()}, in {student.seconds:.0f} s")
     return student, params
 

@@ -159,7 +159,8 @@ def optimize_version(
         teacher = blobs.read(store, source.variants[TORCH].blob_id)
         data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))
         student = distill.distill(
-            teacher, data, distill.DistillParams(layers=options.distill_layers), should_stop=should_stop,
+            teacher, data, distill.DistillParams(layers=options.distill_layers),
+            precision=distill.precision_for(machine.cpu), should_stop=should_stop,
             progress=lambda done, total: report(done, total, f"distil a {options.distill_layers}-layer student"))
         taught = f"{student.describe()}. "
         starts[STUDENT] = Start.exported(archive.unpack(student.bundle))

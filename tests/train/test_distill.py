@@ -54,6 +54,23 @@ def test_a_one_layer_student_keeps_the_teachers_accuracy_and_is_smaller(
     assert not any(".layer.1." in name for name in load_safetensors(student_files["model.safetensors"]))
 
 
+def test_on_a_cpu_with_native_bf16_the_student_is_taught_in_bf16_and_stored_in_fp32(
+    teacher: tuple[bytes, datasets.LoadedDataset],
+) -> None:
+    """bf16 autocast where the CPU has AMX or AVX-512 BF16, as training plans it (elsewhere it would be emulated):
+    the student learns as in fp32, its stored weights stay fp32, and its description says how it was taught."""
+    def cpu(*flags: str) -> hardware.Cpu:
+        return hardware.Cpu(model="test CPU", physical_cores=2, logical_cores=2, flags=flags)
+
+    assert distill.precision_for(cpu("avx2", "amx_bf16")) == distill.precision_for(cpu("avx512_bf16")) == torch.bfloat16
+    assert distill.precision_for(cpu("avx2", "avx512f", "avx512_vnni")) is None
+    student = distill.distill(*teacher, FAST, precision=torch.bfloat16)
+    assert student.metrics["accuracy"] >= student.teacher_metrics["accuracy"] - 0.1, student
+    weights = load_safetensors(archive.unpack(student.bundle)["model.safetensors"])
+    assert {tensor.dtype for tensor in weights.values()} == {torch.float32}
+    assert f"{FAST.epochs} epochs in bfloat16 autocast at lr" in student.describe()
+
+
 def test_the_student_bundle_loads_and_optimises_like_a_trained_one(
     teacher: tuple[bytes, datasets.LoadedDataset], student: distill.Student
 ) -> None:
