@@ -235,6 +235,26 @@ def test_a_small_dataset_is_given_the_epochs_that_min_steps_asks(teacher: tuple[
     assert seen == [(step, 3 * steps_per_epoch) for step in range(1, 3 * steps_per_epoch + 1)]
 
 
+def test_a_large_dataset_trains_each_epoch_on_a_sample_of_its_batches_within_max_steps(
+        teacher: tuple[bytes, datasets.LoadedDataset]) -> None:
+    """max_steps bounds the teaching whatever the data's size: each epoch draws max_steps // epochs of the data's
+    batches (another draw each epoch), and the report says so."""
+    steps_per_epoch = -(-len(teacher[1].train) * (1 + FAST.variants) // FAST.batch_size)
+    assert steps_per_epoch > 2
+    seen: list[tuple[int, int]] = []
+    student = distill.distill(*teacher, replace(FAST, max_steps=2 * FAST.epochs),
+                              progress=lambda step, total: seen.append((step, total)))
+    assert seen == [(step, 2 * FAST.epochs) for step in range(1, 2 * FAST.epochs + 1)]
+    assert student.epochs == FAST.epochs and student.epoch_batches == 2 and student.data_batches == steps_per_epoch
+    assert f"{FAST.epochs} epochs (each 2 batches drawn from the data's {steps_per_epoch})" in student.describe()
+    assert student.metrics["accuracy"] > CHANCE
+    large = replace(student, evaluated_on=2000, validation_examples=60000).describe()
+    assert large.endswith("(on a stratified sample of 2,000 of 60,000 validation examples)")
+    with pytest.raises(OptimizeError, match="max_steps, 2, is below its epochs") as refused:
+        distill.distill(*teacher, replace(FAST, max_steps=2))
+    assert "raise max_steps" in refused.value.hint
+
+
 def test_without_a_rate_the_first_epoch_chooses_one_and_only_its_student_goes_on(
     teacher: tuple[bytes, datasets.LoadedDataset], monkeypatch: pytest.MonkeyPatch
 ) -> None:
