@@ -20,8 +20,8 @@ from tests.conftest import Trained
 
 MAX_LENGTH = 32
 CHANCE = 1 / 3  # three balanced classes
-# A 32-wide model wants a high rate; min_steps=0: the epochs as given, however few steps they make.
-FAST = distill.DistillParams(layers=1, epochs=3, learning_rate=2e-3, batch_size=16, min_steps=0)
+# A 32-wide model wants a high rate; min_steps=0: the epochs as given, however few steps they make; one variant.
+FAST = distill.DistillParams(layers=1, epochs=3, learning_rate=2e-3, batch_size=16, min_steps=0, variants=1)
 
 
 @pytest.fixture(scope="module")
