@@ -199,6 +199,7 @@ def load_dataset(path: Path, seed: int) -> datasets.LoadedDataset:
 def fine_tune(data: datasets.LoadedDataset, base_dir: Path, args: argparse.Namespace) -> bytes:
     """The base model fine-tuned with the appliance's task code (AdamW, linear decay): a training bundle."""
     task = tasks.TextClassification(data, base_dir, args.max_length, lora=None)
+    task.attention = tasks.attention_kernel(torch.device("cpu"), args.max_length)
     torch.manual_seed(args.seed)
     model = task.build_model()
     optimizer = tasks.adamw(model.parameters(), args.learning_rate)

@@ -43,7 +43,7 @@ from appliance.core.hardware import Cpu
 from appliance.data.datasets import LoadedDataset
 from appliance.train.bundle import TorchRunner, input_names, load_text_classifier
 from appliance.train.engine import evaluation_sample
-from appliance.train.tasks import adamw, autocast
+from appliance.train.tasks import adamw, attention_kernel, autocast, use_attention
 
 LAYER_PATHS = ("encoder.layer", "transformer.layer")  # BERT, MiniLM, RoBERTa, ELECTRA; DistilBERT
 # Where, inside one of those layers, its self-attention's query, key and value projections are.
@@ -178,6 +178,7 @@ def distill(
     del layers[:]  # the model becomes the student
     layers.extend(kept_layers)
     model.config.num_hidden_layers = params.layers
+    use_attention(model, attention_kernel(torch.device("cpu"), reader.max_length))  # the students', as training's
 
     torch.manual_seed(params.seed)
     data_batches = math.ceil(len(data.train) * (1 + params.variants) / params.batch_size)

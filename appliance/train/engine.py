@@ -464,10 +464,12 @@ def _full_rate(task: tasks.TextClassification, sample: datasets.LoadedDataset, p
 
 
 def _fit(task: tasks.Task, device: torch.device) -> None:
-    """Batches shaped for the device: on a GPU, text padded to GPU_PAD_TO, so an epoch has a few shapes, not one per
-    length."""
-    if isinstance(task, tasks.TextClassification) and device.type == "cuda":
-        task.pad_to = GPU_PAD_TO
+    """Batches and model shaped for the device: on a GPU, text padded to GPU_PAD_TO, so an epoch has a few shapes, not
+    one per length; attention as tasks.attention_kernel picks it for the device and the window."""
+    if isinstance(task, tasks.TextClassification):
+        task.attention = tasks.attention_kernel(device, task.max_length)
+        if device.type == "cuda":
+            task.pad_to = GPU_PAD_TO
 
 
 def _on(device: torch.device, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

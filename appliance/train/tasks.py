@@ -50,6 +50,21 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
+def attention_kernel(device: torch.device, window: int) -> str:
+    """The attention a text model trains with on device, as transformers names it. On a CPU, up to DEFAULT_WINDOW
+    tokens, eager (matmuls and a softmax): a step of 32 texts took 614 ms against the fused kernel's 843 at 128
+    tokens, 188 against 245 at 32 (2 cores, bf16, no attention dropout). Beyond it, and on a GPU, the fused kernel
+    (scaled_dot_product_attention), which never holds the tokens x tokens scores: 842 ms against 1,795 at 8 x 512."""
+    return "eager" if device.type == "cpu" and window <= DEFAULT_WINDOW else "sdpa"
+
+
+def use_attention(model: nn.Module, kernel: str) -> None:
+    """Switch a built model's attention kernel (attention_kernel's names); its weights and outputs stay as they are."""
+    from transformers import PreTrainedModel
+
+    next(module for module in model.modules() if isinstance(module, PreTrainedModel)).set_attn_implementation(kernel)
+
+
 def adamw(params: Iterable[nn.Parameter] | list[dict[str, object]], learning_rate: float) -> torch.optim.AdamW:
     """AdamW as its fused kernel, on a CPU as on a GPU: one pass over each tensor for the whole update. On a 2-core
     CPU the default (one operation at a time over the list of tensors) took 157-229 ms a step to update MiniLM's 23M
@@ -102,6 +117,7 @@ class TextClassification:
         self.max_length = max_length
         self.lora = lora
         self.pad_to = 1  # a batch's width is rounded up to a multiple of this (the engine sets it for a GPU)
+        self.attention = "sdpa"  # the attention kernel the model trains with (the engine sets it: attention_kernel)
         try:
             tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
         except (OSError, ValueError) as exc:
@@ -121,21 +137,25 @@ class TextClassification:
 
     def build_model(self) -> nn.Module:
         """The base model with a new classification head, which reads the mean of the token states where the base
-        is a sentence encoder trained to be read so. With a window longer than DEFAULT_WINDOW, its attention
-        probabilities are not dropped out while it fine-tunes (its hidden states still are): dropout there keeps
-        attention off the fused kernel, which never holds a batch's tokens x tokens scores, and on a 2-core CPU a
-        step took 5.5 times as long at 512 tokens. On short texts the fused kernel is the slower one (0.75 times
-        the speed at 48 tokens), so shorter windows keep the base model's dropout."""
+        is a sentence encoder trained to be read so, its attention kernel as `attention` says.
+
+        A sentence encoder's attention probabilities are not dropped out while it fine-tunes (its hidden states still
+        are). On a CPU, drawing that dropout's masks took a third of a step (all-MiniLM-L6-v2, 32 x 128 tokens: 1.03 s
+        a step with it, 0.70 s without, in eager attention), and bench/train.py's runs without it reached the
+        Trainer's accuracy sooner on three of the four sets measured, ending within three texts of where they ended
+        with it. A base read the Hugging Face way keeps its dropout (not measured so), but for a window longer than
+        DEFAULT_WINDOW, where it would keep attention off the fused kernel, which never holds a batch's tokens x
+        tokens scores (a step took 5.5 times as long at 512 tokens)."""
         from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
-        fused = {}
-        if self.max_length > DEFAULT_WINDOW:
-            config = AutoConfig.from_pretrained(self.base_dir, local_files_only=True)
-            fused = {name: 0.0 for name in ATTENTION_DROPOUT if hasattr(config, name)}
+        settings: dict[str, object] = {"attn_implementation": self.attention}
+        if self.architecture == MEAN_POOLED or self.max_length > DEFAULT_WINDOW:
+            base_config = AutoConfig.from_pretrained(self.base_dir, local_files_only=True)
+            settings |= {name: 0.0 for name in ATTENTION_DROPOUT if hasattr(base_config, name)}
         if self.architecture == MEAN_POOLED:
-            model: nn.Module = MeanPooledClassifier(self.pretrained(AutoModel, **fused), len(self.label_names))
+            model: nn.Module = MeanPooledClassifier(self.pretrained(AutoModel, **settings), len(self.label_names))
         else:
-            model = self.pretrained(AutoModelForSequenceClassification, **fused, num_labels=len(self.label_names))
+            model = self.pretrained(AutoModelForSequenceClassification, **settings, num_labels=len(self.label_names))
         if self.lora is None:
             return model
         from peft import LoraConfig, TaskType, get_peft_model

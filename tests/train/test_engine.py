@@ -16,7 +16,7 @@ import torch
 
 from appliance.data import datasets
 from appliance.store import Store, audit, blobs
-from appliance.train import checkpoint, engine, runs, tasks
+from appliance.train import bundle, checkpoint, engine, runs, tasks
 from appliance.train.params import TrainParams
 from tests.conftest import FILLER, WORDS, write_tickets
 
@@ -52,6 +52,31 @@ def test_a_run_learns_and_leaves_a_self_contained_model(opened: Store, tickets: 
     }
     # A finished run keeps its model, not its checkpoint.
     assert opened.db.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0] == 0
+
+
+def test_a_sentence_encoder_trains_without_attention_dropout_in_the_kernel_fastest_where_it_runs(
+    opened: Store, tickets: str, tiny_sentence_base: Path,
+) -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert [tasks.attention_kernel(cpu, 128), tasks.attention_kernel(cpu, 129), tasks.attention_kernel(gpu, 128)] == [
+        "eager", "sdpa", "sdpa"]
+
+    result = engine.start(opened, dataset=tickets, base_dir=tiny_sentence_base,
+                          params=TrainParams(**{**FAST, "epochs": 2}))
+    config = json.loads(_bundle_files(opened, result.model_blob)["config.json"])
+    assert config["attention_probs_dropout_prob"] == 0.0
+    assert config["hidden_dropout_prob"] == 0.1  # the base model's, kept
+
+    # Eager attention reads the padding mask as the fused kernel does: the kernel changes the speed, not the model.
+    model, reader, _ = bundle.load_text_classifier(_bundle_files(opened, result.model_blob))
+    feeds = reader.see(["a short one", "a much longer ticket " * 6]).feeds
+    ids, mask = torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
+    with torch.no_grad():
+        tasks.use_attention(model, "eager")
+        eager = model(input_ids=ids, attention_mask=mask).logits
+        tasks.use_attention(model, "sdpa")
+        fused = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(eager, fused, rtol=1e-4, atol=1e-5)
 
 
 def test_early_stopping_ends_a_run_that_stopped_improving(opened: Store, tickets: str, tiny_base: Path) -> None:
