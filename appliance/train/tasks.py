@@ -146,12 +146,9 @@ class TextClassification:
         with it. A base read the Hugging Face way keeps its dropout (not measured so), but for a window longer than
         DEFAULT_WINDOW, where it would keep attention off the fused kernel, which never holds a batch's tokens x
         tokens scores (a step took 5.5 times as long at 512 tokens)."""
-        from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+        from transformers import AutoModel, AutoModelForSequenceClassification
 
-        settings: dict[str, object] = {"attn_implementation": self.attention}
-        if self.architecture == MEAN_POOLED or self.max_length > DEFAULT_WINDOW:
-            base_config = AutoConfig.from_pretrained(self.base_dir, local_files_only=True)
-            settings |= {name: 0.0 for name in ATTENTION_DROPOUT if hasattr(base_config, name)}
+        settings = self.encoder_settings()
         if self.architecture == MEAN_POOLED:
             model: nn.Module = MeanPooledClassifier(self.pretrained(AutoModel, **settings), len(self.label_names))
         else:
@@ -167,6 +164,17 @@ class TextClassification:
             config = LoraConfig(task_type=TaskType.SEQ_CLS, r=self.lora.rank, lora_alpha=self.lora.alpha,
                                 lora_dropout=self.lora.dropout)
         return get_peft_model(model, config)
+
+    def encoder_settings(self) -> dict[str, object]:
+        """How the base model is loaded to be trained (build_model says why): its attention kernel, and no attention
+        dropout for a sentence encoder or a window longer than DEFAULT_WINDOW."""
+        from transformers import AutoConfig
+
+        settings: dict[str, object] = {"attn_implementation": self.attention}
+        if self.architecture == MEAN_POOLED or self.max_length > DEFAULT_WINDOW:
+            base_config = AutoConfig.from_pretrained(self.base_dir, local_files_only=True)
+            settings |= {name: 0.0 for name in ATTENTION_DROPOUT if hasattr(base_config, name)}
+        return settings
 
     def pretrained(self, auto_class: type, **settings: object) -> nn.Module:
         """The base model's weights in one of transformers' Auto classes, labelled with this task's labels, in FP32

