@@ -143,9 +143,9 @@ class TextClassification:
         are). On a CPU, drawing that dropout's masks took a third of a step (all-MiniLM-L6-v2, 32 x 128 tokens: 1.03 s
         a step with it, 0.70 s without, in eager attention), and bench/train.py's runs without it reached the
         Trainer's final accuracy 3.64-3.96 times sooner than the Trainer on three real splits (2.60-4.08 with it),
-        ending within three texts of where they ended with it. A base read the Hugging Face way keeps its dropout (not measured so), but for a window longer than
-        DEFAULT_WINDOW, where it would keep attention off the fused kernel, which never holds a batch's tokens x
-        tokens scores (a step took 5.5 times as long at 512 tokens)."""
+        ending within three texts of where they ended with it. A base read the Hugging Face way keeps its dropout
+        (not measured so), but for a window longer than DEFAULT_WINDOW, where it would keep attention off the fused
+        kernel, which never holds a batch's tokens x tokens scores (a step took 5.5 times as long at 512 tokens)."""
         from transformers import AutoModel, AutoModelForSequenceClassification
 
         settings = self.encoder_settings()
