@@ -21,7 +21,7 @@ import numpy as np
 import openvino as ov
 
 from appliance import pixels, words
-from appliance.core import archive, scoring
+from appliance.core import archive, hardware, scoring
 from appliance.core.errors import ArtifactError, OptimizeError
 from appliance.data.datasets import IMAGE
 
@@ -140,8 +140,16 @@ def onnx_session(onnx: bytes) -> Any:
 
 @functools.cache
 def _core() -> ov.Core:
-    """One OpenVINO runtime per process: each Core loads its device plugins again."""
-    return ov.Core()
+    """One OpenVINO runtime per process: each Core loads its device plugins again.
+
+    The CPU plugin picks bf16 from the CPU's own flags even where hardware.ISA_CAP rules it out, and then cannot
+    compile a model: under such a cap the default precision is f32.
+    """
+    core = ov.Core()
+    cpu = hardware.cpu()
+    if cpu.isa_cap is not None and not cpu.fast_bf16:
+        core.set_property("CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    return core
 
 
 # -- texts in, logits out -------------------------------------------------------------------

@@ -22,6 +22,10 @@ all of them alike. The accuracy guard (optimize.guard, at most --max-accuracy-dr
 below PyTorch eager) says which variants may be served; the headline is the throughput of
 the fastest of those over PyTorch eager's, measured in the same run.
 
+To see what a CPU with fewer instructions would give, cap them: ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN, in torch and
+OpenVINO, and the appliance's planner; see hardware.ISA_CAP), MKL_ENABLE_INSTRUCTIONS=AVX2 (torch's FP32 matrix
+products) and ATEN_CPU_CAPABILITY=avx2 (torch's other kernels). onnxruntime ignores them.
+
 Timings are wall-clock. The "others" column is the largest share of the CPUs that other
 processes used while a variant was timed. Other work skews variants unevenly (PyTorch's
 OpenMP threads, which wait on each other, were seen ten times slower with one core taken),
@@ -319,9 +323,15 @@ def report(rows: Sequence[Measured], setup: Setup, args: argparse.Namespace, bas
         f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores, "
         f"flags {' '.join(cpu.flags) or 'none'}"
     )
+    if cpu.isa_cap:
+        print(
+            f"instructions capped at {cpu.isa_cap} ({hardware.ISA_CAP}; MKL_ENABLE_INSTRUCTIONS="
+            f"{os.environ.get('MKL_ENABLE_INSTRUCTIONS', 'unset')}, ATEN_CPU_CAPABILITY="
+            f"{os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}): onnxruntime's kernels ignore such caps"
+        )
     print(
-        f"torch {torch.__version__} ({torch.get_num_threads()} threads), onnxruntime {version('onnxruntime')}, "
-        f"openvino {version('openvino')}, nncf {version('nncf')}"
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}), "
+        f"onnxruntime {version('onnxruntime')}, openvino {version('openvino')}, nncf {version('nncf')}"
     )
     print(
         f"model: all-MiniLM-L6-v2 ({base_dir}) fine-tuned {args.epochs} epochs, lr {args.learning_rate:g}, "

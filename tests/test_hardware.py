@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,17 +70,82 @@ def test_detect_without_cpuinfo_degrades_to_unknowns(monkeypatch: pytest.MonkeyP
     assert any("cpuinfo" in note for note in found.notes)
 
 
-def test_detect_reads_amx_from_cpuinfo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def amx_cpuinfo(tmp_path: Path) -> Path:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(
         "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Gold 6448Y\n"
         "flags\t\t: fpu sse avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8\n"
     )
-    monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
+    return cpuinfo
+
+
+def test_detect_reads_amx_from_cpuinfo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(hardware, "CPUINFO", amx_cpuinfo(tmp_path))
+    monkeypatch.delenv(hardware.ISA_CAP, raising=False)
     cpu = hardware.detect().cpu
     assert cpu.model == "Intel(R) Xeon(R) Gold 6448Y"
     assert cpu.flags == ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
     assert cpu.fast_bf16
+
+
+@pytest.mark.parametrize(
+    ("cap", "flags", "precision"),
+    [
+        ("avx2", ("avx2",), "fp32"),
+        ("AVX512_CORE_VNNI", ("avx2", "avx512f", "avx512_vnni"), "fp32"),
+        ("avx512_core_bf16", ("avx2", "avx512f", "avx512_vnni", "avx512_bf16"), "bf16"),
+    ],
+)
+def test_an_isa_cap_for_the_math_libraries_is_the_cpu_the_plan_sees(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, minilm: hardware.ModelShape, cap: str,
+    flags: tuple[str, ...], precision: str,
+) -> None:
+    """torch and OpenVINO run no AMX under ONEDNN_MAX_CPU_ISA=AVX2: bf16 would be emulated, 60 times slower."""
+    monkeypatch.setattr(hardware, "CPUINFO", amx_cpuinfo(tmp_path))
+    monkeypatch.setenv(hardware.ISA_CAP, cap)
+    found = hardware.detect()
+    assert (found.cpu.flags, found.cpu.isa_cap) == (flags, cap.upper())
+    assert any(note.startswith(f"ONEDNN_MAX_CPU_ISA={cap.upper()}") and "amx_bf16" in note for note in found.notes)
+    assert hardware.plan(found, request(minilm)).precision == precision
+
+
+@pytest.mark.parametrize("cap", ["ALL", "avx3000"])
+def test_an_isa_cap_that_caps_nothing_leaves_every_flag(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         cap: str) -> None:
+    monkeypatch.setattr(hardware, "CPUINFO", amx_cpuinfo(tmp_path))
+    monkeypatch.setenv(hardware.ISA_CAP, cap)
+    found = hardware.detect()
+    assert found.cpu.isa_cap is None
+    assert found.cpu.fast_bf16 and "amx_tile" in found.cpu.flags
+    capped = [note for note in found.notes if hardware.ISA_CAP in note]
+    if cap == "ALL":
+        assert capped == []
+    else:
+        assert len(capped) == 1
+        assert capped[0].startswith("ONEDNN_MAX_CPU_ISA=AVX3000 is not a oneDNN ISA level (SSE41, AVX, AVX2,")
+        assert capped[0].endswith("): ignored, as oneDNN does")
+
+
+def test_a_model_compiles_and_runs_in_f32_under_a_cap_below_bf16() -> None:
+    """OpenVINO's CPU plugin picks bf16 from the CPU's own flags even under the cap, and then fails to compile."""
+    script = (
+        "import numpy as np, openvino as ov\n"
+        "from openvino import opset13 as ops\n"
+        "from appliance import inference\n"
+        "x = ops.parameter([2, 8, 64], np.float32, name='x')\n"
+        "w = ops.constant(np.full((64, 16), 0.5, np.float32))\n"
+        "compiled = inference.compile_openvino(ov.Model([ops.matmul(x, w, False, False)], [x]))\n"
+        "out = compiled(np.ones((2, 8, 64), np.float32))[0]\n"
+        "kernels = [op.get_rt_info()['primitiveType'].astype(str) for op in compiled.get_runtime_model().get_ops()]\n"
+        "print(compiled.get_property('INFERENCE_PRECISION_HINT').get_type_name(), float(out[0, 0, 0]), *kernels)\n"
+    )
+    env = os.environ | {hardware.ISA_CAP: "AVX2"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    precision, value, *kernels = done.stdout.split()
+    assert (precision, float(value)) == ("f32", 32.0)
+    assert not [kernel for kernel in kernels if "avx512" in kernel or "amx" in kernel]
 
 
 def test_cpu_with_amx_trains_in_bf16(minilm: hardware.ModelShape) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +26,19 @@ if TYPE_CHECKING:
 CPUINFO = Path("/proc/cpuinfo")
 # The ISA extensions that change which precision trains fastest, as /proc/cpuinfo names them.
 TRAINING_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+# oneDNN, inside torch and OpenVINO, uses no instruction beyond this variable's level: the planner must not either.
+ISA_CAP = "ONEDNN_MAX_CPU_ISA"
+_AVX2 = ("avx2",)
+_AVX512 = (*_AVX2, "avx512f")
+_AVX512_BF16 = (*_AVX512, "avx512_vnni", "avx512_bf16")
+_AMX = (*_AVX512_BF16, "amx_tile", "amx_bf16", "amx_int8")
+# The TRAINING_FLAGS each of oneDNN's levels leaves usable (its names, aliases included); ALL and DEFAULT cap nothing.
+ISA_LEVELS: dict[str, tuple[str, ...]] = {
+    "SSE41": (), "AVX": (), "AVX2": _AVX2, "AVX2_VNNI": (*_AVX2, "avx_vnni"), "AVX2_VNNI_2": (*_AVX2, "avx_vnni"),
+    "AVX512_CORE": _AVX512, "AVX512_CORE_VNNI": (*_AVX512, "avx512_vnni"), "AVX512_CORE_BF16": _AVX512_BF16,
+    "AVX10_1_512": _AVX512_BF16, "AVX512_CORE_FP16": _AVX512_BF16,
+    "AVX10_1_512_AMX": _AMX, "AVX512_CORE_AMX": _AMX, "AVX10_1_512_AMX_FP16": _AMX, "AVX512_CORE_AMX_FP16": _AMX,
+}
 MiB = 2**20
 
 
@@ -33,7 +47,8 @@ class Cpu:
     model: str  # "unknown" when /proc/cpuinfo cannot be read
     physical_cores: int
     logical_cores: int
-    flags: tuple[str, ...]  # those of TRAINING_FLAGS this CPU has
+    flags: tuple[str, ...]  # those of TRAINING_FLAGS this CPU has, and the libraries may use
+    isa_cap: str | None = None  # the ISA_CAP level that hides the rest of them, if one is set
 
     @property
     def fast_bf16(self) -> bool:
@@ -71,7 +86,7 @@ def detect() -> Hardware:
     notes: list[str] = []
     memory = psutil.virtual_memory()
     return Hardware(
-        cpu=_cpu(notes),
+        cpu=cpu(notes),
         ram_total_bytes=memory.total,
         ram_available_bytes=memory.available,
         gpus=_gpus(notes),
@@ -80,7 +95,9 @@ def detect() -> Hardware:
     )
 
 
-def _cpu(notes: list[str]) -> Cpu:
+def cpu(notes: list[str] | None = None) -> Cpu:
+    """This CPU as torch and OpenVINO may use it: its flags, less those an ISA_CAP in the environment rules out."""
+    notes = [] if notes is None else notes
     fields: dict[str, str] = {}
     try:
         for line in CPUINFO.read_text().splitlines():
@@ -89,13 +106,31 @@ def _cpu(notes: list[str]) -> Cpu:
     except OSError as exc:
         notes.append(f"CPU model and flags unknown: cannot read {CPUINFO} ({exc.strerror})")
     present = set(fields.get("flags", "").split())
+    cap = _isa_cap(notes)
+    if cap is not None:
+        hidden = [flag for flag in TRAINING_FLAGS if flag in present and flag not in ISA_LEVELS[cap]]
+        notes.append(f"{ISA_CAP}={cap}: oneDNN, in torch and OpenVINO, uses no instruction beyond it, nor does the plan"
+                     + (f" ({', '.join(hidden)} unused)" if hidden else ""))
+        present &= set(ISA_LEVELS[cap])
     logical = psutil.cpu_count(logical=True) or 1
     return Cpu(
         model=fields.get("model name", "unknown"),
         physical_cores=psutil.cpu_count(logical=False) or logical,
         logical_cores=logical,
         flags=tuple(flag for flag in TRAINING_FLAGS if flag in present),
+        isa_cap=cap,
     )
+
+
+def _isa_cap(notes: list[str]) -> str | None:
+    """The level ISA_CAP sets, upper-cased as oneDNN reads it; None when unset, ALL, DEFAULT or not a level."""
+    value = os.environ.get(ISA_CAP, "").strip().upper()
+    if value in ("", "ALL", "DEFAULT"):
+        return None
+    if value not in ISA_LEVELS:
+        notes.append(f"{ISA_CAP}={value} is not a oneDNN ISA level ({', '.join(ISA_LEVELS)}): ignored, as oneDNN does")
+        return None
+    return value
 
 
 def _gpus(notes: list[str]) -> tuple[Gpu, ...]:
