@@ -106,7 +106,9 @@ def test_an_isa_cap_for_the_math_libraries_is_the_cpu_the_plan_sees(
     found = hardware.detect()
     assert (found.cpu.flags, found.cpu.isa_cap) == (flags, cap.upper())
     assert any(note.startswith(f"ONEDNN_MAX_CPU_ISA={cap.upper()}") and "amx_bf16" in note for note in found.notes)
-    assert hardware.plan(found, request(minilm)).precision == precision
+    plan = hardware.plan(found, request(minilm))
+    assert plan.precision == precision
+    assert (f"ONEDNN_MAX_CPU_ISA={cap.upper()} leaves neither AMX" in plan.notes[0]) == (precision == "fp32")
 
 
 @pytest.mark.parametrize("cap", ["ALL", "avx3000"])

@@ -409,7 +409,8 @@ def _precision(cpu: Cpu, gpu: Gpu | None) -> tuple[str, str]:
     if cpu.fast_bf16:
         native = "AMX" if "amx_bf16" in cpu.flags else "AVX-512 BF16"
         return "bf16", f"bf16 autocast: the CPU has {native}"
-    return "fp32", "fp32: the CPU has neither AMX nor AVX-512 BF16, so bf16 would be emulated and slower"
+    lacks = f"{ISA_CAP}={cpu.isa_cap} leaves" if cpu.isa_cap else "the CPU has"
+    return "fp32", f"fp32: {lacks} neither AMX nor AVX-512 BF16, so bf16 would be emulated and slower"
 
 
 def format_bytes(count: int) -> str:
