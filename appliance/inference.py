@@ -146,7 +146,7 @@ def _core() -> ov.Core:
     compile a model: under such a cap the default precision is f32.
     """
     core = ov.Core()
-    cpu = hardware.cpu()
+    cpu = hardware.detect_cpu()
     if cpu.isa_cap is not None and not cpu.fast_bf16:
         core.set_property("CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     return core

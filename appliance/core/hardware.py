@@ -86,7 +86,7 @@ def detect() -> Hardware:
     notes: list[str] = []
     memory = psutil.virtual_memory()
     return Hardware(
-        cpu=cpu(notes),
+        cpu=detect_cpu(notes),
         ram_total_bytes=memory.total,
         ram_available_bytes=memory.available,
         gpus=_gpus(notes),
@@ -95,7 +95,7 @@ def detect() -> Hardware:
     )
 
 
-def cpu(notes: list[str] | None = None) -> Cpu:
+def detect_cpu(notes: list[str] | None = None) -> Cpu:
     """This CPU as torch and OpenVINO may use it: its flags, less those an ISA_CAP in the environment rules out."""
     notes = [] if notes is None else notes
     fields: dict[str, str] = {}
