@@ -11,7 +11,7 @@ split is the one the appliance itself records), and the resulting bundle is serv
   openvino f32     the same IR with INFERENCE_PRECISION_HINT f32, really FP32
   openvino int8    what optimize.optimize quantises (NNCF post-training INT8, calibrated on the
                    training split; the gentler INT8 too, if the first loses too much)
-  student-K ...    a K-layer student distilled from the fine-tuned model, exported and
+  student-K[-N] .. a K-layer student (N feed-forward units a layer) distilled from the fine-tuned model, exported and
                    quantised the same way
 
 Every variant is scored with inference.evaluate on the validation texts and timed with
@@ -115,6 +115,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="fine-tuning batch size (default 16)")
     parser.add_argument("--max-length", type=int, default=128, help="tokens per text (default 128)")
     parser.add_argument("--student-layers", type=int, default=3, help="encoder layers of the student (default 3)")
+    parser.add_argument("--student-width", type=int,
+                        help="feed-forward units each student layer keeps, the most used (default: all, the teacher's)")
     parser.add_argument("--student-epochs", type=int, help="distillation epochs, exactly (default: DistillParams', more on small data)")
     parser.add_argument("--student-learning-rate", type=float, help="distillation rate (default: searched by the first epoch)")
     parser.add_argument("--student-attention-weight", type=float,
@@ -164,7 +166,8 @@ def main() -> None:
             f"validation macro-F1; layers' loss weight {params.hidden_weight:g}, {params.variants} variant(s) of each "
             f"text an epoch), in {student.seconds:.0f} s"
         )
-        variants += openvino_variants(f"student-{student.layers}L ", student.bundle, setup)
+        shape = f"{student.layers}L" + (f"-{params.width}" if params.width else "")
+        variants += openvino_variants(f"student-{shape} ", student.bundle, setup)
     report(measure(variants, setup), setup, args, base_dir, student_note)
 
 
@@ -224,7 +227,7 @@ def distil(
     bundle: bytes, data: datasets.LoadedDataset, args: argparse.Namespace
 ) -> tuple[distill.Student, distill.DistillParams]:
     """A student distilled with DistillParams' defaults, but for what the options change."""
-    params = distill.DistillParams(layers=args.student_layers)
+    params = distill.DistillParams(layers=args.student_layers, width=args.student_width)
     if args.student_epochs:
         params = dataclasses.replace(params, epochs=args.student_epochs, min_steps=0)
     if args.student_learning_rate:
@@ -235,7 +238,7 @@ def distil(
         params = dataclasses.replace(params, variants=args.student_variants)
     rate = f"lr {params.learning_rate:g}" if params.learning_rate is not None else f"lr searched among {distill.LEARNING_RATES}"
     attention = f", attention relations weighted {params.attention_weight:g}" if params.attention_weight else ""
-    log(f"distil a {params.layers}-layer student, at least {params.epochs} epochs and {params.min_steps} steps, {rate}"
+    log(f"distil a {params.shape} student, at least {params.epochs} epochs and {params.min_steps} steps, {rate}"
         f"{attention}")
     student = distill.distill(bundle, data, params, precision=distill.precision_for(hardware.detect().cpu))
     log(f"{student.describe()}, in {student.seconds:.0f} s")

@@ -218,6 +218,7 @@ BAD_PARAMS = [  # (kind, params, what the answer says): the field, the value as 
     ("train", {"dataset": "t", "device": 1}, 'params.device: 1 is not one of "cpu", "cuda"'),
     ("optimize", {"version": "t:1", "distill_layers": "2"}, ('params.distill_layers: "2" is not a whole number from'
                                                             " 1 to 48")),
+    ("optimize", {"version": "t:1", "distill_width": 768}, "'distill_width' shapes the student that 'distill_layers'"),
     ("pipeline", {"dataset": "t", "canary_percent": "20"}, ('params.canary_percent: "20" is not a number above 0 and'
                                                            " at most 100")),
     ("tune", {"dataset": "t", "budget_s": "60"}, 'params.budget_s: "60" is not a number above 0 and at most 604800'),

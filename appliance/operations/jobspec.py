@@ -100,11 +100,19 @@ class _Burst(_Spec):
 class _Optimizing(_Spec):
     int8: bool = Field(OptimizeOptions.int8, description="also quantise to INT8 under the accuracy guard")
     distill_layers: int | None = Field(None, ge=1, le=48, description="also distil a student of K layers spread over the teacher's depth")
+    distill_width: int | None = Field(None, ge=1, le=65536, description="the student keeps the N most used units of "
+                                      "each feed-forward block (default: all of them); needs distill_layers")
     max_accuracy_drop: float = Field(OptimizeOptions.max_accuracy_drop, ge=0, le=100,
                                      description="accuracy points a faster variant may lose against FP32")
 
+    @model_validator(mode="after")
+    def _width_of_a_student(self) -> Self:
+        if self.distill_width is not None and self.distill_layers is None:
+            raise refusal("'distill_width' shapes the student that 'distill_layers' asks for: send both")
+        return self
+
     def optimize_options(self) -> OptimizeOptions:
-        return OptimizeOptions(int8=self.int8, distill_layers=self.distill_layers,
+        return OptimizeOptions(int8=self.int8, distill_layers=self.distill_layers, distill_width=self.distill_width,
                                max_accuracy_drop=self.max_accuracy_drop)
 
 

@@ -37,6 +37,7 @@ class OptimizeOptions:
 
     int8: bool = True
     distill_layers: int | None = None
+    distill_width: int | None = None  # the student's feed-forward units a layer (None: the teacher's)
     max_accuracy_drop: float = 1.0  # accuracy points
     calibration_size: int = 300
     metric: str = "accuracy"
@@ -155,13 +156,13 @@ def optimize_version(
     if options.distill_layers:
         from appliance.train import distill
 
-        step(1, f"distil a {options.distill_layers}-layer student")
+        params = distill.DistillParams(layers=options.distill_layers, width=options.distill_width)
+        step(1, f"distil a {params.shape} student")
         teacher = blobs.read(store, source.variants[TORCH].blob_id)
         data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))
         student = distill.distill(
-            teacher, data, distill.DistillParams(layers=options.distill_layers),
-            precision=distill.precision_for(machine.cpu), should_stop=should_stop,
-            progress=lambda done, total: report(done, total, f"distil a {options.distill_layers}-layer student"))
+            teacher, data, params, precision=distill.precision_for(machine.cpu), should_stop=should_stop,
+            progress=lambda done, total: report(done, total, f"distil a {params.shape} student"))
         taught = f"{student.describe()}. "
         starts[STUDENT] = Start.exported(archive.unpack(student.bundle))
         step(2, "export and quantise the student")

@@ -1,26 +1,27 @@
 """Distillation: a fine-tuned text classifier teaches a copy of itself cut to k of its n encoder layers.
 
 A student of k layers spends about k/n of the teacher's encoder time. It starts from the
-teacher's own embeddings, head and k layers spread over its depth (the first, then every
-n/k-th: layers 0, 2 and 4 of 6), which keeps most of what the teacher knows before any
-training. It then learns, as TinyBERT and MiniLM students do, from more than the labels:
-each of its layers is drawn towards the states of the teacher layer it stands for (its
-k-th part of the teacher's depth, the last one towards the teacher's last, which the head
-reads) and, when asked, towards that layer's self-attention relations (MiniLMv2: per
-head, how alike the queries of a text's tokens are to each other, and its keys, and its
-values), and its logits towards the teacher's softened ones (which carry how alike the
-classes are, not just which one is right), beside the hard labels. The teacher runs beside
-it on every batch, so it can teach on texts that have no label too: each epoch every
-training text comes once more a little changed (some words dropped, or a part of it), as
-TinyBERT augments its data, and the student learns the teacher's states and soft labels
-on it. Unless a rate is given, the first epoch is a search: a student for each of a few
-learning rates trains on the same batches (the teacher runs once for all of them), and only the
-one best on validation goes on. On a CPU with native bf16 the passes run in bf16 autocast, as
-training's do. max_steps bounds the whole: on a large dataset each epoch trains on a fresh
-sample of its batches, and a large validation split is scored on a stratified sample, as
-training scores it. The result is a bundle of the teacher's form, so optimize.optimize
-exports and quantises it as is. Everything stays in memory: no plaintext weight reaches a
-disk.
+teacher's own embeddings, head and k layers spread over its depth (the first, then every n/k-th:
+layers 0, 2 and 4 of 6), which keeps most of what the teacher knows before any training. Asked
+for a width, each kept layer's feed-forward block, two thirds of the layer's matrix products,
+also keeps only that many of its units, those that pass on the most (structured pruning): a
+student between k and k-1 layers in time. It then learns, as TinyBERT and MiniLM students do,
+from more than the labels: each of its layers is drawn towards the states of the teacher layer
+it stands for (its k-th part of the teacher's depth, the last one towards the teacher's last,
+which the head reads) and, when asked, towards that layer's self-attention relations (MiniLMv2:
+per head, how alike the queries of a text's tokens are to each other, and its keys, and its
+values), and its logits towards the teacher's softened ones (which carry how alike the classes
+are, not just which one is right), beside the hard labels. The teacher runs beside it on every
+batch, so it can teach on texts that have no label too: each epoch every training text comes
+once more a little changed (some words dropped, or a part of it), as TinyBERT augments its data,
+and the student learns the teacher's states and soft labels on it. Unless a rate is given, the
+first epoch is a search: a student for each of a few learning rates trains on the same batches
+(the teacher runs once for all of them), and only the one best on validation goes on. On a CPU
+with native bf16 the passes run in bf16 autocast, as training's do. max_steps bounds the whole:
+on a large dataset each epoch trains on a fresh sample of its batches, and a large validation
+split is scored on a stratified sample, as training scores it. The result is a bundle of the
+teacher's form, so optimize.optimize exports and quantises it as is. Everything stays in memory:
+no plaintext weight reaches a disk.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ LAYER_PATHS = ("encoder.layer", "transformer.layer")  # BERT, MiniLM, RoBERTa, E
 # Where, inside one of those layers, its self-attention's query, key and value projections are.
 PROJECTION_PATHS = (("attention.self.query", "attention.self.key", "attention.self.value"),  # BERT-like
                     ("attention.q_lin", "attention.k_lin", "attention.v_lin"))  # DistilBERT
+# Where a layer's feed-forward block is (its two linear maps), and the config's name for its width.
+FEED_FORWARD_PATHS = (("intermediate.dense", "output.dense", "intermediate_size"),  # BERT-like
+                      ("ffn.lin1", "ffn.lin2", "hidden_dim"))  # DistilBERT
+NARROWING_TEXTS = 256  # the training texts whose activations choose the feed-forward units a narrower student keeps
 NO_LABEL = -1  # a variant's label: the teacher alone teaches on it
 CPU = torch.device("cpu")  # where distillation runs
 
@@ -93,7 +98,15 @@ class DistillParams:
     # Changed copies of each training text an epoch, taught by the teacher alone (each one more pass of the data).
     # In the run above, with the layers' loss: 84.95% with one, 84.14% with none; for two, see epochs.
     variants: int = 2
+    # The units each student layer keeps in its feed-forward block (None: all, the teacher's intermediate size): those
+    # that pass on the most over some training texts. The block is two thirds of a layer's matrix products.
+    width: int | None = None
     seed: int = 0
+
+    @property
+    def shape(self) -> str:
+        """The student's shape in words: '3-layer', or '3-layer, 768-wide'."""
+        return f"{self.layers}-layer" + (f", {self.width}-wide" if self.width is not None else "")
 
 
 # The rates a search tries, in order of preference: a tie goes to the first. 3e-4 first, as the one that did best on
@@ -139,7 +152,7 @@ class Student:
                    if self.epoch_batches < self.data_batches else "")
         scored = (f" (on a stratified sample of {self.evaluated_on:,} of {self.validation_examples:,} validation "
                   "examples)" if self.evaluated_on < self.validation_examples else "")
-        return (f"{self.layers}-layer student, {self.epochs} epochs{sampled}{autocast} at {rate}, taught the "
+        return (f"{self.params.shape} student, {self.epochs} epochs{sampled}{autocast} at {rate}, taught the "
                 f"teacher's {', '.join(filter(None, taught)) or 'nothing but the labels'}: accuracy "
                 f"{self.metrics['accuracy']:.3f} against the teacher's {self.teacher_metrics['accuracy']:.3f}{scored}")
 
@@ -179,6 +192,11 @@ def distill(
     layers.extend(kept_layers)
     model.config.num_hidden_layers = params.layers
     use_attention(model, attention_kernel(torch.device("cpu"), reader.max_length))  # the students', as training's
+    names = input_names(model)
+    if params.width is not None:  # measured on the cut student: its layers' inputs are no longer the teacher's
+        sample = [data.texts[i] for i in data.train[:NARROWING_TEXTS]]
+        _narrow(model.eval(), kept_layers, params.width, [inference.encode(reader, sample[start:start + 32], names)
+                                                          for start in range(0, len(sample), 32)])
 
     torch.manual_seed(params.seed)
     data_batches = math.ceil(len(data.train) * (1 + params.variants) / params.batch_size)
@@ -188,7 +206,6 @@ def distill(
     models = [model, *(copy.deepcopy(model) for _ in rates[1:])]  # copied before _Pupil hooks their layers
     pupils = [_Pupil(one, rate, per_epoch * epochs, projections=params.attention_weight > 0)
               for one, rate in zip(models, rates)]
-    names = input_names(model)
     total = per_epoch * (epochs + len(pupils) - 1)
     best, best_state, searched, step = None, None, {}, 0
     for epoch in range(epochs):
@@ -310,6 +327,53 @@ def _layer_list(model: nn.Module) -> nn.ModuleList:
                             hint="distillation supports BERT-like encoders (BERT, MiniLM, RoBERTa, DistilBERT); "
                             "optimise the teacher without distilling")
     return layers
+
+
+def _narrow(model: nn.Module, layers: Sequence[nn.Module], width: int, feeds: Sequence[dict]) -> None:
+    """Keep in each layer's feed-forward block the `width` units that pass on the most over the texts fed (a unit's
+    mean activation magnitude times the norm of its output weights), as structured pruning does; what the others
+    passed on on average moves into the block's output bias, so the layer's mean output stays where it was."""
+    first_path, second_path, config_key = _feed_forward_paths(layers[0])
+    blocks = [(layer.get_submodule(first_path), layer.get_submodule(second_path)) for layer in layers]
+    full = blocks[0][0].out_features
+    if not 1 <= width < full:
+        raise OptimizeError(f"a student's feed-forward blocks can keep from 1 to {full - 1} of the teacher's {full} "
+                            f"units, not {width}", hint=f"choose a width from 1 to {full - 1}: fewer is faster")
+    magnitude, mean = torch.zeros(len(blocks), full), torch.zeros(len(blocks), full)
+
+    def tally(index: int, activations: torch.Tensor) -> None:
+        flat = activations.detach().float().flatten(0, -2)
+        magnitude[index] += flat.abs().mean(0)
+        mean[index] += flat.mean(0)
+
+    hooks = [second.register_forward_pre_hook(lambda _module, args, index=index: tally(index, args[0]))
+             for index, (_, second) in enumerate(blocks)]
+    with torch.no_grad():
+        for feed in feeds:
+            model(**{name: torch.from_numpy(array) for name, array in feed.items()})
+        for hook in hooks:
+            hook.remove()
+        for (first, second), passed, average in zip(blocks, magnitude, mean / len(feeds)):
+            order = torch.argsort(passed * second.weight.norm(dim=0), descending=True)
+            keep, dropped = order[:width].sort().values, order[width:]
+            second.bias += second.weight[:, dropped] @ average[dropped]
+            first.weight, first.bias = nn.Parameter(first.weight[keep].clone()), nn.Parameter(first.bias[keep].clone())
+            second.weight = nn.Parameter(second.weight[:, keep].clone())
+            first.out_features = second.in_features = width
+    setattr(model.config, config_key, width)
+
+
+def _feed_forward_paths(layer: nn.Module) -> tuple[str, str, str]:
+    """Where the layer's feed-forward block is, and the config's name for its width (FEED_FORWARD_PATHS)."""
+    for first, second, config_key in FEED_FORWARD_PATHS:
+        try:
+            layer.get_submodule(first), layer.get_submodule(second)
+        except AttributeError:
+            continue
+        return first, second, config_key
+    raise OptimizeError(f"cannot narrow this model's student: its encoder layers have no feed-forward block "
+                        f"({' or '.join(paths[0] for paths in FEED_FORWARD_PATHS)})",
+                        hint="distil it without a width: the student keeps the teacher's feed-forward blocks")
 
 
 def spread(teacher_layers: int, student_layers: int) -> tuple[list[int], list[int]]:

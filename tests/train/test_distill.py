@@ -94,6 +94,49 @@ def test_the_student_bundle_loads_and_optimises_like_a_trained_one(
     assert outcome.decision.scores["fp32"]["accuracy"] == pytest.approx(student.metrics["accuracy"], abs=0.05)
 
 
+def test_a_narrower_student_keeps_the_width_asked_and_its_teachers_accuracy_and_optimises(
+    teacher: tuple[bytes, datasets.LoadedDataset],
+) -> None:
+    bundle, data = teacher
+    narrow = distill.distill(bundle, data, replace(FAST, width=16))  # of the teacher's 64 units a feed-forward block
+    files = archive.unpack(narrow.bundle)
+    assert json.loads(files["config.json"])["intermediate_size"] == 16
+    shapes = {name.split("layer.0.")[-1]: tuple(weight.shape)
+              for name, weight in load_safetensors(files["model.safetensors"]).items() if "layer.0." in name}
+    assert shapes["intermediate.dense.weight"] == (16, 32) and shapes["output.dense.weight"] == (32, 16)
+    assert narrow.metrics["accuracy"] >= narrow.teacher_metrics["accuracy"] - 0.1, narrow
+    assert narrow.describe().startswith("1-layer, 16-wide student, 3 epochs")
+    fp32, reader, manifest = optimize.export_bundle(files)
+    served = inference.evaluate(inference.compile_openvino(fp32), reader, [data.texts[i] for i in data.validation],
+                                [manifest["labels"].index(data.labels[i]) for i in data.validation])
+    assert served["accuracy"] == pytest.approx(narrow.metrics["accuracy"], abs=0.05)
+
+
+def test_narrowing_drops_the_units_that_pass_on_least_and_moves_what_they_passed_on_into_the_bias() -> None:
+    """Units that pass on nothing (no output weights) or the same for every token (no input weights) are the least
+    used; dropping them leaves every output as it was, the constant ones' share moved into the bias."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=64, max_position_embeddings=16)).eval()
+    block = model.encoder.layer[0]
+    with torch.no_grad():
+        block.intermediate.dense.weight[:48] *= 10  # the used units: 0 to 47
+        block.output.dense.weight[:, 48:56] = 0  # these pass on nothing
+        block.intermediate.dense.weight[56:] = 0  # and these pass on GELU(0.01) whatever the token
+        block.intermediate.dense.bias[56:] = 0.01
+    feeds = [{"input_ids": torch.randint(1, 100, (4, 12)).numpy(), "attention_mask": torch.ones(4, 12).long().numpy()}
+             for _ in range(3)]
+    before = [model(**{name: torch.from_numpy(array) for name, array in feed.items()}).last_hidden_state
+              for feed in feeds]
+    distill._narrow(model, model.encoder.layer, 48, feeds)
+    assert model.config.intermediate_size == 48 and block.intermediate.dense.weight.shape == (48, 32)
+    for feed, expected in zip(feeds, before):
+        after = model(**{name: torch.from_numpy(array) for name, array in feed.items()}).last_hidden_state
+        torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-4)
+
+
 def test_the_student_learns_from_the_teachers_soft_labels(teacher: tuple[bytes, datasets.LoadedDataset]) -> None:
     bundle, data = teacher
     train = set(data.train)
@@ -308,6 +351,9 @@ def test_a_bundle_or_dataset_that_cannot_be_distilled_is_refused(
         distill.distill(bundle, data, replace(FAST, epochs=0))
     with pytest.raises(OptimizeError, match="weights cannot be negative, not hidden_weight 10 and attention_weight -1"):
         distill.distill(bundle, data, replace(FAST, attention_weight=-1.0))
+    with pytest.raises(OptimizeError, match="can keep from 1 to 63 of the teacher's 64 units, not 64") as raised:
+        distill.distill(bundle, data, replace(FAST, width=64))
+    assert "choose a width from 1 to 63" in raised.value.hint
 
 
 def test_a_model_without_an_encoder_layer_list_is_refused() -> None:
