@@ -69,7 +69,7 @@ async def test_an_import_lists_the_problems_by_line_and_a_clean_file_is_stored(s
         dialog = app.screen
         dialog.query_one("#path").value = str(source)
         dialog.query_one("#name").value = "faq"
-        await pilot.click("#submit")
+        await click_submit(pilot)
         problem = await settle(pilot, lambda: "line 3" in (shown := text(app, "#problem")) and shown,
                                message="the import problems were not shown")
         assert "empty text" in problem
@@ -77,7 +77,7 @@ async def test_an_import_lists_the_problems_by_line_and_a_clean_file_is_stored(s
 
         source.write_text("text,label\n" + "".join(f"question {i},{'account' if i % 2 else 'billing'}\n"
                                                    for i in range(20)))
-        await pilot.click("#submit")
+        await click_submit(pilot)
         await settle(pilot, lambda: "faq:1" in rows(app, "#datasets"), message="the clean import is not listed")
         assert rows(app, "#datasets")["faq:1"][2] == "20"
     assert any(version["ref"] == "faq:1" for version in api(served, "/v1/datasets"))
@@ -94,10 +94,18 @@ async def open_wizard(pilot: Any) -> Any:
     return dialog
 
 
+async def click_submit(pilot: Any) -> None:
+    """Click the dialog's submit button once it takes a click: for 0.2 s after a press a Textual button ignores
+    clicks (its '-active' effect), and a test types and clicks again faster than that."""
+    await settle(pilot, lambda: not pilot.app.screen.query_one("#submit").has_class("-active"),
+                 message="the submit button stayed pressed")
+    await pilot.click("#submit")
+
+
 async def refused(pilot: Any, dialog: Any, field: str, value: str, problem: str, then: str) -> None:
     """A bad value in a field: the wizard says what is wrong and stays open; `then` is typed in its place."""
     dialog.query_one(field).value = value
-    await pilot.click("#submit")
+    await click_submit(pilot)
     await settle(pilot, lambda: problem in text(pilot.app, "#problem"), message=f"no problem shown for {field}")
     assert pilot.app.screen is dialog
     dialog.query_one(field).value = then
@@ -106,7 +114,7 @@ async def refused(pilot: Any, dialog: Any, field: str, value: str, problem: str,
 async def submitted(pilot: Any, dialog: Any, daemon: Daemon) -> str:
     """Submit the wizard; the id of the job it queued, once the Jobs screen lists it."""
     before = {job["id"] for job in api(daemon, "/v1/jobs")}
-    await pilot.click("#submit")
+    await click_submit(pilot)
     await settle(pilot, lambda: pilot.app.screen is not dialog, message="the wizard did not submit")
     return await settle(pilot, lambda: next(iter(set(rows(pilot.app, "#jobs")) - before), None))
 
@@ -286,11 +294,11 @@ async def test_a_version_is_exported_from_the_models_screen_encrypted_to_a_recip
         dialog = app.screen
         dialog.query_one("#format").value = "openvino"
         await refused(pilot, dialog, "#path", str(tmp_path), "give a new file", then=str(out))
-        await pilot.click("#submit")
+        await click_submit(pilot)
         await settle(pilot, lambda: "give a recipient or a passphrase" in text(app, "#problem"))
         await refused(pilot, dialog, "#recipient", "age1nope", "is not an age X25519 recipient",
                       then=str(identity.to_public()))
-        await pilot.click("#submit")
+        await click_submit(pilot)
         await settle(pilot, lambda: f"{production} written to {out}" in notices(app), seconds=120,
                      message="the export was not written")
     verified = exchange.verify(out.read_bytes(), identity=str(identity))
@@ -308,16 +316,16 @@ async def test_a_model_trained_elsewhere_is_imported_from_the_models_screen(
         dialog = app.screen
         await settle(pilot, lambda: isinstance(dialog.query_one("#dataset").value, str), message="no datasets offered")
         dialog.query_one("#path").value = str(folder)
-        await pilot.click("#submit")
+        await click_submit(pilot)
         await settle(pilot, lambda: "give it a name" in text(app, "#problem"))
         dialog.query_one("#name").value = "vendor"
         dialog.query_one("#dataset").value = "tickets:1"
         dialog.query_one("#labels").value = "a,a,b"
-        await pilot.click("#submit")
+        await click_submit(pilot)
         await settle(pilot, lambda: "repeat or leave one empty" in text(app, "#problem"), seconds=60)
         assert app.screen is dialog
         dialog.query_one("#labels").value = ""
-        await pilot.click("#submit")
+        await click_submit(pilot)
         await settle(pilot, lambda: app.screen is not dialog or "sending" not in text(app, "#problem"), seconds=120)
         assert app.screen is not dialog, text(app, "#problem")
         await settle(pilot, lambda: "vendor:1" in rows(app, "#models"), message="the imported model is not listed")
