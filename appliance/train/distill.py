@@ -53,7 +53,7 @@ PROJECTION_PATHS = (("attention.self.query", "attention.self.key", "attention.se
 # Where a layer's feed-forward block is (its two linear maps), and the config's name for its width.
 FEED_FORWARD_PATHS = (("intermediate.dense", "output.dense", "intermediate_size"),  # BERT-like
                       ("ffn.lin1", "ffn.lin2", "hidden_dim"))  # DistilBERT
-NARROWING_TEXTS = 256  # the training texts whose activations choose the feed-forward units a narrower student keeps
+NARROWING_TEXTS = 256  # the training texts (a seeded sample) whose activations choose the feed-forward units a narrower student keeps
 NO_LABEL = -1  # a variant's label: the teacher alone teaches on it
 CPU = torch.device("cpu")  # where distillation runs
 
@@ -197,7 +197,8 @@ def distill(
     use_attention(model, attention_kernel(torch.device("cpu"), reader.max_length))  # the students', as training's
     names = input_names(model)
     if params.width is not None:  # measured on the cut student: its layers' inputs are no longer the teacher's
-        sample = [data.texts[i] for i in data.train[:NARROWING_TEXTS]]
+        drawn = random.Random(params.seed).sample(data.train, min(NARROWING_TEXTS, len(data.train)))
+        sample = [data.texts[i] for i in drawn]  # drawn, not the first: a file may hold its labels one after another
         _narrow(model.eval(), kept_layers, params.width, [inference.encode(reader, sample[start:start + 32], names)
                                                           for start in range(0, len(sample), 32)])
 
