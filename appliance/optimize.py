@@ -41,7 +41,6 @@ from appliance.pixels import Pictures
 from appliance.train.bundle import convert_openvino, load_text_classifier, onnx_bytes, traceable
 from appliance.words import Words
 
-VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products that cannot saturate
 # node names of the head in the traced graph: BERT, DistilBERT, RoBERTa; EfficientNet-Lite's _fc, the small CNN's head
 HEAD_PATTERNS = [r".*(pooler|classifier|_fc|\.head\.).*"]
 FP32, INT8, INT8_GENTLE = "fp32", "int8", "int8-gentle"
@@ -108,7 +107,7 @@ def export_onnx(model: torch.nn.Module, max_length: int = 128) -> bytes:
 
 def overflow_fix_for(hardware: Hardware) -> str:
     """Without VNNI, int8 products are summed in saturating int16, so NNCF must keep weights to 7 bits."""
-    return "disable" if any(flag in hardware.cpu.flags for flag in VNNI_FLAGS) else "enable"
+    return "disable" if hardware.cpu.fast_int8 else "enable"
 
 
 def quantize_int8(

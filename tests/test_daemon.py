@@ -218,7 +218,7 @@ BAD_PARAMS = [  # (kind, params, what the answer says): the field, the value as 
     ("train", {"dataset": "t", "device": 1}, 'params.device: 1 is not one of "cpu", "cuda"'),
     ("optimize", {"version": "t:1", "distill_layers": "2"}, ('params.distill_layers: "2" is not a whole number from'
                                                             " 1 to 48")),
-    ("optimize", {"version": "t:1", "distill_width": 768}, "'distill_width' shapes the student that 'distill_layers'"),
+    ("optimize", {"version": "t:1", "distill_width": 0}, "params.distill_width: 0 is not a whole number from 1 to"),
     ("pipeline", {"dataset": "t", "canary_percent": "20"}, ('params.canary_percent: "20" is not a number above 0 and'
                                                            " at most 100")),
     ("tune", {"dataset": "t", "budget_s": "60"}, 'params.budget_s: "60" is not a number above 0 and at most 604800'),
@@ -334,7 +334,7 @@ def test_the_cli_talks_to_the_running_daemon(base_models: Path, daemon: Daemon, 
     assert '"run_id"' in cli("jobs", "show", job_id)
     logged = cli("jobs", "logs", job_id).splitlines()
     assert logged[0] == "stage: train" and logged[-1] == "finished"
-    assert [line for line in logged if line.startswith("epoch ")][0].startswith("epoch 1/3: validation macro-F1 ")
+    assert next(line for line in logged if line.startswith("epoch ")).startswith("epoch 1/3: validation macro-F1 ")
     assert logged[-2].startswith("kept epoch ") and "final figures on all " in logged[-2]
     assert "tickets:2" in cli("optimize", "tickets:1", "--no-int8")
     assert "tickets:2 is production" in cli("deploy", "tickets:2")

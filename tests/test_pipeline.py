@@ -108,7 +108,7 @@ def test_when_every_int8_loses_too_much_fp32_serves_and_the_reason_says_why(
 def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
     opened: Store, registered: registry.ModelVersion
 ) -> None:
-    options = pipeline.OptimizeOptions(distill_layers=1, distill_width=32, calibration_size=64)  # of 64 units
+    options = pipeline.OptimizeOptions(distill_width=32, calibration_size=64)  # of 64 units; the depth left open
     version = pipeline.optimize_version(opened, "tickets:1", options)
     assert {"torch", "fp32", "int8", "student-fp32", "student-int8"} <= set(version.variants)
     student, teacher = version.variants["student-int8"], version.variants["int8"]
@@ -116,6 +116,7 @@ def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
     assert student.metrics["accuracy"] > 0.6  # three classes: chance is a third
     assert "student INT8 guard" in version.reason and "student-int8" in version.reason.split("Texts/s")[1]
     assert version.reason.startswith("1-layer, 32-wide student, ") and "the best by validation macro-F1 after the first epoch (0.0003 " in version.reason
+    assert " (shape: half the teacher's 2 layers). " in version.reason
     assert version.chosen == fastest_within_a_point_of_fp32(version)
 
 

@@ -13,21 +13,24 @@ from appliance.operations.jobspec import OptimizeJob
 @cli.command("optimize")
 @click.argument("ref", metavar="MODEL[:VERSION]")
 @click.option("--no-int8", is_flag=True, help="Export to OpenVINO FP32 only.")
+@click.option("--distill", is_flag=True, help="Also distil a smaller, faster student sized for this CPU (minutes to "
+              "hours: more on more data), and optimise it too; the guard serves it if it keeps the accuracy.")
 @schema_option(OptimizeJob, "distill_layers", "--distill-layers", metavar="K",
-               help="Also distil a student of K layers (spread over the teacher's depth), and optimise it too.")
+               help="The student keeps K layers, spread over the teacher's depth (default: half).")
 @schema_option(OptimizeJob, "distill_width", "--distill-width", metavar="N",
-               help="The student keeps the N most used units of each feed-forward block (default: all): faster.")
+               help="The student keeps the N most used units of each feed-forward block (default: all, or "
+               "fewer on a CPU without native bf16 or int8 when the shape is left open): faster.")
 @schema_option(OptimizeJob, "max_accuracy_drop", "--max-accuracy-drop",
                help="Accuracy points a faster variant may lose against FP32.")
 @schema_option(OptimizeJob, "calibration_size", "--calibration-size", help="Training texts that calibrate INT8.")
 @schema_option(OptimizeJob, "metric", "--metric", help="The validation metric the guard compares.")
 def optimize(
-    ref: str, no_int8: bool, distill_layers: int | None, distill_width: int | None, max_accuracy_drop: float,
-    calibration_size: int, metric: str,
+    ref: str, no_int8: bool, distill: bool, distill_layers: int | None, distill_width: int | None,
+    max_accuracy_drop: float, calibration_size: int, metric: str,
 ) -> None:
     """Export to OpenVINO, quantise to INT8 under an accuracy guard, and register the result as a new version."""
-    spec = OptimizeJob.parse({"version": ref, "int8": not no_int8, "distill_layers": distill_layers,
-                              "distill_width": distill_width,
+    spec = OptimizeJob.parse({"version": ref, "int8": not no_int8, "distill": distill,
+                              "distill_layers": distill_layers, "distill_width": distill_width,
                               "max_accuracy_drop": max_accuracy_drop, "calibration_size": calibration_size,
                               "metric": metric})
     with connected() as appliance:  # a daemon runs it as a job, audited under the caller's user

@@ -55,6 +55,11 @@ class Cpu:
         """Whether bf16 matrix work runs natively (AMX or AVX-512 BF16) rather than emulated."""
         return "amx_bf16" in self.flags or "avx512_bf16" in self.flags
 
+    @property
+    def fast_int8(self) -> bool:
+        """Whether int8 dot products run natively (VNNI, AMX), summed in int32 rather than in saturating int16."""
+        return any(flag in self.flags for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
 
 @dataclass(frozen=True)
 class Gpu:

@@ -99,21 +99,19 @@ class _Burst(_Spec):
 
 class _Optimizing(_Spec):
     int8: bool = Field(OptimizeOptions.int8, description="also quantise to INT8 under the accuracy guard")
-    distill_layers: int | None = Field(None, ge=1, le=48, description="also distil a student of K layers spread over the teacher's depth")
+    distill: bool = Field(False, description="also distil a student, sized for this CPU unless distill_layers or "
+                                             "distill_width set its shape (either one alone asks for a student too)")
+    distill_layers: int | None = Field(None, ge=1, le=48, description="the student keeps K layers spread over the "
+                                       "teacher's depth (default: half of them)")
     distill_width: int | None = Field(None, ge=1, le=65536, description="the student keeps the N most used units of "
-                                      "each feed-forward block (default: all of them); needs distill_layers")
+                                      "each feed-forward block (default: all of them; sized for this CPU when the "
+                                      "whole shape is left open)")
     max_accuracy_drop: float = Field(OptimizeOptions.max_accuracy_drop, ge=0, le=100,
                                      description="accuracy points a faster variant may lose against FP32")
 
-    @model_validator(mode="after")
-    def _width_of_a_student(self) -> Self:
-        if self.distill_width is not None and self.distill_layers is None:
-            raise refusal("'distill_width' shapes the student that 'distill_layers' asks for: send both")
-        return self
-
     def optimize_options(self) -> OptimizeOptions:
-        return OptimizeOptions(int8=self.int8, distill_layers=self.distill_layers, distill_width=self.distill_width,
-                               max_accuracy_drop=self.max_accuracy_drop)
+        return OptimizeOptions(int8=self.int8, distill=self.distill, distill_layers=self.distill_layers,
+                               distill_width=self.distill_width, max_accuracy_drop=self.max_accuracy_drop)
 
 
 Deploy = Literal["auto", "now", "canary", "never"]

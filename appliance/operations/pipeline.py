@@ -36,12 +36,17 @@ class OptimizeOptions:
     """What `appliance optimize` may change; the defaults are what quickstart uses."""
 
     int8: bool = True
+    distill: bool = False  # also distil a student: of the shape below, or where left open, one sized for this CPU
     distill_layers: int | None = None
-    distill_width: int | None = None  # the student's feed-forward units a layer (None: the teacher's)
+    distill_width: int | None = None  # the student's feed-forward units a layer (None: the teacher's, or the plan's)
     max_accuracy_drop: float = 1.0  # accuracy points
     calibration_size: int = 300
     metric: str = "accuracy"
     seed: int = 0
+
+    @property
+    def distills(self) -> bool:
+        return self.distill or self.distill_layers is not None or self.distill_width is not None
 
 
 def register_run(store: Store, run_id: str, model: str, actor: str | None = None) -> registry.ModelVersion:
@@ -128,18 +133,18 @@ def optimize_version(
 
     report = progress or (lambda done, total, label: None)
     source = registry.get(store, ref)
-    if options.distill_layers and source.task == datasets.IMAGE:
+    if options.distills and source.task == datasets.IMAGE:
         raise RegistryError(f"{source.ref} is an image model: distillation keeps some layers of a text encoder",
-                            hint="optimise it without --distill-layers; INT8 is the lever for an image model")
+                            hint="optimise it without distilling; INT8 is the lever for an image model")
     if TORCH not in source.variants and FP32 not in source.variants:
         raise RegistryError(f"{source.ref} has neither a torch bundle nor an FP32 IR to optimise",
                             hint="optimise the version that training or an import registered")
-    if options.distill_layers and TORCH not in source.variants:
+    if options.distills and TORCH not in source.variants:
         raise RegistryError(f"{source.ref} was imported without its torch weights, so it cannot be distilled",
                             hint="import the model as a Hugging Face folder (safetensors) to distil it")
     held = held_out(store, runs.get(store, source.run_id).dataset_id, options.calibration_size, options.seed)
     machine = hardware.detect()
-    steps = 3 + (2 if options.distill_layers else 0)
+    steps = 3 + (2 if options.distills else 0)
 
     def step(done: int, label: str) -> None:
         report(done, steps, label)
@@ -153,17 +158,18 @@ def optimize_version(
     step(0, "export to OpenVINO" + (" and quantise to INT8" if options.int8 else ""))
     starts, taught = {"": _starting_point(store, source)}, ""
     outcomes = {"": optimise(starts[""])}
-    if options.distill_layers:
+    if options.distills:
         from appliance.train import distill
 
-        params = distill.DistillParams(layers=options.distill_layers, width=options.distill_width)
+        params, sized = distill.sized_for(json.loads(starts[""].files["config.json"]), machine.cpu,
+                                          options.distill_layers, options.distill_width)
         step(1, f"distil a {params.shape} student")
         teacher = blobs.read(store, source.variants[TORCH].blob_id)
         data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))
         student = distill.distill(
             teacher, data, params, precision=distill.precision_for(machine.cpu), should_stop=should_stop,
             progress=lambda done, total: report(done, total, f"distil a {params.shape} student"))
-        taught = f"{student.describe()}. "
+        taught = f"{student.describe()}{f' (shape: {sized})' if sized else ''}. "
         starts[STUDENT] = Start.exported(archive.unpack(student.bundle))
         step(2, "export and quantise the student")
         outcomes[STUDENT] = optimise(starts[STUDENT])

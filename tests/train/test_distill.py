@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from copy import deepcopy
 from dataclasses import replace
 
 import pytest
@@ -112,6 +113,31 @@ def test_a_narrower_student_keeps_the_width_asked_and_its_teachers_accuracy_and_
     assert served["accuracy"] == pytest.approx(narrow.metrics["accuracy"], abs=0.05)
 
 
+AVX2_ONLY = hardware.Cpu("AMD EPYC", 2, 2, ("avx2",))
+AMX = hardware.Cpu("Intel Xeon", 2, 2, ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"))
+MINILM = {"model_type": "bert", "num_hidden_layers": 6, "intermediate_size": 1536}
+
+
+def test_a_student_left_unshaped_is_sized_for_the_cpu_it_will_serve_on() -> None:
+    """Half the teacher's layers; narrower too where neither bf16 nor int8 runs natively; what is asked is kept."""
+    narrow, why = distill.sized_for(MINILM, AVX2_ONLY)
+    assert (narrow.layers, narrow.width) == (3, 1024)
+    assert why == ("half the teacher's 6 layers, 1,024 of their 1,536 feed-forward units: this CPU computes neither "
+                   "bf16 nor int8 natively (no AMX, AVX-512 BF16 or VNNI), so a narrower student for speed")
+    full, why = distill.sized_for(MINILM, AMX)
+    assert (full.layers, full.width) == (3, None) and why.endswith("all their feed-forward units: this CPU computes "
+                                                                   "bf16 or int8 natively")
+    vnni_only = hardware.Cpu("Intel Core", 4, 8, ("avx2", "avx_vnni"))
+    assert distill.sized_for(MINILM, vnni_only)[0].width is None
+    distilbert = {"model_type": "distilbert", "n_layers": 6, "hidden_dim": 3072}
+    assert distill.sized_for(distilbert, AVX2_ONLY)[0].shape == "3-layer, 2048-wide"
+    assert distill.sized_for(MINILM, AVX2_ONLY, layers=2) == (distill.DistillParams(layers=2), "")  # full width, as asked
+    assert distill.sized_for(MINILM, AVX2_ONLY, width=768) == (distill.DistillParams(layers=3, width=768),
+                                                               "half the teacher's 6 layers")
+    with pytest.raises(OptimizeError, match="its config gives None encoder layers"):
+        distill.sized_for({"model_type": "mystery"}, AMX)
+
+
 def test_narrowing_drops_the_units_that_pass_on_least_and_moves_what_they_passed_on_into_the_bias() -> None:
     """Units that pass on nothing (no output weights) or the same for every token (no input weights) are the least
     used; dropping them leaves every output as it was, the constant ones' share moved into the bias."""
@@ -135,6 +161,28 @@ def test_narrowing_drops_the_units_that_pass_on_least_and_moves_what_they_passed
     for feed, expected in zip(feeds, before):
         after = model(**{name: torch.from_numpy(array) for name, array in feed.items()}).last_hidden_state
         torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_narrowing_chooses_by_the_texts_tokens_not_by_their_padding() -> None:
+    """The same texts in batches padded longer choose the same units and fold the same means into the bias: what the
+    layers compute on padding (which no output reads) does not count."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=64, max_position_embeddings=32)).eval()
+    ids = [torch.randint(1, 100, (4, 12)) for _ in range(3)]
+    tight = [{"input_ids": batch.numpy(), "attention_mask": torch.ones(4, 12).long().numpy()} for batch in ids]
+    padded = [{"input_ids": torch.cat([batch, torch.zeros(4, 20, dtype=torch.long)], 1).numpy(),
+               "attention_mask": torch.cat([torch.ones(4, 12), torch.zeros(4, 20)], 1).long().numpy()}
+              for batch in ids]
+    narrowed = []
+    for feeds in (tight, padded):
+        student = deepcopy(model)
+        distill._narrow(student, student.encoder.layer, 40, feeds)
+        narrowed.append(student.state_dict())
+    for name, tensor in narrowed[0].items():
+        torch.testing.assert_close(narrowed[1][name], tensor, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_the_student_learns_from_the_teachers_soft_labels(teacher: tuple[bytes, datasets.LoadedDataset]) -> None:

@@ -275,6 +275,25 @@ async def test_a_version_that_cannot_serve_is_optimised_from_the_models_screen(s
                      seconds=10, message="the optimised version does not show what it serves")
 
 
+async def test_a_student_sized_for_this_cpu_is_distilled_from_the_models_screen(served: Daemon) -> None:
+    production = f"tickets:{api(served, '/v1/serving')['models'][0]['versions'][0]['version']}"
+    app = ApplianceApp(settings=served.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await settle(pilot, lambda: production in rows(app, "#models"))
+        app.screen.query_one("#models", Table).select(production)
+        await pilot.press("s")
+        assert f"Distil a student of {production}?" in str(app.screen.query_one(".question").render())
+        await pilot.press("y")
+        await settle(pilot, lambda: "distils a student of it" in notices(app), message="no distillation was started")
+    job = next(job for job in api(served, "/v1/jobs") if job["params"].get("distill"))
+    assert job["kind"] == "optimize" and job["params"]["version"] == production
+    ref = served.ended(job["id"])["result"]["version"]
+    version = next(version for version in api(served, "/v1/models") if f"{version['model']}:{version['version']}" == ref)
+    assert "student-fp32" in version["variants"]
+    assert version["reason"].startswith("1-layer") and "(shape: half the teacher's 2 layers" in version["reason"]
+
+
 async def test_a_version_is_exported_from_the_models_screen_encrypted_to_a_recipient(
     served: Daemon, tmp_path: Path
 ) -> None:

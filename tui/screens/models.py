@@ -28,12 +28,21 @@ VARIANT_COLUMNS = (("accuracy", "acc", "{:.1%}"), ("macro_f1", "F1", "{:.3f}"), 
                    ("throughput_b16", "texts/s", "{:.0f}"), ("speedup_b16", "x fp32", "{:.2f}"))
 
 
+def _undistillable(version: dict[str, Any]) -> str:
+    """Why no student can be distilled from this version ('' when one can)."""
+    if version["task"] == datasets.IMAGE:
+        return "is an image model"
+    return "" if "torch" in version["variants"] else "has no torch weights to teach with (it was imported without them)"
+
+
 class ModelsScreen(ApplianceScreen):
     NAME = "models"
     TITLE = "Models"
     HELP = ("Every model version, newest first, and what serves now. The highlighted version shows its variants "
             "side by side (fp32, int8, student: accuracy, latency, size) and why one was chosen. o optimises a "
-            "version that cannot serve (OpenVINO, INT8 kept only if accuracy holds: a new version), d deploys it to production, k sends "
+            "version that cannot serve (OpenVINO, INT8 kept only if accuracy holds: a new version), s distils a smaller, "
+            "faster student of a text model's version, sized for this CPU and served only if it keeps the accuracy (a "
+            "new version; as long as a training), d deploys a version to production, k sends "
             "a canary share of traffic to it, r rolls back (a running canary stops first, else production returns "
             "to the version before), x deletes a version that never served; each asks before it acts. e exports "
             "a version to a file in an open format (ONNX, OpenVINO, Hugging Face), signed, encrypted with age to a "
@@ -43,7 +52,8 @@ class ModelsScreen(ApplianceScreen):
     BINDINGS: ClassVar = [Binding("o", "optimise", "Optimise"), Binding("d", "deploy", "Deploy"),
                           Binding("k", "canary", "Canary"), Binding("r", "rollback", "Rollback"),
                           Binding("x", "delete", "Delete"), Binding("e", "export", "Export"),
-                          Binding("i", "import", "Import")]
+                          Binding("i", "import", "Import"),
+                          Binding("s", "distil", "Student", show=False)]  # an 80-column footer is full: o and help tell
 
     def compose_body(self) -> ComposeResult:
         yield Table("version", "aliases", "traffic", "serves", "accuracy", "registered", id="models")
@@ -115,7 +125,9 @@ class ModelsScreen(ApplianceScreen):
             return
         ref = f"{version['model']}:{version['version']}"
         if version["servable"]:
-            self.notify(f"{ref} is optimised already: it serves {version['chosen']}", severity="warning")
+            student = not _undistillable(version) and not version["chosen"].startswith("student")
+            self.notify(f"{ref} is optimised already: it serves {version['chosen']}"
+                        + ("; s distils a smaller, faster student of it" if student else ""), severity="warning")
             return
 
         self.confirm_and_send(
@@ -124,6 +136,24 @@ class ModelsScreen(ApplianceScreen):
                     "variant chosen and why. Nothing is deployed.", yes="Optimise", command=f"appliance optimize {ref}"),
             "POST", "/v1/jobs", lambda job: f"{ref}: job {job['id']} optimises it (3 shows it)",
             {"kind": "optimize", "params": {"version": ref}})
+
+    def action_distil(self) -> None:
+        version = self._selected()
+        if version is None:
+            return
+        ref = f"{version['model']}:{version['version']}"
+        why_not = _undistillable(version)
+        if why_not:
+            self.notify(f"{ref} {why_not}: a student is distilled from a text model's trained weights",
+                        severity="warning")
+            return
+        self.confirm_and_send(
+            Confirm(f"Distil a student of {ref}?\nAn optimize job teaches a smaller copy of it, sized for this CPU, on "
+                    "its training data (about as long as the training took), optimises both and registers them as a "
+                    "new version that serves the student only if it keeps the accuracy and is faster, with the figures "
+                    "and why. Nothing is deployed.", yes="Distil", command=f"appliance optimize {ref} --distill"),
+            "POST", "/v1/jobs", lambda job: f"{ref}: job {job['id']} distils a student of it (3 shows it)",
+            {"kind": "optimize", "params": {"version": ref, "distill": True}})
 
     def action_deploy(self) -> None:
         version = self._deployable()
