@@ -12,7 +12,8 @@ split is the one the appliance itself records), and the resulting bundle is serv
   openvino int8    what optimize.optimize quantises (NNCF post-training INT8, calibrated on the
                    training split; the gentler INT8 too, if the first loses too much)
   student-K[-N] .. a K-layer student (N feed-forward units a layer) distilled from the fine-tuned model, exported and
-                   quantised the same way
+                   quantised the same way; shaped as `appliance optimize --distill` sizes it for this CPU unless
+                   --student-layers or --student-width say
 
 Every variant is scored with inference.evaluate on the validation texts and timed with
 inference.speed on the same texts: the p50 latency of one text, and texts/s at batch 1 and
@@ -114,9 +115,12 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=1e-4, help="fine-tuning learning rate (default 1e-4)")
     parser.add_argument("--batch-size", type=int, default=16, help="fine-tuning batch size (default 16)")
     parser.add_argument("--max-length", type=int, default=128, help="tokens per text (default 128)")
-    parser.add_argument("--student-layers", type=int, default=3, help="encoder layers of the student (default 3)")
+    parser.add_argument("--student-layers", type=int,
+                        help="encoder layers of the student (default: as 'appliance optimize --distill' sizes it for "
+                        "this CPU, half the teacher's)")
     parser.add_argument("--student-width", type=int,
-                        help="feed-forward units each student layer keeps, the most used (default: all, the teacher's)")
+                        help="feed-forward units each student layer keeps, the most used (default: as 'appliance "
+                        "optimize --distill' sizes it for this CPU: all, or two thirds without native bf16 or int8)")
     parser.add_argument("--student-epochs", type=int, help="distillation epochs, exactly (default: DistillParams', more on small data)")
     parser.add_argument("--student-learning-rate", type=float, help="distillation rate (default: searched by the first epoch)")
     parser.add_argument("--student-attention-weight", type=float,
@@ -226,8 +230,12 @@ def fine_tune(data: datasets.LoadedDataset, base_dir: Path, args: argparse.Names
 def distil(
     bundle: bytes, data: datasets.LoadedDataset, args: argparse.Namespace
 ) -> tuple[distill.Student, distill.DistillParams]:
-    """A student distilled with DistillParams' defaults, but for what the options change."""
-    params = distill.DistillParams(layers=args.student_layers, width=args.student_width)
+    """A student of the shape `appliance optimize --distill` gives it on this CPU, distilled with DistillParams'
+    defaults, but for what the options change."""
+    config = json.loads(archive.unpack(bundle)["config.json"])
+    params, sized = distill.sized_for(config, hardware.detect().cpu, args.student_layers, args.student_width)
+    if sized:
+        log(f"student's shape: {sized}")
     if args.student_epochs:
         params = dataclasses.replace(params, epochs=args.student_epochs, min_steps=0)
     if args.student_learning_rate:
