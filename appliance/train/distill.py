@@ -102,8 +102,8 @@ class DistillParams:
     # The units each student layer keeps in its feed-forward block (None: all, the teacher's intermediate size): those
     # that pass on the most over some training texts. The block is two thirds of a layer's matrix products: capped at
     # AVX2, 3 MiniLM layers of 1,024 units (of 1,536) ran 3.09x torch eager at batch 16, against 2.44x for 3 full
-    # layers and 3.48x for 2. On fortunes, 3 layers of 1,024 kept the teacher's 86.89% (seed 13) and lost 1.3-2.1
-    # points on seed 14 (teacher 86.73%), where 3 full layers lost 0.65 and 2 layers 3.56 (README).
+    # layers and 3.48x for 2. On fortunes, distilled in fp32 under the same cap (bench/infer, README), 3 layers of
+    # 1,024 lost 0.48 points (seed 13) and 0.81 (seed 14) at 3.2x, where 2 layers lost 0.97 and 3.72.
     width: int | None = None
     seed: int = 0
 
