@@ -42,7 +42,7 @@ class ModelsScreen(ApplianceScreen):
             "side by side (fp32, int8, student: accuracy, latency, size) and why one was chosen. o optimises a "
             "version that cannot serve (OpenVINO, INT8 kept only if accuracy holds: a new version), s distils a smaller, "
             "faster student of a text model's version, sized for this CPU and served only if it keeps the accuracy (a "
-            "new version; as long as a training), d deploys a version to production, k sends "
+            "new version; several times as long as the training took), d deploys a version to production, k sends "
             "a canary share of traffic to it, r rolls back (a running canary stops first, else production returns "
             "to the version before), x deletes a version that never served; each asks before it acts. e exports "
             "a version to a file in an open format (ONNX, OpenVINO, Hugging Face), signed, encrypted with age to a "
@@ -149,7 +149,7 @@ class ModelsScreen(ApplianceScreen):
             return
         self.confirm_and_send(
             Confirm(f"Distil a student of {ref}?\nAn optimize job teaches a smaller copy of it, sized for this CPU, on "
-                    "its training data (about as long as the training took), optimises both and registers them as a "
+                    "its training data (several times as long as the training took), optimises both and registers them as a "
                     "new version that serves the student only if it keeps the accuracy and is faster, with the figures "
                     "and why. Nothing is deployed.", yes="Distil", command=f"appliance optimize {ref} --distill"),
             "POST", "/v1/jobs", lambda job: f"{ref}: job {job['id']} distils a student of it (3 shows it)",
