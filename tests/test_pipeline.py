@@ -10,7 +10,7 @@ import pytest
 
 from appliance import inference, operations, optimize, registry
 from appliance.core import archive
-from appliance.core.errors import RegistryError
+from appliance.core.errors import OptimizeError, RegistryError
 from appliance.data import datasets
 from appliance.operations import pipeline
 from appliance.operations.jobspec import OptimizeJob
@@ -118,6 +118,23 @@ def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
     assert version.reason.startswith("1-layer, 32-wide student, ") and "the best by validation macro-F1 after the first epoch (0.0003 " in version.reason
     assert " (shape: half the teacher's 2 layers). " in version.reason
     assert version.chosen == fastest_within_a_point_of_fp32(version)
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    (pipeline.OptimizeOptions(distill_width=64), "can keep from 1 to 63 of the teacher's 64 units, not 64"),
+    (pipeline.OptimizeOptions(distill_layers=2), "keep from 1 to 1 of the teacher's 2 encoder layers, not 2"),
+])
+def test_a_student_shape_the_teacher_cannot_give_is_refused_before_the_teacher_is_quantised(
+    opened: Store, registered: registry.ModelVersion, options: pipeline.OptimizeOptions, says: str,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def quantised(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the teacher was quantised before the student's shape was checked")
+
+    monkeypatch.setattr(optimize, "optimize_ir", quantised)
+    with pytest.raises(OptimizeError, match=says):
+        pipeline.optimize_version(opened, "tickets:1", options)
+    assert [version.ref for version in registry.list_versions(opened)] == ["tickets:1"]
 
 
 class StoppingJob:

@@ -130,6 +130,7 @@ def optimize_version(
     so the guard judges on texts the quantiser never saw.
     """
     from appliance import inference, optimize  # openvino, nncf and torch load only for this step
+    from appliance.train import distill
 
     report = progress or (lambda done, total, label: None)
     source = registry.get(store, ref)
@@ -157,12 +158,12 @@ def optimize_version(
 
     step(0, "export to OpenVINO" + (" and quantise to INT8" if options.int8 else ""))
     starts, taught = {"": _starting_point(store, source)}, ""
+    planned = (distill.sized_for(json.loads(starts[""].files["config.json"]), machine.cpu, options.distill_layers,
+                                 options.distill_width)  # a shape the teacher cannot give is refused before the work
+               if options.distills else None)
     outcomes = {"": optimise(starts[""])}
-    if options.distills:
-        from appliance.train import distill
-
-        params, sized = distill.sized_for(json.loads(starts[""].files["config.json"]), machine.cpu,
-                                          options.distill_layers, options.distill_width)
+    if planned is not None:
+        params, sized = planned
         step(1, f"distil a {params.shape} student")
         teacher = blobs.read(store, source.variants[TORCH].blob_id)
         data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))

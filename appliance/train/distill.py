@@ -121,14 +121,18 @@ def sized_for(config: Mapping[str, Any], cpu: Cpu, layers: int | None = None,
     AVX-512 BF16 or VNNI), two thirds of their feed-forward units. Measured on MiniLM-L6 (README): with AMX, 3 full
     layers of 6 ran 5-7x torch eager at batch 16 within a point of the teacher; capped at AVX2 they ran 2.4x, and
     1,024 units of 1,536 made it 3.2x, 0.5-0.8 points below the teacher."""
-    if layers is not None:
-        return DistillParams(layers=layers, width=width), ""
     depth = config.get("num_hidden_layers", config.get("n_layers"))  # BERT-like; DistilBERT
+    full = next((config[key] for _, _, key in FEED_FORWARD_PATHS if isinstance(config.get(key), int)), 0)
+    if width is not None and full:
+        _check_width(width, full)  # here, before any work; distill() checks what its model has, too
+    if layers is not None:
+        if isinstance(depth, int):
+            _check_depth(layers, depth)
+        return DistillParams(layers=layers, width=width), ""
     if not isinstance(depth, int) or depth < 2:
         raise OptimizeError(f"cannot size a student for this teacher: its config gives {depth!r} encoder layers",
                             hint="distillation needs a text encoder of at least 2 layers (BERT, MiniLM, DistilBERT)")
     why = f"half the teacher's {depth} layers"
-    full = next((config[key] for _, _, key in FEED_FORWARD_PATHS if isinstance(config.get(key), int)), 0)
     if width is None and full >= 3:
         if cpu.fast_bf16 or cpu.fast_int8:
             why += ", all their feed-forward units: this CPU computes bf16 or int8 natively"
@@ -337,11 +341,21 @@ def _check(data: LoadedDataset, labels: Sequence[str], params: DistillParams) ->
 def _encoder_layers(model: nn.Module, keep: int) -> nn.ModuleList:
     """The encoder's list of layers, once it is known that `keep` of them can be kept and some dropped."""
     layers = _layer_list(model)
-    if not 1 <= keep < len(layers):
-        raise OptimizeError(f"a student must keep from 1 to {len(layers) - 1} of the teacher's {len(layers)} "
-                            f"encoder layers, not {keep}",
-                            hint=f"choose a layer count from 1 to {len(layers) - 1}: fewer is faster, more is closer")
+    _check_depth(keep, len(layers))
     return layers
+
+
+def _check_depth(keep: int, depth: int) -> None:
+    if not 1 <= keep < depth:
+        raise OptimizeError(f"a student must keep from 1 to {depth - 1} of the teacher's {depth} encoder layers, "
+                            f"not {keep}", hint=f"choose a layer count from 1 to {depth - 1}: fewer is faster, more is "
+                            "closer")
+
+
+def _check_width(width: int, full: int) -> None:
+    if not 1 <= width < full:
+        raise OptimizeError(f"a student's feed-forward blocks can keep from 1 to {full - 1} of the teacher's {full} "
+                            f"units, not {width}", hint=f"choose a width from 1 to {full - 1}: fewer is faster")
 
 
 def _layer_list(model: nn.Module) -> nn.ModuleList:
@@ -368,9 +382,7 @@ def _narrow(model: nn.Module, layers: Sequence[nn.Module], width: int, feeds: Se
     first_path, second_path, config_key = _feed_forward_paths(layers[0])
     blocks = [(layer.get_submodule(first_path), layer.get_submodule(second_path)) for layer in layers]
     full = blocks[0][0].out_features
-    if not 1 <= width < full:
-        raise OptimizeError(f"a student's feed-forward blocks can keep from 1 to {full - 1} of the teacher's {full} "
-                            f"units, not {width}", hint=f"choose a width from 1 to {full - 1}: fewer is faster")
+    _check_width(width, full)
     magnitude, total = torch.zeros(len(blocks), full), torch.zeros(len(blocks), full)
     tokens, real = 0, torch.ones(0, dtype=torch.bool)  # real: the batch being fed's tokens that are not padding
 

@@ -136,6 +136,10 @@ def test_a_student_left_unshaped_is_sized_for_the_cpu_it_will_serve_on() -> None
                                                                "half the teacher's 6 layers")
     with pytest.raises(OptimizeError, match="its config gives None encoder layers"):
         distill.sized_for({"model_type": "mystery"}, AMX)
+    with pytest.raises(OptimizeError, match="can keep from 1 to 1535 of the teacher's 1536 units, not 2048"):
+        distill.sized_for(MINILM, AMX, width=2048)
+    with pytest.raises(OptimizeError, match="keep from 1 to 5 of the teacher's 6 encoder layers, not 6"):
+        distill.sized_for(MINILM, AMX, layers=6)
 
 
 def test_narrowing_drops_the_units_that_pass_on_least_and_moves_what_they_passed_on_into_the_bias() -> None:
