@@ -54,7 +54,8 @@ PROJECTION_PATHS = (("attention.self.query", "attention.self.key", "attention.se
 # Where a layer's feed-forward block is (its two linear maps), and the config's name for its width.
 FEED_FORWARD_PATHS = (("intermediate.dense", "output.dense", "intermediate_size"),  # BERT-like
                       ("ffn.lin1", "ffn.lin2", "hidden_dim"))  # DistilBERT
-NARROWING_TEXTS = 256  # the training texts (a seeded sample) whose activations choose the feed-forward units a narrower student keeps
+# The training texts (a seeded sample) whose activations choose the feed-forward units a narrower student keeps.
+NARROWING_TEXTS = 256
 NO_LABEL = -1  # a variant's label: the teacher alone teaches on it
 CPU = torch.device("cpu")  # where distillation runs
 

@@ -46,6 +46,13 @@ def api(daemon: Daemon, path: str) -> Any:
         return http.get(path).json()
 
 
+async def open_on_models(pilot: Any, app: ApplianceApp, ref: str) -> None:
+    """The Models screen, its cursor on version ref once the list shows it."""
+    await pilot.press("4")
+    await settle(pilot, lambda: ref in rows(app, "#models"))
+    app.screen.query_one("#models", Table).select(ref)
+
+
 async def test_the_overview_shows_the_box_its_load_and_what_it_serves(served: Daemon) -> None:
     app = ApplianceApp(settings=served.settings)
     async with app.run_test(size=SIZE) as pilot:
@@ -258,9 +265,7 @@ async def test_a_version_that_cannot_serve_is_optimised_from_the_models_screen(s
     ref = trained["result"]["version"]
     app = ApplianceApp(settings=served.settings)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("4")
-        await settle(pilot, lambda: ref in rows(app, "#models"))
-        app.screen.query_one("#models", Table).select(ref)
+        await open_on_models(pilot, app, ref)
         assert rows(app, "#models")[ref][3] == "not optimised"
         await pilot.press("d")  # refused before any question, with what to do instead
         await settle(pilot, lambda: f"{ref} is not optimised, so it cannot serve: o optimises it" in notices(app))
@@ -279,9 +284,7 @@ async def test_a_student_sized_for_this_cpu_is_distilled_from_the_models_screen(
     production = f"tickets:{api(served, '/v1/serving')['models'][0]['versions'][0]['version']}"
     app = ApplianceApp(settings=served.settings)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("4")
-        await settle(pilot, lambda: production in rows(app, "#models"))
-        app.screen.query_one("#models", Table).select(production)
+        await open_on_models(pilot, app, production)
         await pilot.press("s")
         assert f"Distil a student of {production}?" in str(app.screen.query_one(".question").render())
         await pilot.press("y")
@@ -306,9 +309,7 @@ async def test_a_version_is_exported_from_the_models_screen_encrypted_to_a_recip
     out = tmp_path / "tickets.tar.age"
     app = ApplianceApp(settings=served.settings)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("4")
-        await settle(pilot, lambda: production in rows(app, "#models"))
-        app.screen.query_one("#models", Table).select(production)
+        await open_on_models(pilot, app, production)
         await pilot.press("e")
         dialog = app.screen
         dialog.query_one("#format").value = "openvino"
