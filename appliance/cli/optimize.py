@@ -9,12 +9,15 @@ from appliance.cli.connect import connected
 from appliance.cli.models import show_version
 from appliance.operations.jobspec import OptimizeJob
 
+distill_option = click.option(
+    "--distill", is_flag=True, help="Also distil a smaller, faster student sized for this CPU (minutes to hours: more "
+    "on more data), and optimise it too; the guard serves it if it keeps the accuracy.")
+
 
 @cli.command("optimize")
 @click.argument("ref", metavar="MODEL[:VERSION]")
 @click.option("--no-int8", is_flag=True, help="Export to OpenVINO FP32 only.")
-@click.option("--distill", is_flag=True, help="Also distil a smaller, faster student sized for this CPU (minutes to "
-              "hours: more on more data), and optimise it too; the guard serves it if it keeps the accuracy.")
+@distill_option
 @schema_option(OptimizeJob, "distill_layers", "--distill-layers", metavar="K",
                help="The student keeps K layers, spread over the teacher's depth (default: half).")
 @schema_option(OptimizeJob, "distill_width", "--distill-width", metavar="N",

@@ -11,6 +11,7 @@ from click.core import ParameterSource
 from appliance import operations
 from appliance.cli.base import cli, deployment, json_option, print_json, schema_option
 from appliance.cli.connect import connected
+from appliance.cli.optimize import distill_option
 from appliance.core.errors import JobError
 from appliance.core.text import counted
 from appliance.operations import jobspec
@@ -68,6 +69,7 @@ from appliance.train.params import TrainParams
 @schema_option(jobspec.PipelineJob, "deploy", "--deploy", default=None,
                help="Then optimise it and deploy it. auto: production if the model serves nothing yet, else a canary "
                     "if it holds up against production; now; canary; never: optimise only.")
+@distill_option
 def train(
     dataset: str | None,
     base: Path | None,
@@ -93,18 +95,22 @@ def train(
     burst: bool,
     fallback: bool,
     deploy: str | None,
+    distill: bool,
 ) -> None:
     """Fine-tune a base model on a dataset version, checkpointing as it goes.
 
     With a daemon running, the daemon trains it as a job (it survives this shell, and crashes); with none, it
     trains here. Either way the run is registered as the next version of the model; with --deploy it is then
-    optimised and deployed as a pipeline job would.
+    optimised (with --distill, a student too) and deployed as a pipeline job would.
     """
     if (dataset is None) == (resume_run is None):
         raise click.UsageError("give either --data NAME for a new run or --resume RUN")
-    if resume_run and (burst or fallback or base or deploy):
-        raise click.UsageError("--resume continues a run as it started: it takes no --burst, --fallback, --base or "
-                               "--deploy (optimise and deploy the version it registers afterwards)")
+    if resume_run and (burst or fallback or base or deploy or distill):
+        raise click.UsageError("--resume continues a run as it started: it takes no --burst, --fallback, --base, "
+                               "--deploy or --distill (optimise and deploy the version it registers afterwards)")
+    if distill and not deploy:
+        raise click.UsageError("--distill shapes the optimisation that --deploy runs: add --deploy (auto, now, canary "
+                               "or never), or distil a registered version with 'appliance optimize MODEL --distill'")
     if resume_run:
         job = {"resume": resume_run, "name": model_name}
     else:
@@ -117,7 +123,7 @@ def train(
         params = TrainParams.parse({field: value for field, value in values.items()
                                     if given("lr" if field == "learning_rate" else field) != ParameterSource.DEFAULT})
         job = {"dataset": dataset, "params": params, "device": device, "name": model_name, "burst": burst or None,
-               "fallback": fallback or None, "deploy": deploy}
+               "fallback": fallback or None, "deploy": deploy, "distill": distill or None}
     kind = jobspec.PipelineJob if deploy else jobspec.TrainJob
     spec = kind.parse({key: value for key, value in job.items() if value is not None})
     with connected() as appliance:

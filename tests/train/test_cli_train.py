@@ -79,15 +79,19 @@ def test_train_reports_progress_and_runs_can_be_listed_and_compared(imported: st
     assert first.returncode == second.returncode == 0
 
 
-def test_train_with_deploy_optimises_and_deploys_what_it_trained(imported: str, tiny_base: Path) -> None:
+def test_train_with_deploy_optimises_distils_and_deploys_what_it_trained(imported: str, tiny_base: Path) -> None:
     trained = run_cli("train", "--data", imported, "--base", str(tiny_base), "--epochs", "2", "--lr", "3e-3",
-                      "--deploy", "now", check=True)
+                      "--deploy", "now", "--distill", check=True)
     assert "registered and optimised as tickets:2" in trained.stdout
     assert "tickets:2 serves in production" in trained.stdout
     versions = {v["version"]: v for v in json.loads(run_cli("models", "list", "--json", check=True).stdout)}
     assert versions[2]["servable"] and versions[2]["aliases"] == ["production"] and not versions[1]["servable"]
+    shown = json.loads(run_cli("models", "show", "tickets:2", "--json", check=True).stdout)
+    assert "student-fp32" in shown["variants"] and "(shape: half the teacher's 2 layers" in shown["reason"]
     refused = run_cli("train", "--resume", "abc", "--deploy", "now")
-    assert refused.returncode == 2 and "takes no --burst, --fallback, --base or --deploy" in refused.stderr
+    assert refused.returncode == 2 and "takes no --burst, --fallback, --base, --deploy or --distill" in refused.stderr
+    alone = run_cli("train", "--data", imported, "--distill")
+    assert alone.returncode == 2 and "add --deploy" in alone.stderr and "appliance optimize MODEL --distill" in alone.stderr
 
 
 def test_train_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) -> None:
