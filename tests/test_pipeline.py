@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from appliance import inference, operations, optimize, registry
 from appliance.core import archive
@@ -118,6 +119,13 @@ def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
     assert version.reason.startswith("1-layer, 32-wide student, ") and "the best by validation macro-F1 after the first epoch (0.0003 " in version.reason
     assert " (shape: half the teacher's 2 layers). " in version.reason
     assert version.chosen == fastest_within_a_point_of_fp32(version)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_box_with_a_gpu_the_student_is_distilled_there(opened: Store, registered: registry.ModelVersion) -> None:
+    version = pipeline.optimize_version(opened, "tickets:1", pipeline.OptimizeOptions(distill=True, calibration_size=64))
+    assert "student-fp32" in version.variants and " on cuda:0 at lr " in version.reason
 
 
 @pytest.mark.parametrize(("options", "says"), [

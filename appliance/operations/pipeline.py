@@ -167,8 +167,9 @@ def optimize_version(
         step(1, f"distil a {params.shape} student")
         teacher = blobs.read(store, source.variants[TORCH].blob_id)
         data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))
+        device, precision = distill.placed(machine)
         student = distill.distill(
-            teacher, data, params, precision=distill.precision_for(machine.cpu), should_stop=should_stop,
+            teacher, data, params, device=device, precision=precision, should_stop=should_stop,
             progress=lambda done, total: report(done, total, f"distil a {params.shape} student"))
         taught = f"{student.describe()}{f' (shape: {sized})' if sized else ''}. "
         starts[STUDENT] = Start.exported(archive.unpack(student.bundle))

@@ -65,13 +65,15 @@ class TorchRunner:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.names = input_names(model)
+        self.device = next(model.parameters()).device  # a model being distilled may be on a GPU
 
     def get_inputs(self) -> list[SimpleNamespace]:
         return [SimpleNamespace(name=name) for name in self.names]
 
     @torch.no_grad()
     def run(self, _outputs: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return [self.model(**{name: torch.from_numpy(array) for name, array in feeds.items()}).logits.numpy()]
+        inputs = {name: torch.from_numpy(array).to(self.device) for name, array in feeds.items()}
+        return [self.model(**inputs).logits.float().cpu().numpy()]
 
 
 # -- the classifier as OpenVINO converts it ------------------------------------------------

@@ -16,10 +16,12 @@ batch, so it can teach on texts that have no label too: each epoch every trainin
 once more a little changed (some words dropped, or a part of it), as TinyBERT augments its data,
 and the student learns the teacher's states and soft labels on it. Unless a rate is given, the
 first epoch is a search: a student for each of a few learning rates trains on the same batches
-(the teacher runs once for all of them), and only the one best on validation goes on. On a CPU
-with native bf16 the passes run in bf16 autocast, as training's do. max_steps bounds the whole:
-on a large dataset each epoch trains on a fresh sample of its batches, and a large validation
-split is scored on a stratified sample, as training scores it. The result is a bundle of the
+(the teacher runs once for all of them), and only the one best on validation goes on. On a box
+with a CUDA GPU it all runs there, as a training run would (bf16, or fp16 with a gradient scaler
+where the GPU lacks bf16); on a CPU with native bf16 the passes run in bf16 autocast, as
+training's do. max_steps bounds the whole: on a large dataset each epoch trains on a fresh
+sample of its batches, and a large validation split is scored on a stratified sample, as
+training scores it. The result is a bundle of the
 teacher's form, so optimize.optimize exports and quantises it as is. Everything stays in memory:
 no plaintext weight reaches a disk.
 """
@@ -41,7 +43,7 @@ from torch import nn
 from appliance import inference
 from appliance.core import archive
 from appliance.core.errors import JobInterrupted, OptimizeError
-from appliance.core.hardware import Cpu
+from appliance.core.hardware import Cpu, Hardware
 from appliance.data.datasets import LoadedDataset
 from appliance.train.bundle import TorchRunner, input_names, load_text_classifier
 from appliance.train.engine import evaluation_sample
@@ -57,7 +59,7 @@ FEED_FORWARD_PATHS = (("intermediate.dense", "output.dense", "intermediate_size"
 # The training texts (a seeded sample) whose activations choose the feed-forward units a narrower student keeps.
 NARROWING_TEXTS = 256
 NO_LABEL = -1  # a variant's label: the teacher alone teaches on it
-CPU = torch.device("cpu")  # where distillation runs
+CPU = torch.device("cpu")  # where the student is built, narrowed and stored
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ class Student:
     learning_rate: float
     searched: dict[float, dict[str, float]]  # empty when the rate was given
     precision: torch.dtype | None  # the passes' autocast; None: fp32
+    device: str  # where it was taught: "cpu", "cuda:0"
     epoch_batches: int  # the batches each epoch trained on: all of the data's, or a sample (max_steps)
     data_batches: int  # the batches an epoch of the data (texts and variants) holds
     evaluated_on: int  # the validation examples scored: all, or a stratified sample of a large split
@@ -183,6 +186,7 @@ class Student:
         taught = ["soft labels" if self.params.alpha else "", "layers' states" if self.params.hidden_weight else "",
                   "attention relations" if self.params.attention_weight else ""]
         autocast = f" in {str(self.precision).removeprefix('torch.')} autocast" if self.precision else ""
+        autocast += f" on {self.device}" if self.device != "cpu" else ""
         sampled = (f" (each {self.epoch_batches:,} batches drawn from the data's {self.data_batches:,})"
                    if self.epoch_batches < self.data_batches else "")
         scored = (f" (on a stratified sample of {self.evaluated_on:,} of {self.validation_examples:,} validation "
@@ -197,14 +201,15 @@ def distill(
     data: LoadedDataset,
     params: DistillParams,
     *,
+    device: torch.device = CPU,
     precision: torch.dtype | None = None,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> Student:
     """Train a k-layer student on the teacher's layer states and soft labels and on the hard labels; keep its best
-    epoch. The teacher's and the students' passes run in autocast to precision (the training plan's bf16 on a CPU
-    with AMX or AVX-512 BF16; None: fp32), the losses and the weights in fp32. Progress counts student steps: in
-    the search's epoch, one a batch for each rate tried."""
+    epoch. The teacher and the students run on device, their passes in autocast to precision (see `placed`; None:
+    fp32), the losses and the weights in fp32; fp16 scales the gradients. Progress counts student steps: in the
+    search's epoch, one a batch for each rate tried."""
     started = time.monotonic()
     files = archive.unpack(teacher_bundle)
     try:
@@ -218,6 +223,7 @@ def distill(
     scored = evaluation_sample(data, params.seed)  # a large split's stratified sample, as training scores it
     validation = [data.texts[i] for i in scored], targets[scored].tolist()
 
+    model.to(device)
     teacher_metrics = inference.evaluate(TorchRunner(model), reader, *validation)
     teacher = copy.deepcopy(model)
     kept, matched = spread(len(layers), params.layers)
@@ -226,7 +232,7 @@ def distill(
     del layers[:]  # the model becomes the student
     layers.extend(kept_layers)
     model.config.num_hidden_layers = params.layers
-    use_attention(model, attention_kernel(torch.device("cpu"), reader.max_length))  # the students', as training's
+    use_attention(model, attention_kernel(device, reader.max_length))  # the students', as training's
     names = input_names(model)
     if params.width is not None:  # measured on the cut student: its layers' inputs are no longer the teacher's
         drawn = random.Random(params.seed).sample(data.train, min(NARROWING_TEXTS, len(data.train)))
@@ -240,15 +246,15 @@ def distill(
     per_epoch = min(data_batches, params.max_steps // epochs)
     rates = (params.learning_rate,) if params.learning_rate is not None else LEARNING_RATES
     models = [model, *(copy.deepcopy(model) for _ in rates[1:])]  # copied before _Pupil hooks their layers
-    pupils = [_Pupil(one, rate, per_epoch * epochs, projections=params.attention_weight > 0)
-              for one, rate in zip(models, rates)]
+    pupils = [_Pupil(one, rate, per_epoch * epochs, projections=params.attention_weight > 0,
+                     scaled=precision is torch.float16) for one, rate in zip(models, rates)]
     total = per_epoch * (epochs + len(pupils) - 1)
     best, best_state, searched, step = None, None, {}, 0
     for epoch in range(epochs):
         seed = params.seed * 1009 + epoch
         rng = random.Random(seed)
         texts = data.texts + [variant(data.texts[i], rng) for _ in range(params.variants) for i in data.train]
-        labels = torch.cat([targets, torch.full((len(texts) - len(data.texts),), NO_LABEL)])
+        labels = torch.cat([targets, torch.full((len(texts) - len(data.texts),), NO_LABEL)]).to(device)
         indices = [*data.train, *range(len(data.texts), len(texts))]
         for pupil in pupils:
             pupil.model.train()
@@ -256,11 +262,11 @@ def distill(
             if should_stop and should_stop():
                 raise JobInterrupted("distillation stopped before it finished", hint="nothing was kept; start it again")
             feeds = inference.encode(reader, [texts[i] for i in batch], names)
-            inputs = {name: torch.from_numpy(array) for name, array in feeds.items()}
-            with torch.no_grad(), autocast(CPU, precision):
+            inputs = {name: torch.from_numpy(array).to(device) for name, array in feeds.items()}
+            with torch.no_grad(), autocast(device, precision):
                 soft = teacher(**inputs).logits.float()
             for pupil in pupils:
-                pupil.learn(inputs, soft, teacher_taps, labels[batch], params, precision)
+                pupil.learn(inputs, soft, teacher_taps, labels[batch], params, device, precision)
                 step += 1
                 if progress:
                     progress(step, total)
@@ -273,14 +279,24 @@ def distill(
             winner = max(range(len(pupils)), key=lambda i: scores[i]["macro_f1"])
             pupils, scores = [pupils[winner]], [scores[winner]]
         if best is None or scores[0]["macro_f1"] > best["macro_f1"]:
-            best, best_state = scores[0], copy.deepcopy(pupils[0].model.state_dict())
-    student = pupils[0].model
+            best = scores[0]
+            best_state = {name: tensor.detach().to(CPU, copy=True) for name, tensor in pupils[0].model.state_dict().items()}
+    student = pupils[0].model.to(CPU)
     student.load_state_dict(best_state)
     files["config.json"] = student.config.to_json_string().encode()
     files["model.safetensors"] = save_safetensors({k: v.contiguous() for k, v in student.state_dict().items()})
     return Student(archive.pack(sorted(files.items())), best, teacher_metrics, params, epochs,
-                   time.monotonic() - started, pupils[0].learning_rate, searched, precision, per_epoch, data_batches,
-                   len(scored), len(data.validation))
+                   time.monotonic() - started, pupils[0].learning_rate, searched, precision, str(device), per_epoch,
+                   data_batches, len(scored), len(data.validation))
+
+
+def placed(machine: Hardware) -> tuple[torch.device, torch.dtype | None]:
+    """Where distillation runs and its autocast, as training plans a run: the first CUDA GPU, in bf16 where it
+    computes it natively, else fp16; without one, the CPU (precision_for)."""
+    if machine.gpus:
+        gpu = machine.gpus[0]
+        return torch.device(f"cuda:{gpu.index}"), torch.bfloat16 if gpu.bf16 else torch.float16
+    return CPU, precision_for(machine.cpu)
 
 
 def precision_for(cpu: Cpu) -> torch.dtype | None:
@@ -293,16 +309,18 @@ def precision_for(cpu: Cpu) -> torch.dtype | None:
 class _Pupil:
     """A student learning at one rate: its model, optimiser and linear schedule, and what its layers compute."""
 
-    def __init__(self, model: nn.Module, learning_rate: float, steps: int, *, projections: bool) -> None:
+    def __init__(self, model: nn.Module, learning_rate: float, steps: int, *, projections: bool, scaled: bool) -> None:
         self.model, self.learning_rate = model, learning_rate
         self.taps = _Taps(_layer_list(model), range(model.config.num_hidden_layers), projections=projections)
         self.optimizer = adamw(model.parameters(), learning_rate)
         self.scheduler = torch.optim.lr_scheduler.LinearLR(self.optimizer, 1.0, 0.0, total_iters=steps)
+        device = next(model.parameters()).device
+        self.scaler = torch.amp.GradScaler(device.type, enabled=scaled)  # fp16's gradients would underflow unscaled
 
-    def learn(self, inputs: dict[str, torch.Tensor], soft: torch.Tensor, teacher: _Taps,
-              labels: torch.Tensor, params: DistillParams, precision: torch.dtype | None) -> None:
+    def learn(self, inputs: dict[str, torch.Tensor], soft: torch.Tensor, teacher: _Taps, labels: torch.Tensor,
+              params: DistillParams, device: torch.device, precision: torch.dtype | None) -> None:
         """One step on a batch the teacher has just seen (its logits and, in its taps, what its layers computed)."""
-        with autocast(CPU, precision):
+        with autocast(device, precision):
             logits = self.model(**inputs).logits
         loss = _loss(logits.float(), soft, labels, params)
         mask = inputs["attention_mask"]
@@ -311,9 +329,11 @@ class _Pupil:
         if params.attention_weight:
             loss = loss + params.attention_weight * _relations_loss(
                 self.taps.projections(), teacher.projections(), mask, self.model.config.num_attention_heads)
-        loss.backward()
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -384,7 +404,8 @@ def _narrow(model: nn.Module, layers: Sequence[nn.Module], width: int, feeds: Se
     blocks = [(layer.get_submodule(first_path), layer.get_submodule(second_path)) for layer in layers]
     full = blocks[0][0].out_features
     _check_width(width, full)
-    magnitude, total = torch.zeros(len(blocks), full), torch.zeros(len(blocks), full)
+    device = blocks[0][0].weight.device
+    magnitude, total = torch.zeros(len(blocks), full, device=device), torch.zeros(len(blocks), full, device=device)
     tokens, real = 0, torch.ones(0, dtype=torch.bool)  # real: the batch being fed's tokens that are not padding
 
     def tally(index: int, activations: torch.Tensor) -> None:
@@ -396,7 +417,7 @@ def _narrow(model: nn.Module, layers: Sequence[nn.Module], width: int, feeds: Se
              for index, (_, second) in enumerate(blocks)]
     with torch.no_grad():
         for feed in feeds:
-            inputs = {name: torch.from_numpy(array) for name, array in feed.items()}
+            inputs = {name: torch.from_numpy(array).to(device) for name, array in feed.items()}
             real = inputs["attention_mask"].bool()
             tokens += int(real.sum())
             model(**inputs)

@@ -72,6 +72,48 @@ def test_on_a_cpu_with_native_bf16_the_student_is_taught_in_bf16_and_stored_in_f
     assert f"{FAST.epochs} epochs in bfloat16 autocast at lr" in student.describe()
 
 
+def test_a_box_with_a_cuda_gpu_distils_on_it_as_training_would() -> None:
+    """Placed as a training run is: the first GPU, in bf16 where it computes it natively, else fp16 (with a gradient
+    scaler); without one, the CPU in its own precision."""
+    def machine(*gpus: hardware.Gpu, flags: tuple[str, ...] = ("avx2",)) -> hardware.Hardware:
+        return hardware.Hardware(cpu=hardware.Cpu(model="test CPU", physical_cores=2, logical_cores=2, flags=flags),
+                                 ram_total_bytes=2**34, ram_available_bytes=2**33, gpus=gpus, openvino_devices=(),
+                                 notes=())
+
+    def gpu(index: int, bf16: bool) -> hardware.Gpu:
+        return hardware.Gpu(index=index, name="test GPU", total_bytes=2**34, compute_capability="8.0", bf16=bf16)
+
+    assert distill.placed(machine(gpu(0, True), gpu(1, False))) == (torch.device("cuda:0"), torch.bfloat16)
+    assert distill.placed(machine(gpu(0, False))) == (torch.device("cuda:0"), torch.float16)
+    assert distill.placed(machine(flags=("avx2", "amx_bf16"))) == (torch.device("cpu"), torch.bfloat16)
+    assert distill.placed(machine()) == (torch.device("cpu"), None)
+
+
+def test_in_fp16_with_its_gradient_scaler_the_student_learns_and_is_stored_in_fp32(
+    teacher: tuple[bytes, datasets.LoadedDataset],
+) -> None:
+    """fp16 is a GPU's precision where it lacks native bf16; its passes and its gradient scaler run on the CPU too, so
+    that path runs on every box, not only on a GPU."""
+    student = distill.distill(*teacher, replace(FAST, epochs=2), precision=torch.float16)
+    assert student.metrics["accuracy"] >= student.teacher_metrics["accuracy"] - 0.1, student
+    assert " epochs in float16 autocast at lr" in student.describe() and " on " not in student.describe()
+    weights = load_safetensors(archive.unpack(student.bundle)["model.safetensors"])
+    assert {tensor.dtype for tensor in weights.values()} == {torch.float32}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", [torch.bfloat16, torch.float16])
+def test_on_a_gpu_the_student_is_taught_there_and_stored_from_host_memory(
+    teacher: tuple[bytes, datasets.LoadedDataset], precision: torch.dtype
+) -> None:
+    student = distill.distill(*teacher, FAST, device=torch.device("cuda:0"), precision=precision)
+    assert student.metrics["accuracy"] >= student.teacher_metrics["accuracy"] - 0.1, student
+    assert student.device == "cuda:0" and " on cuda:0 at lr" in student.describe()
+    model, _reader, _manifest = load_text_classifier(archive.unpack(student.bundle))
+    assert {parameter.device.type for parameter in model.parameters()} == {"cpu"}
+
+
 def test_the_student_bundle_loads_and_optimises_like_a_trained_one(
     teacher: tuple[bytes, datasets.LoadedDataset], student: distill.Student
 ) -> None:
