@@ -193,10 +193,17 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 def evaluate(runner: Runner, reader: Reader, examples: Sequence[Any], labels: Sequence[int]) -> dict[str, float]:
     """Accuracy and macro-F1 of a runner, measured as training measures them."""
+    return evaluated(runner, reader, examples, labels)[0]
+
+
+def evaluated(runner: Runner, reader: Reader, examples: Sequence[Any],
+              labels: Sequence[int]) -> tuple[dict[str, float], np.ndarray]:
+    """evaluate's scores and the logits they came from, for a caller that reads them too (a variant's drift
+    reference), so the examples are inferred once."""
     if not examples:
         raise OptimizeError("there are no validation examples to score the model on")
     logits = predict(runner, reader, examples)
-    return scoring.metrics(logits.argmax(axis=1).tolist(), list(labels), logits.shape[1])
+    return scoring.metrics(logits.argmax(axis=1).tolist(), list(labels), logits.shape[1]), logits
 
 
 def speed(

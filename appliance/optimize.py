@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import openvino as ov
 import torch
 
@@ -57,10 +58,12 @@ class Decision:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Every variant built, its IR and the guard's decision; timings in seconds for the report."""
+    """Every variant built, its IR, its logits on the examples it was scored on, and the guard's decision; timings in
+    seconds for the report."""
 
     decision: Decision
     artifacts: dict[str, Artifact]
+    logits: dict[str, np.ndarray] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -251,9 +254,14 @@ def optimize_ir(
 
     index = {name: i for i, name in enumerate(label_names)}
     targets = [index[label] for label in labels]
-    artifacts = {FP32: fp32}
-    fp32_scores = inference.evaluate(inference.compile_openvino(fp32, config=config), reader, examples,
-                                     targets)
+    artifacts, logits = {FP32: fp32}, {}
+
+    def scored_as_served(name: str) -> dict[str, float]:
+        scores, logits[name] = inference.evaluated(inference.compile_openvino(artifacts[name], config=config),
+                                                   reader, examples, targets)
+        return scores
+
+    fp32_scores = scored_as_served(FP32)
     lap("evaluate_fp32")
     fix, scored = overflow_fix_for(hardware), {}
     decision = guard(fp32_scores, {}, max_accuracy_drop, metric)
@@ -262,10 +270,9 @@ def optimize_ir(
                                   overflow_fix=fix, subset_size=subset_size, keep_head_fp32=gentle)
         artifacts[name] = serialize(quantized)
         lap(f"quantize_{name}")
-        scored[name] = inference.evaluate(inference.compile_openvino(artifacts[name], config=config), reader,
-                                          examples, targets)
+        scored[name] = scored_as_served(name)
         lap(f"evaluate_{name}")
         decision = guard(fp32_scores, scored, max_accuracy_drop, metric)
         if decision.variant != FP32:
             break
-    return Outcome(decision, artifacts, seconds)
+    return Outcome(decision, artifacts, logits, seconds)

@@ -278,6 +278,12 @@ def test_optimize_serves_int8_when_it_keeps_the_accuracy(trained: Trained) -> No
     assert set(outcome.artifacts) == {"fp32", "int8"}  # the gentler variant was not needed
     assert outcome.decision.scores["fp32"]["accuracy"] > 0.9
     assert {"export", "evaluate_fp32", "quantize_int8", "evaluate_int8"} <= set(outcome.seconds)
+    # Each variant's logits on the examples it was scored on, as it serves them (its drift reference reads them).
+    for name, artifact in outcome.artifacts.items():
+        served = inference.load_ir(inference.pack_ir(artifact, archive.unpack(trained.bundle), name))
+        np.testing.assert_allclose(outcome.logits[name], inference.predict(served.compiled, served.reader, texts),
+                                   rtol=1e-5, atol=1e-5)
+    assert not np.allclose(outcome.logits["fp32"], outcome.logits["int8"])
 
 
 def snapshot(roots: Iterable[Path], shallow: Path) -> dict[Path, tuple[int, int]]:

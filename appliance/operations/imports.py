@@ -108,8 +108,8 @@ def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str,
         report(1, 4, f"check the {incoming.format} model")
         candidate = prepare(incoming, list(labels), public_key, data.task)
         report(2, 4, f"measure it on {data.ref}")
-        scores = measure(candidate, held)
-        fp32 = pipeline.servable_ir(candidate.fp32, candidate.files, pipeline.FP32, held, scores)
+        scores, logits = measure(candidate, held)
+        fp32 = pipeline.servable_ir(candidate.fp32, candidate.files, pipeline.FP32, held, scores, logits)
         speed = inference.compare({pipeline.FP32: fp32.servable}, held.examples)
     except (RegistryError, DatasetError, ConfinementError, ArtifactError):
         with lend() as store, audit.operation(store, ACTION, name, actor=actor, **details):
@@ -328,8 +328,9 @@ def _pictures(given: dict[str, Any], hint: str = "export the model again from th
     return pixels.Pictures(size, tuple(map(float, mean)), tuple(map(float, std)))
 
 
-def measure(candidate: Candidate, held: pipeline.HeldOut) -> dict[str, float]:
-    """Accuracy and macro-F1 on the validation split, once the model has shown it answers sanely."""
+def measure(candidate: Candidate, held: pipeline.HeldOut) -> tuple[dict[str, float], np.ndarray]:
+    """Accuracy and macro-F1 on the validation split, once the model has shown it answers sanely, and the logits
+    they came from."""
     missing = sorted(set(held.labels) - set(candidate.labels))
     if missing:
         raise RegistryError(f"the model's labels ({', '.join(candidate.labels[:10])}) lack the dataset's "
@@ -350,7 +351,7 @@ def measure(candidate: Candidate, held: pipeline.HeldOut) -> dict[str, float]:
     from appliance.core import scoring
 
     return scoring.metrics(logits.argmax(axis=1).tolist(), [index[label] for label in held.labels],
-                           len(candidate.labels))
+                           len(candidate.labels)), logits
 
 
 def _config_labels(config: dict[str, Any]) -> list[str]:

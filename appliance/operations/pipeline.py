@@ -22,6 +22,8 @@ from appliance.store import Store, blobs
 from appliance.train import runs
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from appliance.inference import Artifact, Reader, Servable
     from appliance.optimize import Outcome
 
@@ -99,17 +101,17 @@ class ServableIr:
                                 self.metrics | speed)
 
 
-def servable_ir(artifact: Artifact, files: dict[str, bytes], name: str, held: HeldOut,
-                scores: dict[str, float]) -> ServableIr:
-    """Pack an IR with its drift reference (from held's calibration sample and validation confidence)."""
+def servable_ir(artifact: Artifact, files: dict[str, bytes], name: str, held: HeldOut, scores: dict[str, float],
+                logits: np.ndarray) -> ServableIr:
+    """Pack an IR with its drift reference (from held's calibration sample, and its confidence on held's validation
+    examples: the logits it was scored by)."""
     from appliance import inference
     from appliance.serve import drift
 
     servable = inference.load_ir(inference.pack_ir(artifact, files, name), throughput=True)  # timed as served
     reference = drift.reference(servable.reader, held.calibration,
                                 [servable.labels.index(label) for label in held.calibration_labels],
-                                inference.softmax(inference.predict(servable.compiled, servable.reader,
-                                                                held.examples))).to_json()
+                                inference.softmax(logits)).to_json()
     return ServableIr(name, inference.pack_ir(artifact, files, name, reference), scores, servable)
 
 
@@ -176,7 +178,8 @@ def optimize_version(
         step(2, "export and quantise the student")
         outcomes[STUDENT] = optimise(starts[STUDENT])
     step(steps - 2, "measure speed on this box")
-    built = [servable_ir(artifact, starts[prefix].files, prefix + own_name, held, outcome.decision.scores[own_name])
+    built = [servable_ir(artifact, starts[prefix].files, prefix + own_name, held, outcome.decision.scores[own_name],
+                         outcome.logits[own_name])
              for prefix, outcome in outcomes.items() for own_name, artifact in outcome.artifacts.items()]
     speeds = inference.compare({ir.name: ir.servable for ir in built}, held.examples)
     for speed in speeds.values():
