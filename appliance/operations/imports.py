@@ -101,7 +101,7 @@ def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str,
             if task is not None and task != data.task:
                 raise RegistryError(f"the model's task is given as {task}, and {data.ref}'s is {data.task}",
                                     hint=f"measure it on a dataset for {task}")
-            held = pipeline.held_out(store, data.id)
+            held = pipeline.held_out(datasets.load(store, data))
         report(0, 4, "read the model")
         incoming = read(source, memory_limit())
         details.update(format=incoming.format, sha256=incoming.sha256)

@@ -77,8 +77,7 @@ class HeldOut:
     calibration_labels: list[str]
 
 
-def held_out(store: Store, dataset_id: str, calibration_size: int = 300, seed: int = 0) -> HeldOut:
-    data = datasets.load(store, datasets.get(store, dataset_id))
+def held_out(data: datasets.LoadedDataset, calibration_size: int = 300, seed: int = 0) -> HeldOut:
     train = list(data.train)
     random.Random(seed).shuffle(train)
     examples = data.examples
@@ -145,7 +144,8 @@ def optimize_version(
     if options.distills and TORCH not in source.variants:
         raise RegistryError(f"{source.ref} was imported without its torch weights, so it cannot be distilled",
                             hint="import the model as a Hugging Face folder (safetensors) to distil it")
-    held = held_out(store, runs.get(store, source.run_id).dataset_id, options.calibration_size, options.seed)
+    data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))  # read once
+    held = held_out(data, options.calibration_size, options.seed)
     machine = hardware.detect()
     steps = 3 + (2 if options.distills else 0)
 
@@ -168,7 +168,6 @@ def optimize_version(
         params, sized = planned
         step(1, f"distil a {params.shape} student")
         teacher = blobs.read(store, source.variants[TORCH].blob_id)
-        data = datasets.load(store, datasets.get(store, runs.get(store, source.run_id).dataset_id))
         device, precision = distill.placed(machine)
         student = distill.distill(
             teacher, data, params, device=device, precision=precision, should_stop=should_stop,
