@@ -86,6 +86,10 @@ def test_a_stored_variant_serves_from_memory_with_its_tokenizer_and_labels(
     version = pipeline.optimize_version(opened, "tickets:1", pipeline.OptimizeOptions(int8=False))
     assert set(version.variants) == {"torch", "fp32"} and version.chosen == "fp32"
     assert "no INT8 variant was scored" in version.reason and "fp32 serves: no variant is faster" in version.reason
+    # Nothing faster than fp32: a student is proposed, of the shape the optimiser would size it.
+    assert version.reason.endswith("on this CPU: a 1-layer student would be the lever ('appliance optimize tickets:1 "
+                                   "--distill', the Models screen's s; it takes several times as long as the training "
+                                   "did and serves only if it keeps the accuracy).")
 
     packed = blobs.read(opened, version.variants["fp32"].blob_id)
     files = archive.unpack(packed)
@@ -117,7 +121,7 @@ def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
     assert student.metrics["accuracy"] > 0.6  # three classes: chance is a third
     assert "student INT8 guard" in version.reason and "student-int8" in version.reason.split("Texts/s")[1]
     assert version.reason.startswith("1-layer, 32-wide student, ") and "the best by validation macro-F1 after the first epoch (0.0003 " in version.reason
-    assert " (shape: half the teacher's 2 layers). " in version.reason
+    assert " (shape: half the teacher's 2 layers). " in version.reason and "would be the lever" not in version.reason
     assert version.chosen == fastest_within_a_point_of_fp32(version)
 
 

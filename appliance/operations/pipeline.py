@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from appliance import registry
 from appliance.core import archive, hardware
-from appliance.core.errors import RegistryError
+from appliance.core.errors import OptimizeError, RegistryError
 from appliance.data import datasets
 from appliance.store import Store, blobs
 from appliance.train import runs
@@ -31,6 +31,10 @@ TORCH = "torch"  # the training bundle: safetensors + config + tokenizer, the so
 FP32 = "fp32"  # the IR exported from it, or the one an import brought (optimize.FP32)
 STUDENT = "student-"
 Progress = Callable[[int, int, str], None]  # (done, total, what is happening now)
+# A version optimised without a student proposes one when what it serves is less than this many times as fast as fp32
+# at batch 16: where INT8 buys little (a CPU without VNNI or AMX), a student of half the layers is the lever (README,
+# bench/infer: 3.2x torch eager within a point of the teacher on such a CPU).
+PROPOSE_STUDENT_BELOW = 1.5
 
 
 @dataclass(frozen=True)
@@ -188,10 +192,28 @@ def optimize_version(
     metrics = {variant.name: variant.metrics for variant in variants if variant.name != TORCH}
     step(steps - 1, "choose and register")
     chosen, reason = _choose(outcomes, metrics, options, "Images" if source.task == datasets.IMAGE else "Texts")
+    if not options.distills and metrics[chosen]["speedup_b16"] < PROPOSE_STUDENT_BELOW:
+        reason += _student_proposed(source, starts[""], machine)
     version = registry.register(store, source.model, run_id=source.run_id, task=source.task, variants=variants,
                                 chosen=chosen, reason=taught + reason, actor=actor)
     step(steps, f"registered {version.ref}")
     return version
+
+
+def _student_proposed(source: registry.ModelVersion, start: Start, machine: hardware.Hardware) -> str:
+    """A student proposed, in words for the reason of a version that serves nothing much faster than fp32, where one
+    can be distilled from it ('' where none can: an image model, no torch weights, a teacher too shallow)."""
+    from appliance.train import distill
+
+    if source.task != datasets.TEXT or TORCH not in source.variants:
+        return ""
+    try:
+        params, _ = distill.sized_for(json.loads(start.files["config.json"]), machine.cpu)
+    except (OptimizeError, KeyError, ValueError):
+        return ""
+    return (f" Nothing here serves {PROPOSE_STUDENT_BELOW:g}x as fast as fp32 on this CPU: a {params.shape} student "
+            f"would be the lever ('appliance optimize {source.ref} --distill', the Models screen's s; it takes "
+            "several times as long as the training did and serves only if it keeps the accuracy).")
 
 
 @dataclass(frozen=True)

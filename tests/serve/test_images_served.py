@@ -52,6 +52,7 @@ def deploy_shapes(settings: config.Settings, folder: Path) -> tuple[inference.Se
                                params=TrainParams(epochs=1, batch_size=8, seed=1))
         pipeline.register_run(opened, trained.run_id, "shapes")
         optimised = pipeline.optimize_version(opened, "shapes:1", pipeline.OptimizeOptions(int8=False))
+        assert "would be the lever" not in optimised.reason  # fp32 alone, but no student of an image model is proposed
         registry.deploy(opened, optimised.ref)
         servable = inference.load_ir(blobs.read(opened, optimised.serving_variant().blob_id))
         _, token = auth.create(opened, "tests")
