@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -43,6 +45,18 @@ def answer(opened: Store, log: feedback.PredictionLog, version: registry.ModelVe
     ids = log.add(version.model, version.version, LABELS, probabilities, texts)
     log.flush(opened)
     return ids
+
+
+def test_prediction_ids_are_distinct_and_in_the_order_the_predictions_were_made(opened: Store, tmp_path: Path) -> None:
+    """So the predictions table's key grows at its end rather than anywhere in it; 64 random bits each."""
+    version, log = served_version(opened, tmp_path), feedback.PredictionLog()
+    earlier = answer(opened, log, version, ["one", "two", "three"])
+    time.sleep(0.002)  # the next millisecond
+    later = answer(opened, log, version, ["four"])
+    assert all(re.fullmatch(r"p_[0-9a-f]{11}[0-9a-f]{16}", i) for i in earlier + later)
+    assert len({i[-16:] for i in earlier + later}) == 4 and max(earlier) < later[0]
+    stored = [row[0] for row in opened.db.execute("SELECT id FROM predictions ORDER BY rowid").fetchall()]
+    assert stored == earlier + later
 
 
 def test_predictions_are_kept_sealed_and_get_ids(opened: Store, tmp_path: Path) -> None:

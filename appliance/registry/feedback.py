@@ -89,7 +89,7 @@ class PredictionLog:
         caller are not kept); returns their prediction ids, in order. The rows are read as Python floats: numpy's
         argmax and scalars on a row of a few labels cost the event loop more than the lists do."""
         now = time.time()
-        ids = [new_id() for _ in examples]
+        ids = new_ids(len(examples))
         for prediction_id, example, row in zip(ids, examples, probabilities.tolist(), strict=True):
             text = b"" if isinstance(example, np.ndarray) else example
             confidence = max(row)
@@ -120,8 +120,14 @@ class PredictionLog:
         return written
 
 
-def new_id() -> str:
-    return "p_" + secrets.token_hex(8)
+def new_ids(count: int) -> list[str]:
+    """Prediction ids: the millisecond they were made (11 hex digits), then 64 random bits, which keep an id
+    unguessable. In time order, so the predictions table's key grows at its end: with 1.2 million predictions kept,
+    a random key cost SQLite 15 µs of CPU a row to insert (24 µs of time, pages read back from disk), an ordered one
+    5.5 (6). The random bits of a request's ids come in one read."""
+    stamp = f"p_{time.time_ns() // 1_000_000:011x}"
+    random = secrets.token_hex(8 * count)
+    return [stamp + random[16 * i : 16 * (i + 1)] for i in range(count)]
 
 
 # -- true labels ---------------------------------------------------------------------
