@@ -326,9 +326,9 @@ def plan(hardware: Hardware, request: JobRequest) -> TrainingPlan:
     """Choose the device, precision, threads and the largest micro-batch whose estimated peak fits."""
     if request.effective_batch < 1 or request.seq_len < 1:
         raise PlanError(f"batch {request.effective_batch} and sequence length {request.seq_len} must be positive")
-    gpu = _gpu_for(hardware, request.device)
+    gpu = training_gpu(hardware, request.device)
     device = f"cuda:{gpu.index}" if gpu else "cpu"
-    precision, precision_note = _precision(hardware.cpu, gpu)
+    precision, precision_note = training_precision(hardware.cpu, gpu)
     if gpu:
         budget = int(gpu.total_bytes * BUDGET_SHARE["cuda"])
         budget_note = f"memory budget {format_bytes(budget)}: 90% of {gpu.name}'s {format_bytes(gpu.total_bytes)}"
@@ -395,7 +395,8 @@ def _workers(hardware: Hardware, gpu: Gpu | None, wanted: int | None) -> int:
     return wanted
 
 
-def _gpu_for(hardware: Hardware, wanted: str | None) -> Gpu | None:
+def training_gpu(hardware: Hardware, wanted: str | None = None) -> Gpu | None:
+    """The GPU a run trains on (the first; `wanted` "cpu": none), or a PlanError for a device it cannot have."""
     if wanted not in (None, "cpu", "cuda"):
         raise PlanError(f"unknown training device {wanted!r}", hint="use cpu or cuda, or leave it unset")
     if wanted == "cuda" and not hardware.gpus:
@@ -403,7 +404,8 @@ def _gpu_for(hardware: Hardware, wanted: str | None) -> Gpu | None:
     return hardware.gpus[0] if hardware.gpus and wanted != "cpu" else None
 
 
-def _precision(cpu: Cpu, gpu: Gpu | None) -> tuple[str, str]:
+def training_precision(cpu: Cpu, gpu: Gpu | None) -> tuple[str, str]:
+    """The autocast a run trains in on that GPU (None: the CPU), "bf16", "fp16" or "fp32", and why, in words."""
     if gpu and gpu.bf16:
         return "bf16", f"bf16 autocast: {gpu.name} computes in bf16 natively"
     if gpu:

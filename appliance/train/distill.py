@@ -41,13 +41,13 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from appliance import inference
-from appliance.core import archive
+from appliance.core import archive, hardware
 from appliance.core.errors import JobInterrupted, OptimizeError
 from appliance.core.hardware import Cpu, Hardware
 from appliance.data.datasets import LoadedDataset
 from appliance.train.bundle import TorchRunner, input_names, load_text_classifier
 from appliance.train.engine import evaluation_sample
-from appliance.train.tasks import adamw, attention_kernel, autocast, use_attention
+from appliance.train.tasks import adamw, attention_kernel, autocast, autocast_dtype, use_attention
 
 LAYER_PATHS = ("encoder.layer", "transformer.layer")  # BERT, MiniLM, RoBERTa, ELECTRA; DistilBERT
 # Where, inside one of those layers, its self-attention's query, key and value projections are.
@@ -293,17 +293,16 @@ def distill(
 def placed(machine: Hardware) -> tuple[torch.device, torch.dtype | None]:
     """Where distillation runs and its autocast, as training plans a run: the first CUDA GPU, in bf16 where it
     computes it natively, else fp16; without one, the CPU (precision_for)."""
-    if machine.gpus:
-        gpu = machine.gpus[0]
-        return torch.device(f"cuda:{gpu.index}"), torch.bfloat16 if gpu.bf16 else torch.float16
-    return CPU, precision_for(machine.cpu)
+    gpu = hardware.training_gpu(machine)
+    device = torch.device(f"cuda:{gpu.index}") if gpu else CPU
+    return device, autocast_dtype(hardware.training_precision(machine.cpu, gpu)[0])
 
 
 def precision_for(cpu: Cpu) -> torch.dtype | None:
     """bf16 where the CPU computes it natively (AMX, AVX-512 BF16), as training plans it: on a 2-core Xeon with AMX
     an epoch of 20 steps and its evaluation (MiniLM to 3 layers, fortunes, 32 texts a step) took 7.4 s against
     12.4 s in fp32; elsewhere bf16 would be emulated and slower, so fp32."""
-    return torch.bfloat16 if cpu.fast_bf16 else None
+    return autocast_dtype(hardware.training_precision(cpu, None)[0])
 
 
 class _Pupil:

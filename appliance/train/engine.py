@@ -438,7 +438,7 @@ def _full_rate(task: tasks.TextClassification, sample: datasets.LoadedDataset, p
     plan = hardware.plan(hardware.detect(), _request(task, sample, task.base_dir, params.changed(workers=None),
                                                      device))
     torch.set_num_threads(plan.threads)
-    on, autocast_dtype = torch.device(plan.device), _autocast_dtype(plan)
+    on, autocast_dtype = torch.device(plan.device), tasks.autocast_dtype(plan.precision)
     _fit(task, on)
     model = task.build_model().to(on).train()  # as training runs it, dropout and all (loaded, it is in eval mode)
     optimizer = _optimizer(model, params)
@@ -477,10 +477,6 @@ def _on(device: torch.device, batch: dict[str, torch.Tensor]) -> dict[str, torch
     if device.type != "cuda":
         return batch
     return {name: tensor.pin_memory().to(device, non_blocking=True) for name, tensor in batch.items()}
-
-
-def _autocast_dtype(plan: hardware.TrainingPlan) -> torch.dtype | None:
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
 
 
 def _task(kind: str, data: datasets.LoadedDataset, base_dir: Path, params: TrainParams) -> tasks.Task:
@@ -598,7 +594,7 @@ def _train(
     scheduler = _scheduler(optimizer, params, lambda: position.schedule_steps or total_steps)
     head_only = isinstance(task, fast.FastTextClassification)  # its precision was the encoder's: a head trains in fp32
     scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaler and not head_only)
-    autocast_dtype = None if head_only else _autocast_dtype(plan)
+    autocast_dtype = None if head_only else tasks.autocast_dtype(plan.precision)
     sample = evaluation_sample(data, params.seed)
     budget = Budget(params.max_minutes * 60 if params.max_minutes else None, len(sample), steps_per_epoch,
                     params.checkpoint_minutes * 60, params.checkpoint_every,
@@ -853,7 +849,7 @@ def _contrast(task: fast.FastTextClassification, data: datasets.LoadedDataset, d
         return not stopped
 
     torch.manual_seed(params.seed)  # dropout's draws
-    done = task.contrast(device, tuning, _autocast_dtype(plan), params.seed, allowed_s, report)
+    done = task.contrast(device, tuning, tasks.autocast_dtype(plan.precision), params.seed, allowed_s, report)
     if stopped:
         return False
     said = (f"fast mode: the encoder tuned on {done:,} pairs of training texts in {duration(time.monotonic() - started)}"
@@ -891,7 +887,7 @@ def _embed(task: fast.FastTextClassification, data: datasets.LoadedDataset, devi
         return not (stopped or out_of_time)
 
     started = time.monotonic()
-    done = task.embed(device, data.validation + order, report, _autocast_dtype(plan))
+    done = task.embed(device, data.validation + order, report, tasks.autocast_dtype(plan.precision))
     if stopped:
         return None
     kept = sorted(order[: max(0, done - len(data.validation))])
@@ -920,7 +916,7 @@ def _fit_head(task: images.ImageClassification, model: torch.nn.Module, data: da
             progress(Progress("fit-head", 0, params.epochs, done, total, 0.0, rate, (total - done) / rate))
         return not (should_stop() or limit_s is not None and time.monotonic() - started >= limit_s)
 
-    return task.fit_head(model, order, device, report, _autocast_dtype(plan))
+    return task.fit_head(model, order, device, report, tasks.autocast_dtype(plan.precision))
 
 
 def _shuffled(indices: list[int], seed: int) -> list[int]:

@@ -45,6 +45,11 @@ TOKENIZER_FILES = (
 MEAN_POOLED = "mean-pooled"  # a manifest's name for MeanPooledClassifier; none names a Hugging Face classifier
 
 
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """A plan's precision ("bf16", "fp16", "fp32") as autocast's dtype; None: no autocast, all in fp32."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
     """Mixed precision in dtype (the plan's bf16 or fp16) on device; None: none, all in fp32."""
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
