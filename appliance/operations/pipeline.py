@@ -209,7 +209,7 @@ def _student_proposed(source: registry.ModelVersion, start: Start, machine: hard
         return ""
     try:
         params, _ = distill.sized_for(json.loads(start.files["config.json"]), machine.cpu)
-    except (OptimizeError, KeyError, ValueError):
+    except OptimizeError:  # a teacher too shallow to halve
         return ""
     return (f" Nothing here serves {PROPOSE_STUDENT_BELOW:g}x as fast as fp32 on this CPU: a {params.shape} student "
             f"would be the lever ('appliance optimize {source.ref} --distill', the Models screen's s; it takes "

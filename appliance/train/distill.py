@@ -246,8 +246,8 @@ def distill(
     per_epoch = min(data_batches, params.max_steps // epochs)
     rates = (params.learning_rate,) if params.learning_rate is not None else LEARNING_RATES
     models = [model, *(copy.deepcopy(model) for _ in rates[1:])]  # copied before _Pupil hooks their layers
-    pupils = [_Pupil(one, rate, per_epoch * epochs, projections=params.attention_weight > 0,
-                     scaled=precision is torch.float16) for one, rate in zip(models, rates)]
+    pupils = [_Pupil(one, rate, per_epoch * epochs, precision, projections=params.attention_weight > 0)
+              for one, rate in zip(models, rates)]
     total = per_epoch * (epochs + len(pupils) - 1)
     best, best_state, searched, step = None, None, {}, 0
     for epoch in range(epochs):
@@ -266,7 +266,7 @@ def distill(
             with torch.no_grad(), autocast(device, precision):
                 soft = teacher(**inputs).logits.float()
             for pupil in pupils:
-                pupil.learn(inputs, soft, teacher_taps, labels[batch], params, device, precision)
+                pupil.learn(inputs, soft, teacher_taps, labels[batch], params)
                 step += 1
                 if progress:
                     progress(step, total)
@@ -306,20 +306,23 @@ def precision_for(cpu: Cpu) -> torch.dtype | None:
 
 
 class _Pupil:
-    """A student learning at one rate: its model, optimiser and linear schedule, and what its layers compute."""
+    """A student learning at one rate: its model (on its device, passes in autocast to precision), optimiser and
+    linear schedule, and what its layers compute."""
 
-    def __init__(self, model: nn.Module, learning_rate: float, steps: int, *, projections: bool, scaled: bool) -> None:
-        self.model, self.learning_rate = model, learning_rate
+    def __init__(self, model: nn.Module, learning_rate: float, steps: int, precision: torch.dtype | None, *,
+                 projections: bool) -> None:
+        self.model, self.learning_rate, self.precision = model, learning_rate, precision
+        self.device = next(model.parameters()).device
         self.taps = _Taps(_layer_list(model), range(model.config.num_hidden_layers), projections=projections)
         self.optimizer = adamw(model.parameters(), learning_rate)
         self.scheduler = torch.optim.lr_scheduler.LinearLR(self.optimizer, 1.0, 0.0, total_iters=steps)
-        device = next(model.parameters()).device
-        self.scaler = torch.amp.GradScaler(device.type, enabled=scaled)  # fp16's gradients would underflow unscaled
+        # fp16's small gradients would underflow unscaled
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision is torch.float16)
 
     def learn(self, inputs: dict[str, torch.Tensor], soft: torch.Tensor, teacher: _Taps, labels: torch.Tensor,
-              params: DistillParams, device: torch.device, precision: torch.dtype | None) -> None:
+              params: DistillParams) -> None:
         """One step on a batch the teacher has just seen (its logits and, in its taps, what its layers computed)."""
-        with autocast(device, precision):
+        with autocast(self.device, self.precision):
             logits = self.model(**inputs).logits
         loss = _loss(logits.float(), soft, labels, params)
         mask = inputs["attention_mask"]
