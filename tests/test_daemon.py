@@ -336,7 +336,8 @@ def test_the_cli_talks_to_the_running_daemon(base_models: Path, daemon: Daemon, 
     assert logged[0] == "stage: train" and logged[-1] == "finished"
     assert next(line for line in logged if line.startswith("epoch ")).startswith("epoch 1/3: validation macro-F1 ")
     assert logged[-2].startswith("kept epoch ") and "final figures on all " in logged[-2]
-    assert "tickets:2" in cli("optimize", "tickets:1", "--no-int8")
+    assert "tickets:2" in cli("optimize", "tickets:1", "--no-int8", "--max-minutes", "30")
+    assert daemon.job(cli("jobs", "list").split()[0])["params"]["max_minutes"] == 30  # the job keeps its limit
     assert "tickets:2 is production" in cli("deploy", "tickets:2")
 
     refused = daemon.cli("rollback", "tickets")

@@ -100,6 +100,7 @@ def test_cancel_ends_a_queued_job_and_asks_a_running_one_to_stop(opened: Store) 
         ("optimize", {"version": "x", "int8": "no"}, 'int8: "no" is not true or false'),
         ("optimize", {"version": "x", "metric": "f1"}, 'metric: "f1" is not one of "macro_f1", "accuracy"'),
         ("optimize", {"version": "x", "seed": -1}, "seed: -1 is not a whole number from 0 to 4294967295"),
+        ("optimize", {"version": "x", "max_minutes": 0}, "max_minutes: 0 is not a number above 0 and at most 10080"),
         ("pipeline", {"dataset": "x", "canary_percent": 0}, "percent: 0 is not a number above 0 and at most 100"),
         ("pipeline", {"dataset": "x", "deploy": "yes"}, 'deploy: "yes" is not one of "auto", "now", "canary", "never"'),
         ("pipeline", {"dataset": "x", "task": "speech"}, 'task: "speech" is not one of "text-classification"'),

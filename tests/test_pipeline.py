@@ -125,6 +125,18 @@ def test_a_distilled_student_is_optimised_too_and_competes_on_speed(
     assert version.chosen == fastest_within_a_point_of_fp32(version)
 
 
+def test_a_time_limit_leaves_the_student_what_the_teachers_variants_leave_and_the_reason_says_so(
+    opened: Store, registered: registry.ModelVersion
+) -> None:
+    """A limit the teacher's export and quantisation already spent: the student learns one epoch of its planned
+    ones, and is optimised, measured and guarded like any other."""
+    options = pipeline.OptimizeOptions(distill_width=32, calibration_size=64, within_s=1.0)
+    version = pipeline.optimize_version(opened, "tickets:1", options)
+    assert {"student-fp32", "student-int8"} <= set(version.variants)
+    assert version.reason.startswith("1-layer, 32-wide student, 1 epoch (of ")
+    assert ": as many as its time limit held)" in version.reason and "student INT8 guard" in version.reason
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_box_with_a_gpu_the_student_is_distilled_there(opened: Store, registered: registry.ModelVersion) -> None:

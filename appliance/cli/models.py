@@ -217,11 +217,13 @@ def show_version(version: dict[str, Any]) -> None:
     click.echo(f"lineage: run {lineage['run']}, dataset {lineage['dataset'][:12]}, base {lineage['base_model']},"
                f" trained on {lineage['trained_on']}")
     click.echo("hyperparameters: " + ", ".join(f"{key}={value}" for key, value in lineage["params"].items()))
-    click.echo(f"{'variant':<16}{'format':<13}{'MiB':>6}{'acc':>7}{'F1':>7}{'p50 ms':>8}{'b1/s':>7}{'b16/s':>7}{'x fp32':>7}")
+    named = max(16, *(len(name) + 1 for name in version["variants"]))  # student-int8-gentle is 19 characters
+    click.echo(f"{'variant':<{named}}{'format':<13}{'MiB':>6}{'acc':>7}{'F1':>7}{'p50 ms':>8}{'b1/s':>7}{'b16/s':>7}"
+               f"{'x fp32':>7}")
     for variant in sorted(version["variants"].values(),
                           key=lambda v: (v["name"] != "torch", "student" in v["name"], v["name"])):
         cells = "".join(_cell(variant["metrics"].get(name), spec) for name, spec in COLUMNS)
-        click.echo(f"{variant['name']:<16}{variant['format']:<13}{variant['bytes'] / 2**20:>6.1f}{cells}")
+        click.echo(f"{variant['name']:<{named}}{variant['format']:<13}{variant['bytes'] / 2**20:>6.1f}{cells}")
 
 
 COLUMNS = (("accuracy", ">7.3f"), ("macro_f1", ">7.3f"), ("latency_ms_p50", ">8.1f"), ("throughput_b1", ">7.0f"),

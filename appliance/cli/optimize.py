@@ -27,15 +27,17 @@ distill_option = click.option(
                help="Accuracy points a faster variant may lose against FP32.")
 @schema_option(OptimizeJob, "calibration_size", "--calibration-size", help="Training texts that calibrate INT8.")
 @schema_option(OptimizeJob, "metric", "--metric", help="The validation metric the guard compares.")
+@schema_option(OptimizeJob, "max_minutes", "--max-minutes",
+               help="Time limit for the whole optimisation: a student learns for fewer epochs where it would pass it.")
 def optimize(
     ref: str, no_int8: bool, distill: bool, distill_layers: int | None, distill_width: int | None,
-    max_accuracy_drop: float, calibration_size: int, metric: str,
+    max_accuracy_drop: float, calibration_size: int, metric: str, max_minutes: float | None,
 ) -> None:
     """Export to OpenVINO, quantise to INT8 under an accuracy guard, and register the result as a new version."""
     spec = OptimizeJob.parse({"version": ref, "int8": not no_int8, "distill": distill,
                               "distill_layers": distill_layers, "distill_width": distill_width,
                               "max_accuracy_drop": max_accuracy_drop, "calibration_size": calibration_size,
-                              "metric": metric})
+                              "metric": metric, "max_minutes": max_minutes})
     with connected() as appliance:  # a daemon runs it as a job, audited under the caller's user
         ref = appliance.run(spec, "optimising")["version"]
         show_version(appliance.model(ref))

@@ -12,6 +12,7 @@ import click
 from appliance import operations
 from appliance.cli.base import cli, deployment, json_option, print_json, schema_option
 from appliance.cli.connect import connected
+from appliance.cli.optimize import distill_option
 from appliance.core.text import counted
 from appliance.operations import jobspec
 from appliance.train import space
@@ -41,14 +42,16 @@ def parse_budget(text: str) -> float:
 @schema_option(jobspec.TuneJob, "deploy", "--deploy",
                help="auto: production if the model serves nothing yet, else a canary if it holds up against "
                     "production; now; canary; never.")
+@distill_option
 @click.option("--resume", "resume_study", help="Continue a stopped search.")
 @click.pass_context
 def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base: Path | None, metric: str,
                space_file: Path | None, sampler: str, device: str | None, model_name: str | None, deploy: str,
-               resume_study: str | None) -> None:
+               distill: bool, resume_study: str | None) -> None:
     """Find good hyperparameters for a dataset within a time budget; the best trial becomes the model.
 
-    Trials that fall behind after an epoch are pruned, so the time goes to promising ones.
+    Trials that fall behind after an epoch are pruned, so the time goes to promising ones. With --distill the search
+    has half the budget and the student, distilled from its best trial, the other half.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -63,6 +66,7 @@ def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base
         job = {"dataset": dataset, "budget_s": parse_budget(budget or ""), "metric": metric, "sampler": sampler,
                "space": space.read(space_file) if space_file else None, "device": device, "name": model_name,
                "deploy": deploy}
+    job["distill"] = distill or None
     spec = jobspec.TuneJob.parse({key: value for key, value in job.items() if value is not None})
     with connected() as appliance:
         try:

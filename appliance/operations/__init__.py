@@ -22,13 +22,13 @@ autopilot's retrain and canary judge, and erasure (privacy).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from appliance import registry
 from appliance.core.errors import ApplianceError, DatasetError, JobInterrupted
-from appliance.core.text import counted
+from appliance.core.text import counted, duration
 from appliance.data import datasets, sources
 from appliance.operations import burst, challenge, jobs, pipeline
 from appliance.operations.jobspec import (
@@ -187,9 +187,12 @@ def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str | 
         if spec.resume:
             study_id = resumed(ctx.store, spec, confined=ctx.confined)
         elif study_id is None or not studies.exists(ctx.store, study_id):  # else an earlier attempt created it
-            request = search.Request(dataset=dataset, base_dir=base, budget_s=spec.budget_s or 0.0,
+            request = search.Request(dataset=dataset, base_dir=base, budget_s=_search_s(spec),
                                      metric=spec.metric, narrowing=spec.space, base_params=spec.params,
                                      sampler=spec.sampler, device=spec.device)
+            if request.budget_s < (spec.budget_s or 0.0):
+                ctx.log(f"the search has {duration(request.budget_s)} of the {duration(spec.budget_s or 0.0)} budget; "
+                        "the student distilled from its best trial learns in the other half")
             study_id = search.create(ctx.store, request, study_id=study_id, actor=ctx.actor)
         ctx.save(study=study_id)
     study_id = ctx.state["study"]
@@ -202,6 +205,11 @@ def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str | 
                force=True)
     ctx.save(run_id=result.best_run_id)
     return result.best_run_id
+
+
+def _search_s(spec: TuneJob) -> float:
+    """A new search's share of the job's budget: all of it, or half where a student learns in the other half."""
+    return (spec.budget_s or 0.0) / (2 if spec.optimize_options().distills else 1)
 
 
 def _tune_progress(report: Any) -> dict[str, Any]:
@@ -230,8 +238,11 @@ def optimise(ctx: Context, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) 
     def progress(done: int, total: int, what: str) -> None:
         ctx.report({"stage": "optimize", "step": done, "total_steps": total, "what": what})
 
+    options = spec.optimize_options()
+    if isinstance(spec, TuneJob) and options.distills:  # the other half of the budget (_search_s)
+        options = replace(options, within_s=studies.get(ctx.store, ctx.state["study"]).budget_s)
     try:
-        version = pipeline.optimize_version(ctx.store, ref, spec.optimize_options(), progress=progress,
+        version = pipeline.optimize_version(ctx.store, ref, options, progress=progress,
                                             should_stop=ctx.should_stop, actor=ctx.actor)
     except JobInterrupted:  # stopped while a student learnt: nothing was kept, and a resume starts the stage again
         raise Stopped(ctx.state) from None

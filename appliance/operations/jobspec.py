@@ -164,10 +164,12 @@ class OptimizeJob(_Optimizing):
                                   description="training texts that calibrate INT8")
     metric: Metric = Field(OptimizeOptions.metric, description="the validation metric the guard compares")
     seed: int = Field(OptimizeOptions.seed, ge=0, le=2**32 - 1)
+    max_minutes: float | None = Field(None, gt=0, le=WEEK_S / 60, description="the whole optimisation's time limit: "
+                                      "a student learns for fewer epochs where its planned ones would pass it")
 
     def optimize_options(self) -> OptimizeOptions:
         return replace(super().optimize_options(), calibration_size=self.calibration_size, metric=self.metric,
-                       seed=self.seed)
+                       seed=self.seed, within_s=None if self.max_minutes is None else self.max_minutes * 60)
 
 
 class ExportJob(_Spec):
@@ -215,8 +217,9 @@ class TuneJob(_Deploying, _Optimizing, _Training):
     noun: ClassVar[str] = "a tune job"
 
     dataset: Ref | None = Field(None, description="the dataset: name, name:version or id (not with 'resume')")
-    budget_s: float | None = Field(None, gt=0, le=WEEK_S, description="wall-clock seconds for the whole search "
-                                                                      "(not with 'resume')")
+    budget_s: float | None = Field(None, gt=0, le=WEEK_S, description="wall-clock seconds for the whole search, or "
+                                   "where a student is distilled too, half for the search and half for the student "
+                                   "(not with 'resume')")
     resume: Ref | None = Field(None, description="a stopped search's id: continue it within what is left of its "
                                                  "budget, on its own dataset and space")
     metric: Metric = Field("macro_f1", description="the validation metric to maximise (and to guard)")

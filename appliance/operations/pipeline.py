@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,9 @@ class OptimizeOptions:
     distill_layers: int | None = None
     distill_width: int | None = None  # the student's feed-forward units a layer (None: the teacher's, or the plan's)
     max_accuracy_drop: float = 1.0  # accuracy points
+    # The whole optimisation's time limit, in seconds: a student learns for as long as the rest leaves (the teacher's
+    # variants first, then as long again for the student's and the speed measurement), in fewer epochs if need be.
+    within_s: float | None = None
     calibration_size: int = 300
     metric: str = "accuracy"
     seed: int = 0
@@ -137,6 +141,7 @@ def optimize_version(
     from appliance import inference, optimize  # openvino, nncf and torch load only for this step
     from appliance.train import distill
 
+    started = time.monotonic()
     report = progress or (lambda done, total, label: None)
     source = registry.get(store, ref)
     if options.distills and source.task == datasets.IMAGE:
@@ -175,7 +180,8 @@ def optimize_version(
         device, precision = distill.placed(machine)
         student = distill.distill(
             teacher, data, params, device=device, precision=precision, should_stop=should_stop,
-            progress=lambda done, total: report(done, total, f"distil a {params.shape} student"))
+            progress=lambda done, total: report(done, total, f"distil a {params.shape} student"),
+            within_s=None if options.within_s is None else options.within_s - 2 * (time.monotonic() - started))
         taught = f"{student.describe()}{f' (shape: {sized})' if sized else ''}. "
         starts[STUDENT] = Start.exported(archive.unpack(student.bundle))
         step(2, "export and quantise the student")

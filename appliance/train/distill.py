@@ -44,6 +44,7 @@ from appliance import inference
 from appliance.core import archive, hardware
 from appliance.core.errors import JobInterrupted, OptimizeError
 from appliance.core.hardware import Cpu, Hardware
+from appliance.core.text import counted
 from appliance.data.datasets import LoadedDataset
 from appliance.train.bundle import TorchRunner, input_names, load_text_classifier
 from appliance.train.engine import evaluation_sample
@@ -162,6 +163,7 @@ class Student:
     teacher_metrics: dict[str, float]
     params: DistillParams
     epochs: int
+    planned_epochs: int  # more than epochs where its time limit cut it short
     seconds: float
     learning_rate: float
     searched: dict[float, dict[str, float]]  # empty when the rate was given
@@ -191,7 +193,9 @@ class Student:
                    if self.epoch_batches < self.data_batches else "")
         scored = (f" (on a stratified sample of {self.evaluated_on:,} of {self.validation_examples:,} validation "
                   "examples)" if self.evaluated_on < self.validation_examples else "")
-        return (f"{self.params.shape} student, {self.epochs} epochs{sampled}{autocast} at {rate}, taught the "
+        cut = (f" (of {self.planned_epochs}: as many as its time limit held)" if self.epochs < self.planned_epochs
+               else "")
+        return (f"{self.params.shape} student, {counted(self.epochs, 'epoch')}{cut}{sampled}{autocast} at {rate}, taught the "
                 f"teacher's {', '.join(filter(None, taught)) or 'nothing but the labels'}: accuracy "
                 f"{self.metrics['accuracy']:.3f} against the teacher's {self.teacher_metrics['accuracy']:.3f}{scored}")
 
@@ -205,11 +209,16 @@ def distill(
     precision: torch.dtype | None = None,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    within_s: float | None = None,
 ) -> Student:
     """Train a k-layer student on the teacher's layer states and soft labels and on the hard labels; keep its best
     epoch. The teacher and the students run on device, their passes in autocast to precision (see `placed`; None:
     fp32), the losses and the weights in fp32; fp16 scales the gradients. Progress counts student steps: in the
-    search's epoch, one a batch for each rate tried."""
+    search's epoch, one a batch for each rate tried.
+
+    within_s limits the whole, from its start: after each epoch, the epochs left are cut to as many as fit at the pace
+    measured (_epoch_pace_s), and the learning rate's schedule refitted to end with the last, as training to a budget
+    does; the first epoch always runs, so a limit shorter than it is passed by the rest of that epoch."""
     started = time.monotonic()
     files = archive.unpack(teacher_bundle)
     try:
@@ -248,9 +257,11 @@ def distill(
     models = [model, *(copy.deepcopy(model) for _ in rates[1:])]  # copied before _Pupil hooks their layers
     pupils = [_Pupil(one, rate, per_epoch * epochs, precision, projections=params.attention_weight > 0)
               for one, rate in zip(models, rates)]
-    total = per_epoch * (epochs + len(pupils) - 1)
+    planned, epoch = epochs, 0
     best, best_state, searched, step = None, None, {}, 0
-    for epoch in range(epochs):
+    while epoch < epochs:
+        total = per_epoch * (epochs + len(rates) - 1)  # the search's epoch takes a step a batch for each rate
+        epoch_started, students = time.monotonic(), len(pupils)
         seed = params.seed * 1009 + epoch
         rng = random.Random(seed)
         texts = data.texts + [variant(data.texts[i], rng) for _ in range(params.variants) for i in data.train]
@@ -281,13 +292,28 @@ def distill(
         if best is None or scores[0]["macro_f1"] > best["macro_f1"]:
             best = scores[0]
             best_state = {name: tensor.detach().to(CPU, copy=True) for name, tensor in pupils[0].model.state_dict().items()}
+        epoch += 1
+        if within_s is not None and epoch < epochs:
+            pace = _epoch_pace_s(time.monotonic() - epoch_started, students)
+            fitting = epoch + max(0, int((within_s - (time.monotonic() - started)) // pace))
+            if fitting < epochs:
+                epochs = fitting
+                pupils[0].refit((epochs - epoch) * per_epoch)
     student = pupils[0].model.to(CPU)
     student.load_state_dict(best_state)
     files["config.json"] = student.config.to_json_string().encode()
     files["model.safetensors"] = save_safetensors({k: v.contiguous() for k, v in student.state_dict().items()})
-    return Student(archive.pack(sorted(files.items())), best, teacher_metrics, params, epochs,
+    return Student(archive.pack(sorted(files.items())), best, teacher_metrics, params, epochs, planned,
                    time.monotonic() - started, pupils[0].learning_rate, searched, precision, str(device), per_epoch,
                    data_batches, len(scored), len(data.validation))
+
+
+def _epoch_pace_s(last_epoch_s: float, students: int) -> float:
+    """What an epoch of one student takes, from the last epoch's time with this many students (the search's epoch
+    teaches several beside one teacher's passes): counted as if the teacher's pass cost a student's step, where a
+    student's forward and backward passes over half the layers cost about one and a half of the teacher's forward
+    pass, so it errs long."""
+    return last_epoch_s * 2 / (students + 1)
 
 
 def placed(machine: Hardware) -> tuple[torch.device, torch.dtype | None]:
@@ -315,9 +341,13 @@ class _Pupil:
         self.device = next(model.parameters()).device
         self.taps = _Taps(_layer_list(model), range(model.config.num_hidden_layers), projections=projections)
         self.optimizer = adamw(model.parameters(), learning_rate)
-        self.scheduler = torch.optim.lr_scheduler.LinearLR(self.optimizer, 1.0, 0.0, total_iters=steps)
+        self.refit(steps)
         # fp16's small gradients would underflow unscaled
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision is torch.float16)
+
+    def refit(self, steps: int) -> None:
+        """The learning rate falls linearly from where it is now to 0 over the next `steps` steps."""
+        self.scheduler = torch.optim.lr_scheduler.LinearLR(self.optimizer, 1.0, 0.0, total_iters=max(steps, 1))
 
     def learn(self, inputs: dict[str, torch.Tensor], soft: torch.Tensor, teacher: _Taps, labels: torch.Tensor,
               params: DistillParams) -> None:

@@ -29,15 +29,20 @@ def imported(tmp_path: Path) -> str:
 @pytest.mark.slow
 def test_tune_searches_registers_and_optimises_the_best_and_shows_a_ranked_table(imported: str,
                                                                                  tiny_base: Path) -> None:
-    done = run_cli("tune", "--data", imported, "--budget", "30s", "--base", str(tiny_base), "--space", "space.toml",
-                   check=True)
+    """With --distill, the search has half the budget and the student, taught by its best trial, the rest."""
+    done = run_cli("tune", "--data", imported, "--budget", "40s", "--base", str(tiny_base), "--space", "space.toml",
+                   "--distill", check=True)
     assert "tune trial" in done.stderr  # the progress bar
+    assert "the search has 20s of the 40s budget; the student distilled from its best trial learns" in done.stderr
     assert "registered and optimised as tickets:2" in done.stdout  # as a daemon's tune job does: tickets:1, then :2
+    shown = json.loads(run_cli("models", "show", "tickets:2", "--json", check=True).stdout)
+    assert "student-fp32" in shown["variants"] and "1-layer student, " in shown["reason"]
     study_id = done.stdout.split("appliance tune show ")[1].split("'")[0]
     shown = run_cli("tune", "show", study_id, check=True).stdout
     assert "importance:" in shown and " complete " in shown and "rank" in shown
     data = json.loads(run_cli("tune", "show", study_id, "--json", check=True).stdout)
     assert data["status"] == "finished" and data["trials"][0]["run_id"] == data["best_run_id"]
+    assert data["budget_s"] == 20
     assert data["trials"][0]["epochs"]  # the curve, for charts
     assert study_id in run_cli("tune", "list", check=True).stdout
 

@@ -411,6 +411,46 @@ def test_without_a_rate_the_first_epoch_chooses_one_and_only_its_student_goes_on
     assert f"lr {FAST.learning_rate:g}, the best by validation macro-F1 after the first epoch (0 " in student.describe()
 
 
+@pytest.mark.parametrize("rate", [FAST.learning_rate, None])
+def test_a_time_limit_cuts_the_epochs_to_what_fits_and_the_report_says_so(
+    teacher: tuple[bytes, datasets.LoadedDataset], monkeypatch: pytest.MonkeyPatch, rate: float | None
+) -> None:
+    """No time left after the first epoch (the search's, where the rate is searched): it ends there, having reported
+    the steps it taught; with time enough, every epoch runs."""
+    monkeypatch.setattr(distill, "LEARNING_RATES", (FAST.learning_rate, FAST.learning_rate / 2))
+    seen: list[tuple[int, int]] = []
+    cut = distill.distill(*teacher, replace(FAST, learning_rate=rate), within_s=0.0,
+                          progress=lambda step, total: seen.append((step, total)))
+    assert cut.epochs == 1 and cut.planned_epochs == FAST.epochs
+    steps_per_epoch = -(-len(teacher[1].train) * (1 + FAST.variants) // FAST.batch_size)
+    taught = steps_per_epoch * (1 if rate else 2)  # one student's steps, or both rates' in the search
+    assert [step for step, _ in seen] == list(range(1, taught + 1))
+    assert f"1 epoch (of {FAST.epochs}: as many as its time limit held)" in cut.describe()
+    assert cut.metrics["accuracy"] > CHANCE
+    held = distill.distill(*teacher, replace(FAST, learning_rate=rate), within_s=3600.0)
+    assert held.epochs == held.planned_epochs == FAST.epochs and "time limit" not in held.describe()
+
+
+def test_where_a_time_limit_cuts_the_epochs_the_learning_rate_falls_to_0_at_the_new_end(
+    teacher: tuple[bytes, datasets.LoadedDataset], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(distill, "_epoch_pace_s", lambda last_epoch_s, students: 600.0)  # time for one epoch more
+    rates: list[float] = []
+    learn = distill._Pupil.learn
+
+    def learning(pupil: distill._Pupil, *args: object) -> None:
+        learn(pupil, *args)
+        rates.append(pupil.optimizer.param_groups[0]["lr"])
+
+    monkeypatch.setattr(distill._Pupil, "learn", learning)
+    cut = distill.distill(*teacher, replace(FAST, epochs=4), within_s=1000.0)
+    assert (cut.epochs, cut.planned_epochs) == (2, 4)
+    steps_per_epoch = len(rates) // 2
+    first, second = rates[:steps_per_epoch], rates[steps_per_epoch:]
+    assert first[-1] == pytest.approx(FAST.learning_rate * 3 / 4)  # on the way to 0 at the end of 4 epochs
+    assert second == sorted(second, reverse=True) and second[-1] == 0.0  # refitted: 0 at the end of the second
+
+
 def test_a_given_rate_is_not_searched(student: distill.Student) -> None:
     assert student.learning_rate == FAST.learning_rate and student.searched == {}
     assert f"lr {FAST.learning_rate:g} as given, taught the teacher's soft labels, layers' states:" in student.describe()

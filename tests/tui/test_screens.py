@@ -133,6 +133,10 @@ async def test_the_wizard_starts_a_fine_tune_and_the_job_shows_progress_charts_a
         await refused(pilot, dialog, "#priority", "high", "priority must be a whole number", then="5")
         await refused(pilot, dialog, "#workers", "two", "workers must be a number", then="")
         await refused(pilot, dialog, "#checkpoint_minutes", "0", "checkpoint_minutes", then="5")
+        dialog.query_one("#distill").value = True  # a student is part of the optimisation "train only" skips
+        await refused(pilot, dialog, "#deploy", "", "a student is distilled when the new model is optimised",
+                      then="auto")
+        dialog.query_one("#distill").value = False
         job_id = await submitted(pilot, dialog, served)
         assert app.screen.query_one("#jobs", Table).selected == job_id  # the newest, at the top
         job = api(served, f"/v1/jobs/{job_id}")

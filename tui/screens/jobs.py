@@ -274,6 +274,10 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
             yield fields(("Device", Select([("as planned", ""), ("cpu", "cpu"), ("cuda", "cuda")], value="",
                                            allow_blank=False, id="device")),
                          ("Priority", Input("0", type="integer", id="priority")))
+            yield fields(("Distil a student", Switch(value=False, id="distill",
+                                                     tooltip="a smaller, faster model taught by the new one, served "
+                                                             "if it keeps the accuracy; with a search, it learns in "
+                                                             "half the budget")))
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -335,6 +339,11 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
             if minutes <= 0:
                 raise ValueError(f"the search budget is a number of minutes above 0, not {budget!r}")
             kind, params["budget_s"], params["deploy"] = "tune", minutes * 60, deploy or "never"  # it always optimises
+        if self.query_one("#distill", Switch).value:
+            if kind == "train":
+                raise ValueError("a student is distilled when the new model is optimised: choose a 'Then' that "
+                                 "optimises, or a search budget")
+            params["distill"] = True
         try:
             return jobspec.parse(kind, params).body(int(priority))  # refused here, with what each field takes
         except ApplianceError as exc:
