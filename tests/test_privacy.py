@@ -147,7 +147,7 @@ def test_the_cli_dry_run_then_erases_with_the_identifier_on_stdin(tmp_path: Path
     assert "tickets:2" not in run_cli("data", "list", check=True).stdout
 
     erased = subprocess.run([sys.executable, "-m", "appliance", "privacy", "erase", "--subject", "-", "--yes"],
-                            input=SUBJECT + "\n", capture_output=True, text=True, timeout=300)
+                            input=SUBJECT + "\n", capture_output=True, text=True, timeout=300, check=False)
     assert erased.returncode == 0, erased.stderr
     assert "erased 3 record(s) in datasets tickets:1" in erased.stdout and "tickets:2 holds the rest" in erased.stdout
     listing = run_cli("data", "list", check=True).stdout

@@ -111,7 +111,7 @@ def test_cli_lists_and_shows_versions(opened: Store, run_id: str) -> None:
     assert re.search(r"^raw:1 .* not optimised ", listed, re.MULTILINE)  # a torch bundle only: it cannot serve
     shown = run_cli("models", "show", "tickets:1", check=True).stdout
     assert "chosen: int8 - int8 within the 1.0 pt guard" in shown and "p50 ms" in shown
-    assert re.search(r"^int8 +openvino-ir +23\.0 +0\.895 +- +1\.5 ", shown, re.M), shown
+    assert re.search(r"^int8 +openvino-ir +23\.0 +0\.895 +- +1\.5 ", shown, re.MULTILINE), shown
     as_json = json.loads(run_cli("models", "show", "tickets:1", "--json", check=True).stdout)
     assert as_json["lineage"]["base_model"] == "/models/minilm"
     missing = run_cli("models", "show", "nope")

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Self
 
 # sqlite-utils imports pandas where it is installed (and pandas imports pyarrow), only to take pandas' types as
 # values, which the appliance never passes: 200 MB more in every process that opens the store, the serving daemon
@@ -51,7 +52,7 @@ class Store:
             self.checkpointer.close()
         self.db.conn.close()  # the last connection to close folds the WAL into the database
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_exc: object) -> None:

@@ -331,7 +331,7 @@ def keep_taking(settings: Settings, passphrase: str | None, stop: threading.Even
                     made, pruned = create(opened, actor="service:backup", scheduled=True)
                     log.info("backup %s taken (%d bytes); %d old ones deleted", made.path, made.bytes, len(pruned))
                     wait = 1.0
-                except Exception as exc:  # a full disk must not stop the daemon: say so, try again later
+                except Exception as exc:  # noqa: BLE001  a full disk must not stop the daemon: say so, try again later
                     log.error("scheduled backup failed: %s", getattr(exc, "message", exc))
                     wait = RETRY_S
             if stop.wait(min(wait, RETRY_S)):  # a manual backup in between moves the next one

@@ -156,9 +156,9 @@ def test_a_checkpoint_catches_truncation_even_with_an_old_head_file_replayed(log
 
 def test_an_operation_whose_record_cannot_be_written_does_not_happen(opened: Store) -> None:
     opened.db.execute("CREATE TRIGGER fail_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'disk full'); END")
-    with pytest.raises(AuditWriteFailed, match="nothing was changed"):
-        with audit.operation(opened, "dataset.import", "customers.csv"):
-            blob_id = blobs.put(opened, b"customer rows")
+    with pytest.raises(AuditWriteFailed, match="nothing was changed"), audit.operation(opened, "dataset.import",
+                                                                                      "customers.csv"):
+        blob_id = blobs.put(opened, b"customer rows")
     assert not blobs.exists(opened, blob_id)
 
 

@@ -93,8 +93,7 @@ def test_a_tune_job_hands_its_best_trial_to_register_and_optimise(daemon: Daemon
 
 @pytest.mark.slow
 def test_a_search_killed_with_the_daemon_resumes_its_study_after_a_restart(daemon: Daemon, tmp_path: Path) -> None:
-    with daemon.api() as api:
-        assert daemon.upload(tmp_path / "tickets.csv", name="tickets").is_success
+    assert daemon.upload(tmp_path / "tickets.csv", name="tickets").is_success
     narrowing = {"learning_rate": {"low": 1e-3, "high": 1e-2}, "epochs": {"low": 3, "high": 6}, "batch_size": [8, 16],
                  "max_length": 32, "lora": False}
     job_id = submit(daemon, "tune", {"dataset": "tickets", "budget_s": 40, "params": {**TINY, "checkpoint_every": 2},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib
 import io
+import itertools
 import json
 import math
 import random
@@ -20,7 +21,7 @@ from appliance.train import bundle, checkpoint, engine, runs, tasks
 from appliance.train.params import TrainParams
 from tests.conftest import FILLER, WORDS, write_tickets
 
-FAST = dict(mode="full", epochs=8, learning_rate=3e-3, batch_size=16, checkpoint_every=5, seed=3)
+FAST = {"mode": "full", "epochs": 8, "learning_rate": 3e-3, "batch_size": 16, "checkpoint_every": 5, "seed": 3}
 
 
 def _bundle_files(opened: Store, blob_id: str) -> dict[str, bytes]:
@@ -47,7 +48,7 @@ def test_a_run_learns_and_leaves_a_self_contained_model(opened: Store, tickets: 
     assert run.status == "finished" and run.plan["device"] == planned and run.params["seed"] == 3
     history = runs.epochs(opened, result.run_id)
     assert [row.epoch for row in history] == list(range(1, len(history) + 1))
-    assert all(later.elapsed_s > earlier.elapsed_s for earlier, later in zip(history, history[1:]))
+    assert all(later.elapsed_s > earlier.elapsed_s for earlier, later in itertools.pairwise(history))
     assert {"train.start", "train.epoch", "checkpoint.save", "train.finished"} <= {
         row["action"] for row in audit.rows(opened)
     }

@@ -368,7 +368,7 @@ def test_an_image_set_is_read_a_file_at_a_time_from_the_encrypted_store(opened: 
     assert extended.examples == 501 and extended.parent == version.id
     assert before_erasing == {**written, digest_of["old"]: "noisier", digest_of["new"]: "noisy"}
     assert erased is not None and erased.examples == 499
-    gone = list(before_erasing)[0], digest_of["new"]  # rows 0 and 500: the first photo and the one added last
+    gone = next(iter(before_erasing)), digest_of["new"]  # rows 0 and 500: the first photo and the one added last
     assert contents(erased) == {digest: label for digest, label in before_erasing.items() if digest not in gone}
     shipped = sorted(backend.kept.glob("*/dataset.*"), key=lambda path: path.name)
     key = base64.b64decode(backend.env[burst.KEY_ENV])
