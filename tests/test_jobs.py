@@ -298,3 +298,17 @@ def test_an_ended_job_is_deleted_with_its_log_and_an_active_one_is_not(opened: S
     assert [(r["object"], r["outcome"]) for r in audit.rows(opened, action="job.delete")] == [
         (queued.id, "failed"), (ended.id, "ok")]
     assert audit.rows(opened, action="job.cancel")[-1]["object"] == ended.id  # what happened to it stays on record
+
+
+@pytest.mark.parametrize(("report", "words"), [
+    ({"stage": "train", "phase": "train", "epoch": 2, "epochs": 5, "step": 30, "total_steps": 75, "loss": 0.31234,
+      "samples_per_s": 85.25, "eta_s": 80}, "train epoch 2/5, loss 0.3123, 85.2 samples/s, eta 1m 20s"),
+    ({"stage": "train", "phase": "contrast", "step": 1, "total_steps": 9, "samples_per_s": 40.0, "eta_s": None},
+     "tuning the encoder on pairs (fast mode), 40.0 pairs/s"),
+    ({"stage": "tune", "trial": 3, "trials": 3, "epoch": 1, "epochs": 4, "pruned": 1, "best": 0.93191, "step": 50,
+      "total_steps": 240}, "tune trial 3 epoch 1/4, 1 pruned, best 0.9319"),
+    ({"stage": "optimize", "step": 1, "total_steps": 5, "what": "distil a 3-layer student"},
+     "optimize: distil a 3-layer student"),
+])
+def test_a_progress_report_reads_the_same_in_few_words_on_the_cli_and_the_tui(report: dict, words: str) -> None:
+    assert jobs.progress_words(report) == words

@@ -146,7 +146,7 @@ def follow_job(api: client.Client, job_id: str) -> dict[str, Any]:
         for event in api.events(subject=job_id):
             data = event["data"]
             if event["kind"] == "progress" and data.get("total_steps"):
-                bar(data["step"], data["total_steps"], _describe(data))
+                bar(data["step"], data["total_steps"], jobs.progress_words(data))
             elif event["kind"] == "stage":
                 bar(0, 1, data["stage"])
             elif event["kind"] == "log" and not data["line"].startswith("stage: "):  # the bar names the stage
@@ -182,7 +182,7 @@ class Foreground:
 
     def report(self, data: dict[str, Any], force: bool = False) -> None:
         if data.get("total_steps"):
-            self._bar(data["step"], data["total_steps"], _describe(data))
+            self._bar(data["step"], data["total_steps"], jobs.progress_words(data))
         elif "remote" in data:
             self._bar(0, 1, f"ray job {data['remote'].lower()}")
 
@@ -203,30 +203,6 @@ def foreground(store: Store, label: str, state: dict[str, Any] | None = None,
     checkpoint and stop on SIGTERM or Ctrl-C."""
     with progress_bar(label) as bar:
         yield Foreground(store, bar, state, stoppable)
-
-
-def _describe(progress: dict[str, Any]) -> str:
-    if progress.get("stage") == "train":
-        eta = f" eta {progress['eta_s']:.0f}s" if progress.get("eta_s") is not None else ""
-        unit = "pairs" if progress.get("phase") == "contrast" else "samples"
-        speed = f" {progress['samples_per_s']:.1f} {unit}/s" if progress.get("samples_per_s") is not None else ""
-        if progress.get("phase") == "contrast":
-            return f"tune on pairs (fast mode){speed}{eta}"
-        if progress.get("phase") == "embed":
-            return f"embed texts (fast mode){speed}{eta}"
-        if progress.get("phase") == "fit-head":
-            return f"fit the head on frozen features{speed}{eta}"
-        return f"train epoch {progress['epoch']}/{progress['epochs']} loss {progress['loss']:.4f}{speed}{eta}"
-    if progress.get("stage") == "tune" and "trial" in progress:
-        return tune_label(progress)
-    return f"{progress.get('stage')}: {progress.get('what', '')}"[:48]
-
-
-def tune_label(progress: dict[str, Any]) -> str:
-    """A search's progress in a few words: which trial, how many pruned, the best so far."""
-    best = f" best {progress['best']:.4f}" if progress.get("best") is not None else ""
-    return (f"tune trial {progress['trial']} epoch {progress['epoch']}/{progress['epochs']}, "
-            f"{progress['pruned']} pruned{best}")
 
 
 def _pair(pair: str) -> tuple[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from appliance.core import clock
 from appliance.core.errors import ApplianceError, JobError, JobNotFound
+from appliance.core.text import duration
 from appliance.data import datasets
 from appliance.operations import jobspec
 from appliance.store import Store, alerts, audit, blobs, events
@@ -159,6 +160,26 @@ def save_state(store: Store, job_id: str, owner: str, **made: Any) -> dict[str, 
 def progress(store: Store, job_id: str, data: dict[str, Any]) -> None:
     """A progress report (stage, step, loss, metric, ETA) for the events stream; not audited."""
     events.emit(store, "job", job_id, "progress", data)
+
+
+_PHASES = {"contrast": "tuning the encoder on pairs (fast mode)", "embed": "embedding texts (fast mode)",
+           "fit-head": "fitting the head on frozen features"}  # a training's phases other than its epochs
+
+
+def progress_words(report: dict[str, Any]) -> str:
+    """A progress report in a few words, as the CLI's progress bar and the TUI's job pane label it."""
+    if report.get("stage") == "train":
+        unit = "pairs" if report.get("phase") == "contrast" else "samples"
+        speed = f", {report['samples_per_s']:.1f} {unit}/s" if report.get("samples_per_s") is not None else ""
+        eta = f", eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""
+        doing = _PHASES.get(report.get("phase", "")) or (f"train epoch {report['epoch']}/{report['epochs']}, "
+                                                         f"loss {report['loss']:.4f}")
+        return doing + speed + eta
+    if report.get("stage") == "tune" and "trial" in report:
+        best = f", best {report['best']:.4f}" if report.get("best") is not None else ""
+        return (f"tune trial {report['trial']} epoch {report['epoch']}/{report['epochs']}, {report['pruned']} pruned"
+                + best)
+    return f"{report.get('stage', '')}: {report.get('what', '')}"
 
 
 def log_lines(store: Store, job_id: str) -> list[str]:

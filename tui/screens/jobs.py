@@ -23,9 +23,7 @@ from textual.worker import Worker
 
 from appliance.core import schema
 from appliance.core.errors import ApplianceError
-from appliance.core.text import duration
-from appliance.operations import jobspec
-from appliance.operations.jobs import ENDED
+from appliance.operations import jobs, jobspec
 from appliance.train.params import TrainParams
 from tui.screens.base import ApplianceScreen
 from tui.screens.dialogs import Confirm, FormDialog, fields
@@ -118,7 +116,7 @@ class JobsScreen(ApplianceScreen):
             step.update("finished")
         elif report and report.get("total_steps"):
             bar.update(total=report["total_steps"], progress=report["step"])
-            step.update(_describe(report))
+            step.update(jobs.progress_words(report))
         else:
             bar.update(total=None if job["status"] == "running" else 1, progress=0)
             step.update(job["status"] + (f" ({job['stage']})" if job["stage"] else ""))
@@ -172,7 +170,7 @@ class JobsScreen(ApplianceScreen):
 
     def action_cancel_job(self) -> None:
         job = self._jobs.get(self._selected_id() or "")
-        if job is None or job["status"] in ENDED:
+        if job is None or job["status"] in jobs.ENDED:
             self.notify("select a queued or running job to cancel", severity="warning")
             return
         question = (f"Cancel job {job['id']} ({job['kind']}, {job['status']})?"
@@ -184,7 +182,7 @@ class JobsScreen(ApplianceScreen):
 
     def action_delete_job(self) -> None:
         job = self._jobs.get(self._selected_id() or "")
-        if job is None or job["status"] not in ENDED:
+        if job is None or job["status"] not in jobs.ENDED:
             self.notify("select an ended job to delete (c cancels one that is queued or running)", severity="warning")
             return
         self.confirm_and_send(
@@ -207,22 +205,6 @@ def _summary(job: dict[str, Any]) -> str:
     if job["error"]:
         lines.append(f"error: {job['error']}")
     return "\n".join(lines)
-
-
-def _describe(report: dict[str, Any]) -> str:
-    if report.get("stage") == "train":
-        eta = f", eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""
-        if report.get("phase") == "contrast":
-            return f"tuning the encoder on pairs (fast mode), {report['step']:,} of {report['total_steps']:,}{eta}"
-        if report.get("phase") == "embed":
-            return f"embedding texts (fast mode), {report['step']:,} of {report['total_steps']:,}{eta}"
-        if report.get("phase") == "fit-head":
-            return f"fitting the head on frozen image features, {report['step']:,} of {report['total_steps']:,}{eta}"
-        return f"train epoch {report['epoch']}/{report['epochs']}, loss {report['loss']:.4f}{eta}"
-    if report.get("stage") == "tune" and "trial" in report:
-        best = f", best {report['best']:.4f}" if report.get("best") is not None else ""
-        return f"trial {report['trial']} epoch {report['epoch']}/{report['epochs']}, {report['pruned']} pruned{best}"
-    return f"{report.get('stage', '')}: {report.get('what', '')}"
 
 
 TRAINING_MODES = [  # TrainParams.mode; fast mode's own epochs and learning rate apply where those are left as shown
