@@ -302,7 +302,7 @@ def test_an_ended_job_is_deleted_with_its_log_and_an_active_one_is_not(opened: S
 
 @pytest.mark.parametrize(("report", "words"), [
     ({"stage": "train", "phase": "train", "epoch": 2, "epochs": 5, "step": 30, "total_steps": 75, "loss": 0.31234,
-      "samples_per_s": 85.25, "eta_s": 80}, "train epoch 2/5, loss 0.3123, 85.2 samples/s, eta 1m 20s"),
+      "samples_per_s": 85.25, "eta_s": 80}, "train epoch 2/5, loss 0.3123, eta 1m 20s, 85.2 samples/s"),
     ({"stage": "train", "phase": "contrast", "step": 1, "total_steps": 9, "samples_per_s": 40.0, "eta_s": None},
      "tuning the encoder on pairs (fast mode), 40.0 pairs/s"),
     ({"stage": "tune", "trial": 3, "trials": 3, "epoch": 1, "epochs": 4, "pruned": 1, "best": 0.93191, "step": 50,

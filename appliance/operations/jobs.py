@@ -174,7 +174,7 @@ def progress_words(report: dict[str, Any]) -> str:
         eta = f", eta {duration(report['eta_s'])}" if report.get("eta_s") is not None else ""
         doing = _PHASES.get(report.get("phase", "")) or (f"train epoch {report['epoch']}/{report['epochs']}, "
                                                          f"loss {report['loss']:.4f}")
-        return doing + speed + eta
+        return doing + eta + speed  # where a narrow pane cuts the line, the speed goes first
     if report.get("stage") == "tune" and "trial" in report:
         best = f", best {report['best']:.4f}" if report.get("best") is not None else ""
         return (f"tune trial {report['trial']} epoch {report['epoch']}/{report['epochs']}, {report['pruned']} pruned"
