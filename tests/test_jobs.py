@@ -164,6 +164,22 @@ def test_an_older_yes_or_no_deploy_reads_as_the_policy_it_meant() -> None:
     assert policy(deploy=True, canary_percent=5) == "canary"
 
 
+def test_a_pipeline_that_distils_keeps_its_time_limit_for_the_whole_job() -> None:
+    """--max-minutes with --deploy --distill: the training has half, the student the other half, as in a tune job."""
+    def pipeline(**given: object) -> jobspec.PipelineJob:
+        return jobspec.parse("pipeline", {"dataset": "tickets", "params": {"max_minutes": 4}, **given})
+
+    student = pipeline(distill=True)
+    assert student.training_params().max_minutes == 2 and student.optimize_options().within_s == 120
+    assert student.dump()["params"]["max_minutes"] == 4  # the job shows the limit it was given
+    shaped = pipeline(distill_layers=1)
+    assert shaped.training_params().max_minutes == 2 and shaped.optimize_options().within_s == 120
+    alone = pipeline()  # nothing after the training waits on a limit
+    assert alone.training_params().max_minutes == 4 and alone.optimize_options().within_s is None
+    unbounded = jobspec.parse("pipeline", {"dataset": "tickets", "distill": True})
+    assert unbounded.training_params().max_minutes is None and unbounded.optimize_options().within_s is None
+
+
 def test_a_row_an_older_appliance_wrote_fails_its_job_with_a_message(opened: Store) -> None:
     job = _train(opened)
     opened.db.execute("UPDATE jobs SET params = ? WHERE id = ?", ('{"dataset": "tickets", "params": {"epochs": "5"}}',

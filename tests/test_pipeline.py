@@ -196,6 +196,29 @@ def test_a_student_learning_reports_its_steps_and_a_stop_ends_the_job_stage_with
     assert "optimized" not in job.state  # a resume starts the stage again
 
 
+def test_an_optimisation_stopped_part_way_resumes_with_what_was_left_of_its_time_limit(
+    opened: Store, registered: registry.ModelVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preempted optimize job that resumes does not give its student the whole limit again."""
+    job, spec = StoppingJob(opened, reports_before_stop=5), OptimizeJob.parse(
+        {"version": "tickets:1", "distill_layers": 1, "max_minutes": 10})
+    with pytest.raises(operations.Stopped):
+        operations.optimise(job, spec, "tickets:1")
+    spent_s = job.state["optimize_spent_s"]
+    assert spent_s > 0
+
+    resumed: list[pipeline.OptimizeOptions] = []
+
+    def optimize_version(store: Store, ref: str, options: pipeline.OptimizeOptions, **kwargs: object):
+        resumed.append(options)
+        return registered
+
+    monkeypatch.setattr(pipeline, "optimize_version", optimize_version)
+    job.left = 1_000
+    operations.optimise(job, spec, "tickets:1")
+    assert resumed[0].within_s == pytest.approx(600 - spent_s)
+
+
 def test_a_version_with_neither_torch_bundle_nor_fp32_ir_cannot_be_optimised(
         opened: Store, registered: registry.ModelVersion) -> None:
     int8_only = registry.Variant("int8", "openvino-ir", registered.variants["torch"].blob_id, 1, {})

@@ -22,6 +22,7 @@ autopilot's retrain and canary judge, and erasure (privacy).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -66,7 +67,8 @@ class Context(Protocol):
     id: str  # the name a burst is known by on the cluster: the job's id, or the foreground command's
     store: Store
     actor: str | None
-    state: dict[str, Any]  # what earlier attempts made: dataset, run_id, study, registered, optimized, deployed, burst
+    state: dict[str, Any]  # what earlier attempts made: dataset, run_id, study, registered,
+    # optimize_spent_s (by attempts stopped while optimising), optimized, deployed, burst
     max_threads: int | None  # set while a model is served: training leaves it cores
     confined: bool  # a daemon's job opens model folders only where root configured; the CLI's user, their own
 
@@ -126,7 +128,10 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
                     "samples_per_s": round(report.samples_per_s, 2), "eta_s": report.eta_s})
 
     if "run_id" not in ctx.state:
-        ctx.save(run_id=engine.create(ctx.store, dataset=dataset, base_dir=base, params=spec.params,
+        if isinstance(spec, PipelineJob) and spec.student_share_s is not None:
+            ctx.log(f"the training has {duration(spec.student_share_s)} of the {duration(2 * spec.student_share_s)} "
+                    "limit; the student distilled from it learns in the other half")
+        ctx.save(run_id=engine.create(ctx.store, dataset=dataset, base_dir=base, params=spec.training_params(),
                                       device=spec.device, log=ctx.log))
     if ctx.max_threads:
         ctx.log(f"a model is being served: training uses at most {counted(ctx.max_threads, 'thread')}, at lower "
@@ -141,7 +146,7 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
 def _burst(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) -> str | None:
     """Train on the Ray cluster: the finished local run's id, or None when it failed and may fall back to here."""
     ctx.stage("burst")
-    request = burst.Request(dataset, base, spec.params, spec.device, ctx.id, ctx.actor)
+    request = burst.Request(dataset, base, spec.training_params(), spec.device, ctx.id, ctx.actor)
     try:
         return burst.attempt(ctx.store, ctx.store.settings, request, _BurstWatcher(ctx), ctx.state.get("burst"),
                              spec.fallback)
@@ -241,10 +246,14 @@ def optimise(ctx: Context, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) 
     options = spec.optimize_options()
     if isinstance(spec, TuneJob) and options.distills:  # the other half of the budget (_search_s)
         options = replace(options, within_s=studies.get(ctx.store, ctx.state["study"]).budget_s)
+    if options.within_s is not None:  # a stopped job goes on with what was left of its time limit
+        options = replace(options, within_s=max(0.0, options.within_s - ctx.state.get("optimize_spent_s", 0.0)))
+    started = time.monotonic()
     try:
         version = pipeline.optimize_version(ctx.store, ref, options, progress=progress,
                                             should_stop=ctx.should_stop, actor=ctx.actor)
     except JobInterrupted:  # stopped while a student learnt: nothing was kept, and a resume starts the stage again
+        ctx.save(optimize_spent_s=round(ctx.state.get("optimize_spent_s", 0.0) + time.monotonic() - started, 1))
         raise Stopped(ctx.state) from None
     ctx.save(optimized=version.ref)
     return version

@@ -91,6 +91,10 @@ class _Training(_Spec):
     device: Literal["cpu", "cuda"] | None = Field(None, description="default: the best available")
     name: ModelName | None = Field(None, description="register the model under this name; default: the dataset's")
 
+    def training_params(self) -> TrainParams:
+        """The hyperparameters the run trains with."""
+        return self.params
+
 
 class _Burst(_Spec):
     burst: bool = Field(False, description="train on the configured Ray cluster, if the dataset's residency allows")
@@ -207,6 +211,21 @@ class PipelineJob(_Deploying, _Optimizing, _Burst, _Training):
             raise refusal("'retrain' extends 'dataset' with a served model's feedback and takes no 'source'; "
                           "send one of them")
         return self
+
+    @property
+    def student_share_s(self) -> float | None:
+        """params.max_minutes bounds the whole job: where a student is distilled, it learns in the second half
+        (as a tune job's does), the training has the first."""
+        if self.params.max_minutes is None or not super().optimize_options().distills:
+            return None
+        return self.params.max_minutes * 60 / 2
+
+    def training_params(self) -> TrainParams:
+        share_s = self.student_share_s
+        return self.params if share_s is None else self.params.changed(max_minutes=share_s / 60)
+
+    def optimize_options(self) -> OptimizeOptions:
+        return replace(super().optimize_options(), within_s=self.student_share_s)
 
 
 class TuneJob(_Deploying, _Optimizing, _Training):
