@@ -124,8 +124,7 @@ def run(store: Store, settings: config.Settings, params: TrainParams) -> Outcome
 def report(version: datasets.DatasetVersion, source: Path, workers: int, outcomes: list[Outcome]) -> None:
     cpu = hardware.detect().cpu
     print()
-    print(f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores, flags"
-          f" {' '.join(cpu.flags) or 'none'}; a Ray head on loopback with {workers} CPUs")
+    print(f"machine: {cpu.described()}; a Ray head on loopback with {workers} CPUs")
     print(f"data: {source.name}, {version.examples} examples; base model all-MiniLM-L6-v2")
     print()
     header = f"{'workers':>7} {'epochs':>6} {'train samples/s':>16} {'to last epoch':>14} {'whole burst':>12} {'accuracy':>9}"

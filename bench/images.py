@@ -249,8 +249,7 @@ def _accuracy(logits: np.ndarray, labels: list[str], truth: list[str]) -> float:
 
 def report(args: argparse.Namespace, outcomes: list[Outcome], serving: Serving) -> None:
     cpu = hardware.detect().cpu
-    print(f"\nmachine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores, flags "
-          f"{' '.join(cpu.flags) or 'none'}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"\nmachine: {cpu.described()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"data: Fashion-MNIST (Debian dataset-fashion-mnist), {args.train} training photos (the import's split "
           f"holds some back for validation), {args.test} test photos, {len(CLASSES)} classes; budget "
           f"{args.minutes:g} min each; seed {args.seed}\n")

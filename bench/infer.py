@@ -330,10 +330,7 @@ def report(rows: Sequence[Measured], setup: Setup, args: argparse.Namespace, bas
     cpu = hardware.detect().cpu
     baseline = rows[0]
     guarded = {row.name: inside_guard(baseline, row, setup.max_accuracy_drop) for row in rows}
-    print(
-        f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores, "
-        f"flags {' '.join(cpu.flags) or 'none'}"
-    )
+    print(f"machine: {cpu.described()}")
     if cpu.isa_cap:
         print(
             f"instructions capped at {cpu.isa_cap} ({hardware.ISA_CAP}; MKL_ENABLE_INSTRUCTIONS="

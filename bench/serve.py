@@ -73,10 +73,12 @@ a heavier client on the same cores costs the HTTP systems. The in-process system
 the same workers, awaiting the batcher or a thread instead of a socket. Every point runs a
 warm-up, then a measured window: throughput is the requests completed in the window per
 second, latency their p50 and p99 as the client saw them, tokenisation included. The
-window is taken in ROUNDS turns, the systems taking turns at each concurrency, each turn
+window is taken in ROUNDS turns (--rounds), the systems taking turns at each concurrency, each turn
 after its own warm-up: this box's speed drifts by several percent within minutes, and
 turns spread that over every system alike (one window each once put the appliance at 0.86
-of the hand-built peer at one client where turns, minutes later, gave 0.95-0.99). Texts
+of the hand-built peer at one client where turns, minutes later, gave 0.95-0.99). The
+headline ratios are also given turn by turn (`*_turns` in the JSON line): where they swing
+more than the targets' margins, take more turns (--rounds) before reading them. Texts
 cycle through the validation split in the same order for every system, and each
 system's accuracy is one pass over that split with the labels read from its answers.
 
@@ -132,7 +134,7 @@ from pydantic import BaseModel
 SAMPLE = Path(__file__).resolve().parent.parent / "appliance" / "samples" / "support_tickets.csv"
 MODEL = "tickets"
 CONCURRENCY = (1, 8, 64)
-ROUNDS = 2  # each point's window, in turns with the other systems (see interleaved())
+ROUNDS = 2  # each point's window, in turns with the other systems (see interleaved()); --rounds
 TARGET_VS_NAIVE = 3.0
 TARGET_IDLE_RSS_MB = 400  # the serving process holds OpenVINO and tokenizers, never torch
 TARGET_PEER_C1, TARGET_PEER_TOP = 1.0, 2.5  # the appliance against the best peer, at 1 and at 64 clients
@@ -183,6 +185,7 @@ class Point:
     client_cpu_s: float
     others: float
     server_rss_mb: float | None  # resident memory of the server process at the window's end
+    turns: tuple[float, ...] = ()  # the throughput of each turn the window was taken in (interleaved())
 
     @property
     def throughput(self) -> float:
@@ -247,6 +250,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="fine-tuning epochs (default 3)")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured window per point (default 8)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each window (default 1)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"turns each point's window is taken in, the systems taking turns (default {ROUNDS}; more "
+                             "where the box's speed swings: the summary gives each ratio turn by turn)")
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
                         help="concurrent clients per point, comma-separated (default 1,8,64)")
     parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
@@ -286,7 +292,8 @@ def main() -> None:
     try:
         token = prepare(args.dataset, args.epochs)
         with Servers(token) as servers:
-            results = asyncio.run(run(servers, token, args.client, concurrency, args.warmup, args.seconds, args.soak))
+            results = asyncio.run(run(servers, token, args.client, concurrency, args.warmup, args.seconds, args.rounds,
+                                      args.soak))
     finally:
         if args.dir is None:
             shutil.rmtree(state_dir, ignore_errors=True)
@@ -839,7 +846,7 @@ def load_served(throughput: bool = False) -> tuple[Any, int, str]:
 
 async def run(
     servers: Servers, token: str, client: str, concurrency: Sequence[int], warmup: float, seconds: float,
-    soak: float = 0.0,
+    rounds: int = ROUNDS, soak: float = 0.0,
 ) -> Results:
     """Accuracy of every system, then each concurrency in turn over every system, so drift hits all alike."""
     from appliance.core import config
@@ -870,7 +877,8 @@ async def run(
     try:
         accuracy = {system.name: await score(system, validation) for system in systems}
         points = [point for clients in concurrency
-                  for point in await interleaved((*systems, *echoes), validation.texts, clients, warmup, seconds)]
+                  for point in await interleaved((*systems, *echoes), validation.texts, clients, warmup, seconds,
+                                                   rounds)]
         await asyncio.sleep(RELEASE_AFTER_S + 2)  # at rest: nothing in flight, the burst's buffers handed back
         idle = {system.name: at_rest(system.pid) for system in systems if system.pid and system.name != OURS_OIP}
         soaking = await soaked(next(system for system in systems if system.name == OURS), validation.texts,
@@ -927,12 +935,17 @@ async def score(system: System, validation: Validation) -> float:
 
 
 async def interleaved(systems: Sequence[System], texts: Sequence[str], clients: int, warmup: float,
-                      seconds: float) -> list[Point]:
-    """Each system's point, measured in ROUNDS windows of seconds / ROUNDS taking turns with the others, so that the
-    box's speed, which drifts by several percent within minutes, weighs on every system alike."""
-    rounds = [[await measure(system, texts, clients, warmup, seconds / ROUNDS) for system in systems]
-              for _ in range(ROUNDS)]
-    return [merged(list(turns)) for turns in zip(*rounds, strict=True)]
+                      seconds: float, rounds: int = ROUNDS) -> list[Point]:
+    """Each system's point, measured in `rounds` windows of seconds / rounds taking turns with the others, so that
+    the box's speed, which drifts by several percent within minutes, weighs on every system alike. Each round
+    starts further along the list, so no system always follows the same one (a heavy one may leave the box slower
+    for a moment after it)."""
+    turns: dict[str, list[Point]] = {system.name: [] for system in systems}
+    for round_ in range(rounds):
+        start = round_ * len(systems) // rounds
+        for system in (*systems[start:], *systems[:start]):
+            turns[system.name].append(await measure(system, texts, clients, warmup, seconds / rounds))
+    return [merged(windows) for windows in turns.values()]
 
 
 def merged(points: list[Point]) -> Point:
@@ -941,7 +954,8 @@ def merged(points: list[Point]) -> Point:
     return Point(points[0].system, points[0].concurrency, seconds,
                  [latency for point in points for latency in point.latencies], sum(point.errors for point in points),
                  sum(point.server_cpu_s for point in points), sum(point.client_cpu_s for point in points),
-                 sum(point.others * point.seconds for point in points) / seconds, points[-1].server_rss_mb)
+                 sum(point.others * point.seconds for point in points) / seconds, points[-1].server_rss_mb,
+                 tuple(point.throughput for point in points))
 
 
 async def measure(system: System, texts: Sequence[str], clients: int, warmup: float, seconds: float) -> Point:
@@ -1027,7 +1041,7 @@ def report(results: Results, args: argparse.Namespace) -> None:
     from appliance.core import hardware
 
     cpu = hardware.detect().cpu
-    print(f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores; "
+    print(f"machine: {cpu.described()}; "
           f"openvino {version('openvino')}, torch {version('torch')}, fastapi {version('fastapi')}, "
           f"uvicorn {version('uvicorn')} ({uvicorn_stack()})")
     for note in results.notes:
@@ -1035,7 +1049,7 @@ def report(results: Results, args: argparse.Namespace) -> None:
     print(f"data: {args.dataset.name}; its {results.validation_size} validation texts, one per request, in a fixed order")
     client = f"httpx {version('httpx')}" if args.client == "httpx" else "bare HTTP/1.1 on asyncio streams"
     print(f"load: each client sends one text per request back to back on its own connection ({client}; the gRPC clients share one channel); "
-          f"{args.seconds:g} s measured per point, in {ROUNDS} turns taken with the other systems, each after {args.warmup:g} s "
+          f"{args.seconds:g} s measured per point, in {args.rounds} turns taken with the other systems, each after {args.warmup:g} s "
           "of warm-up; the client runs on this machine")
     print()
     table(results.points)
@@ -1113,9 +1127,14 @@ def summary(results: Results, top: int, client: str) -> None:
     p50_ours, p50_peer = at_fewest[OURS].percentile_ms(50), at_fewest[best_c1].percentile_ms(50)
     targets_c1 = ((f" (target {TARGET_PEER_C1:.1f})", " (target: no worse)") if fewest == 1
                   else ("", " (the targets are at 1 client, which this run did not measure)"))
+    at_most = f"; at {top} clients {peer_top:.2f}x {best_top}'s (target {TARGET_PEER_TOP:.1f})" if top > fewest else ""
     print(f"against the best peer: at {fewest} client(s) {peer_c1:.2f}x {best_c1}'s throughput{targets_c1[0]}, p50 "
-          f"{p50_ours:.2f} ms against its {p50_peer:.2f} ms{targets_c1[1]}; at {top} clients {peer_top:.2f}x "
-          f"{best_top}'s (target {TARGET_PEER_TOP:.1f})")
+          f"{p50_ours:.2f} ms against its {p50_peer:.2f} ms{targets_c1[1]}{at_most}")
+    by_turn = {f"peer_ratio_c{fewest}": turn_ratios(at_fewest[OURS], at_fewest[best_c1]),
+               f"peer_ratio_c{top}": turn_ratios(at_top[OURS], at_top[best_top]),
+               f"inprocess_share_c{top}": turn_ratios(ours, batcher)}
+    print("turn by turn (how far the box's own swings move each ratio): " + "; ".join(
+        f"{name} {', '.join(f'{value:.2f}' for value in values)}" for name, values in by_turn.items() if values))
     soak = results.soak
     if soak is not None:
         late = "too few turns to tell" if soak.late_growth_mb is None else f"{soak.late_growth_mb:+.0f} MiB"
@@ -1149,9 +1168,17 @@ def summary(results: Results, top: int, client: str) -> None:
         f"grpc_ceiling_vs_oip_rest_c{top}": round(grpc_ceiling, 2),
         f"grpc_p50_floor_vs_oip_rest_c{fewest}": round(grpc_p50_floor, 2),
         f"grpc_transport_extra_us_c{top}": round(grpc_extra_ms * 1000),
+        **{f"{name}_turns": [round(value, 2) for value in values] for name, values in by_turn.items()},
         "client": client,
         "others_max": round(max(point.others for point in results.points), 2),
     }))
+
+
+def turn_ratios(ours: Point, other: Point) -> list[float]:
+    """Ours against the other system in each turn they took together (none where the other was not interleaved)."""
+    if len(ours.turns) < 2 or len(ours.turns) != len(other.turns):
+        return []
+    return [mine / theirs if theirs else 0.0 for mine, theirs in zip(ours.turns, other.turns, strict=True)]
 
 
 def grpc_ceiling_at(points: dict[str, Point]) -> tuple[float, float]:

@@ -27,7 +27,7 @@ from typing import ParamSpec, TypeVar
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from appliance.core import config
+from appliance.core import config, hardware
 from appliance.store import Store, blobs, lifecycle
 from appliance.store.db import start_writeback
 
@@ -141,7 +141,7 @@ def drain(opened: Store, blob_id: str) -> None:
 
 
 def report(results: dict[str, tuple[float, float, float | None]], size_mib: int, repeat: int) -> None:
-    print(f"machine: {cpu_model()}, {os.cpu_count()} cores")
+    print(f"machine: {hardware.detect_cpu().described()}")
     print(f"blob: {size_mib} MiB in 1 MiB chunks, best of {repeat} runs")
     print()
     print(f"{'operation':<10} {'MiB/s':>9} {'crypto MiB/s':>13} {'ratio':>6} {'target':>7} "
@@ -161,13 +161,6 @@ def report(results: dict[str, tuple[float, float, float | None]], size_mib: int,
               f"{disk:>11} {ceiling:>8} {of_disk:>8}")
     print("ceiling: the ratio a put would reach at the speed of the slower floor, the crypto or the disk")
     print(json.dumps(summary))
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

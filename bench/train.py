@@ -424,8 +424,7 @@ def report(
     target = trainer_outcome.final_accuracy
     gpus = "".join(f", GPU {gpu.name}" for gpu in found.gpus)
     print(
-        f"machine: {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores{gpus}, "
-        f"flags {' '.join(cpu.flags) or 'none'}; torch {torch.__version__}, {threads} threads for both"
+        f"machine: {cpu.described()}{gpus}; torch {torch.__version__}, {threads} threads for both"
     )
     print(
         f"data: {source.name}, {len(data.train)} train / {len(data.validation)} validation examples, "

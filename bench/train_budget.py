@@ -165,8 +165,7 @@ def main() -> None:
     eta_error = abs(read[1] - (eta_wall - read[0])) / (eta_wall - read[0]) if read else None
     cpu = hardware.detect().cpu
     print()
-    print(f"machine: {cpu.model}, {cpu.physical_cores} cores ({', '.join(cpu.flags) or 'no AVX-512 or AMX'});"
-          f" plan: {plan['device']} {plan['precision']}, {plan['threads']} threads, micro-batch {plan['micro_batch']}")
+    print(f"machine: {cpu.described()}; plan: {plan['device']} {plan['precision']}, {plan['threads']} threads, micro-batch {plan['micro_batch']}")
     print(f"{'run':8} {'texts':>9} {'budget s':>9} {'wall s':>8} {'ratio':>6}  ended")
     print(f"{'budget':8} {args.rows:>9,} {budget_s:>9.0f} {budget_wall:>8.1f} {ratio:>6.3f}  "
           f"{runs.Outcome.sentence(budget_outcome, {'max_minutes': args.budget}) if budget_outcome else '-'}")

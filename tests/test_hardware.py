@@ -73,7 +73,7 @@ def test_detect_without_cpuinfo_degrades_to_unknowns(monkeypatch: pytest.MonkeyP
 def amx_cpuinfo(tmp_path: Path) -> Path:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(
-        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Gold 6448Y\n"
+        "processor\t: 0\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Gold 6448Y\n"
         "flags\t\t: fpu sse avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8\n"
     )
     return cpuinfo
@@ -86,6 +86,9 @@ def test_detect_reads_amx_from_cpuinfo(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert cpu.model == "Intel(R) Xeon(R) Gold 6448Y"
     assert cpu.flags == ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
     assert cpu.fast_bf16
+    assert cpu.described().startswith("Intel(R) Xeon(R) Gold 6448Y (family 6, model 143), ")  # as benchmarks name it
+    assert cpu.described().endswith(" logical cores, flags avx2 avx512f avx512_vnni avx512_bf16 amx_tile amx_bf16 "
+                                    "amx_int8")
 
 
 @pytest.mark.parametrize(
@@ -105,6 +108,7 @@ def test_an_isa_cap_for_the_math_libraries_is_the_cpu_the_plan_sees(
     monkeypatch.setenv(hardware.ISA_CAP, cap)
     found = hardware.detect()
     assert (found.cpu.flags, found.cpu.isa_cap) == (flags, cap.upper())
+    assert found.cpu.described().endswith(f"flags {' '.join(flags)} (capped: ONEDNN_MAX_CPU_ISA={cap.upper()})")
     assert any(note.startswith(f"ONEDNN_MAX_CPU_ISA={cap.upper()}") and "amx_bf16" in note for note in found.notes)
     plan = hardware.plan(found, request(minilm))
     assert plan.precision == precision

@@ -33,7 +33,7 @@ def _show(found: hardware.Hardware, base: Path, shape: hardware.ModelShape, plan
     cpu = found.cpu
     gpus = [f"{g.name} ({hardware.format_bytes(g.total_bytes)}, sm {g.compute_capability})" for g in found.gpus]
     openvino = [f"{d.name} ({d.full_name})" for d in found.openvino_devices]
-    click.echo(f"cpu       {cpu.model}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores")
+    click.echo(f"cpu       {cpu.name}, {cpu.physical_cores} physical / {cpu.logical_cores} logical cores")
     click.echo(f"          flags: {' '.join(cpu.flags) or 'none of ' + ', '.join(hardware.TRAINING_FLAGS)}")
     click.echo(
         f"ram       {hardware.format_bytes(found.ram_available_bytes)} available"

@@ -49,6 +49,17 @@ class Cpu:
     logical_cores: int
     flags: tuple[str, ...]  # those of TRAINING_FLAGS this CPU has, and the libraries may use
     isa_cap: str | None = None  # the ISA_CAP level that hides the rest of them, if one is set
+    family: str = ""  # "family 25, model 17": what tells apart CPUs a VM names alike ("AMD EPYC")
+
+    @property
+    def name(self) -> str:
+        """The model, with its family and model numbers where the kernel gives them."""
+        return f"{self.model} ({self.family})" if self.family else self.model
+
+    def described(self) -> str:
+        """The CPU as a benchmark's figures name it: what it is, its cores and the flags that set the speed."""
+        return (f"{self.name}, {self.physical_cores} physical / {self.logical_cores} logical cores, flags "
+                f"{' '.join(self.flags) or 'none'}" + (f" (capped: {ISA_CAP}={self.isa_cap})" if self.isa_cap else ""))
 
     @property
     def fast_bf16(self) -> bool:
@@ -124,6 +135,8 @@ def detect_cpu(notes: list[str] | None = None) -> Cpu:
         logical_cores=logical,
         flags=tuple(flag for flag in TRAINING_FLAGS if flag in present),
         isa_cap=cap,
+        family=f"family {fields['cpu family']}, model {fields['model']}" if "cpu family" in fields and "model" in fields
+        else "",
     )
 
 

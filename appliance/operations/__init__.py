@@ -195,7 +195,7 @@ def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str | 
             request = search.Request(dataset=dataset, base_dir=base, budget_s=_search_s(spec),
                                      metric=spec.metric, narrowing=spec.space, base_params=spec.params,
                                      sampler=spec.sampler, device=spec.device)
-            if request.budget_s < (spec.budget_s or 0.0):
+            if spec.optimize_options().distills:
                 ctx.log(f"the search has {duration(request.budget_s)} of the {duration(spec.budget_s or 0.0)} budget; "
                         "the student distilled from its best trial learns in the other half")
             study_id = search.create(ctx.store, request, study_id=study_id, actor=ctx.actor)
