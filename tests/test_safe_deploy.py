@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from appliance import operations, registry
 from appliance.cli.jobs import Foreground
 from appliance.operations import jobspec, pipeline
@@ -69,3 +71,20 @@ def test_a_new_version_challenges_production_before_it_takes_traffic(
     assert registry.get(opened, "tickets@production").version == worse.version
     assert registry.canary_percent(opened, "tickets") == 0
     assert len(challenges(opened)) == 2
+
+
+def test_on_a_large_validation_split_the_guard_and_the_challenge_score_a_sample_and_say_so(
+    opened: Store, tickets: str, tiny_base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each variant's score and each challenge is a pass over what it labels: past GUARD_SAMPLE examples, a sample."""
+    first = optimised(opened, tickets, tiny_base, GOOD)
+    deployed(opened, first)
+    monkeypatch.setattr(pipeline, "GUARD_SAMPLE", 12)
+    sampled = pipeline.optimize_version(opened, f"tickets:{first.version - 1}", FP32)
+    assert sampled.reason.startswith("Scored on a stratified sample of 12 of the ")
+    assert "validation examples. INT8 guard: " in sampled.reason
+    assert "Scored on" not in first.reason  # all of a small split, as before
+
+    outcome = deployed(opened, sampled)
+    assert outcome["challenge"]["examples"] == 12 and outcome["challenge"]["held_out"] > 12
+    assert f"on a sample of 12 of the {outcome['challenge']['held_out']} held-out examples" in outcome["reason"]

@@ -22,6 +22,7 @@ import csv
 import dataclasses
 import hashlib
 import json
+import math
 import random
 import re
 import tarfile
@@ -151,6 +152,25 @@ class LoadedDataset:
         """Examples per label, in label_names order."""
         counted = Counter(self.labels)
         return {name: counted[name] for name in self.label_names}
+
+    def validation_sample(self, size: int, seed: int) -> list[int]:
+        """The validation split, or where it holds more than size, a stratified sample of that many (each label in
+        its share, at least one each), the same for every call with the seed: what scores a model where scoring all
+        of a large split would cost more than it tells."""
+        if len(self.validation) <= size:
+            return self.validation
+        by_label: dict[str, list[int]] = {}
+        for index in self.validation:
+            by_label.setdefault(self.labels[index], []).append(index)
+        labels = sorted(by_label)
+        quotas = {label: size * len(by_label[label]) / len(self.validation) for label in labels}
+        shares = {label: max(1, math.floor(quota)) for label, quota in quotas.items()}
+        by_remainder = sorted(labels, key=lambda label: quotas[label] - math.floor(quotas[label]), reverse=True)
+        for label in by_remainder[:max(0, size - sum(shares.values()))]:  # the largest remainders round up
+            shares[label] += 1
+        rng = random.Random(seed)
+        return sorted(index for label in labels
+                      for index in rng.sample(by_label[label], min(shares[label], len(by_label[label]))))
 
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(DatasetVersion))

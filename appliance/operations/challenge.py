@@ -7,18 +7,21 @@ data says whether the challenger forgot what production knows, the challenger's 
 learnt from, say) whether it learnt what production does not. The challenger is held back, registered and
 waiting for a person, only when it is both materially and significantly worse: more than
 `Policy.challenge_max_drop` accuracy points, and McNemar's exact one-sided test on the examples where the two
-disagree below `Policy.significance`. Otherwise it goes out as a canary, whose live feedback the autopilot judges
+disagree below `Policy.significance`. Of a larger pool than pipeline.GUARD_SAMPLE, a random sample of that many
+is labelled (fixed seed): enough to find a drop of a point, and a bounded pass whatever the data. Otherwise it goes out as a canary, whose live feedback the autopilot judges
 (operations.autopilot): on a few hundred examples a small difference is noise, and the canary is the real test.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from appliance import registry
 from appliance.data import datasets
+from appliance.operations import pipeline
 from appliance.store import Store, blobs
 from appliance.train import runs
 
@@ -30,7 +33,7 @@ class Challenge:
     production: str  # the versions' refs
     challenger: str
     datasets: list[str]  # the dataset versions the examples come from
-    examples: int
+    examples: int  # labelled: all those held out, or a sample of them
     production_accuracy: float
     challenger_accuracy: float
     only_production_right: int  # the examples where the two disagree, and which was right
@@ -38,6 +41,7 @@ class Challenge:
     p_worse: float  # McNemar's exact test: how likely so many only-production-right examples are by chance
     max_drop: float  # accuracy points
     significance: float
+    held_out: int | None = None  # the examples held out, where more than were labelled
 
     @property
     def drop(self) -> float:
@@ -53,8 +57,10 @@ class Challenge:
         if not self.examples:
             return (f"{self.challenger} and {self.production} trained on every validation example there is, so only "
                     "live feedback can compare them")
+        labelled = (f"a sample of {self.examples:,} of the {self.held_out:,}" if self.held_out
+                    else f"{self.examples:,}")
         scores = (f"{self.challenger_accuracy:.1%} against {self.production}'s {self.production_accuracy:.1%} on "
-                  f"{self.examples} held-out examples of {', '.join(self.datasets)}")
+                  f"{labelled} held-out examples of {', '.join(self.datasets)}")
         if self.holds:
             return f"{self.challenger} holds up: {scores}"
         return (f"{self.challenger} is worse: {scores}, {self.drop:.1f} points down (at most {self.max_drop:g}"
@@ -72,14 +78,18 @@ def challenge(store: Store, challenger: registry.ModelVersion, production: regis
     trained = {data.examples[i] for data in loaded for i in data.train}
     held_out = {data.examples[i]: data.labels[i] for data in loaded for i in data.validation
                 if data.examples[i] not in trained}  # the challenger's (newer) label wins an example both hold
-    examples, labels = list(held_out), list(held_out.values())
+    examples = list(held_out)
+    if len(examples) > pipeline.GUARD_SAMPLE:
+        examples = random.Random(0).sample(examples, pipeline.GUARD_SAMPLE)
+    labels = [held_out[example] for example in examples]
     production_right, challenger_right = (_right(store, version, examples, labels) for version in (production, challenger))
     only_production = sum(p and not c for p, c in zip(production_right, challenger_right))
     only_challenger = sum(c and not p for p, c in zip(production_right, challenger_right))
     return Challenge(
         production.ref, challenger.ref, sorted({data.version.ref for data in loaded}), len(examples),
         _share(production_right), _share(challenger_right), only_production, only_challenger,
-        _binomial_tail(only_production, only_production + only_challenger), max_drop, significance)
+        _binomial_tail(only_production, only_production + only_challenger), max_drop, significance,
+        len(held_out) if len(held_out) > len(examples) else None)
 
 
 def _right(store: Store, version: registry.ModelVersion, examples: list[str] | list[bytes], labels: list[str]

@@ -126,8 +126,8 @@ def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str,
         run_id = runs.imported(store, dataset_id=data.id, base_model=candidate.base_model, task=data.task,
                                params=params, trained_on=f"imported from sha256:{incoming.sha256}",
                                model_blob=torch_blob, metrics=scores)
-        reason = (f"imported ({incoming.format}), not optimised yet: {scores['accuracy']:.3f} accuracy on the"
-                  f" {len(held.examples)} validation examples of {data.ref}")
+        reason = (f"imported ({incoming.format}), not optimised yet: {scores['accuracy']:.3f} accuracy on"
+                  f" {held.scored} of {data.ref}")
         version = registry.register(store, name, run_id=run_id, task=data.task, variants=variants,
                                     chosen=pipeline.FP32, reason=reason, actor=actor)
         recorded.update(version=version.ref, run=run_id, accuracy=scores["accuracy"])

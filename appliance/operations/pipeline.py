@@ -73,24 +73,42 @@ def register_run(store: Store, run_id: str, model: str, actor: str | None = None
                              reason="fine-tuned, not optimised yet", actor=actor)
 
 
+GUARD_SAMPLE = 10_000  # validation examples each variant is scored on; a larger split is sampled, stratified
+
+
 @dataclass(frozen=True)
 class HeldOut:
-    """What a model is measured on here: the validation split of its dataset, and a sample of the training split
-    for INT8 calibration and the drift reference (never scored on, so the guard judges on unseen examples). An
-    example is a text, or an image file's bytes."""
+    """What a model is measured on here: the validation split of its dataset (a stratified sample of GUARD_SAMPLE
+    where it is larger: each variant's score costs a pass over it, and that many put the standard error of a
+    difference between two variants' accuracies under a fifth of a point), and a sample of the training split for
+    INT8 calibration and the drift reference (never scored on, so the guard judges on unseen examples). An example is
+    a text, or an image file's bytes."""
 
     examples: list[Any]
     labels: list[str]
     calibration: list[Any]
     calibration_labels: list[str]
+    validation_size: int  # the whole split's
+
+    @property
+    def sampled(self) -> bool:
+        return len(self.examples) < self.validation_size
+
+    @property
+    def scored(self) -> str:
+        """What the scores were taken on, in words."""
+        if not self.sampled:
+            return f"the {self.validation_size:,} validation examples"
+        return f"a stratified sample of {len(self.examples):,} of the {self.validation_size:,} validation examples"
 
 
 def held_out(data: datasets.LoadedDataset, calibration_size: int = 300, seed: int = 0) -> HeldOut:
     train = list(data.train)
     random.Random(seed).shuffle(train)
-    examples = data.examples
-    return HeldOut([examples[i] for i in data.validation], [data.labels[i] for i in data.validation],
-                   [examples[i] for i in train[:calibration_size]], [data.labels[i] for i in train[:calibration_size]])
+    examples, scored = data.examples, data.validation_sample(GUARD_SAMPLE, seed)
+    return HeldOut([examples[i] for i in scored], [data.labels[i] for i in scored],
+                   [examples[i] for i in train[:calibration_size]], [data.labels[i] for i in train[:calibration_size]],
+                   len(data.validation))
 
 
 @dataclass(frozen=True)
@@ -201,7 +219,8 @@ def optimize_version(
     if not options.distills and metrics[chosen]["speedup_b16"] < PROPOSE_STUDENT_BELOW:
         reason += _student_proposed(source, starts[""], machine)
     version = registry.register(store, source.model, run_id=source.run_id, task=source.task, variants=variants,
-                                chosen=chosen, reason=taught + reason, actor=actor)
+                                chosen=chosen, reason=taught + (f"Scored on {held.scored}. " if held.sampled else "") + reason,
+                                actor=actor)
     step(steps, f"registered {version.ref}")
     return version
 

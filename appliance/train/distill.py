@@ -47,7 +47,7 @@ from appliance.core.hardware import Cpu, Hardware
 from appliance.core.text import counted
 from appliance.data.datasets import LoadedDataset
 from appliance.train.bundle import TorchRunner, input_names, load_text_classifier
-from appliance.train.engine import evaluation_sample
+from appliance.train.engine import EVAL_SAMPLE
 from appliance.train.tasks import adamw, attention_kernel, autocast, autocast_dtype, use_attention
 
 LAYER_PATHS = ("encoder.layer", "transformer.layer")  # BERT, MiniLM, RoBERTa, ELECTRA; DistilBERT
@@ -229,7 +229,7 @@ def distill(
     layers = _encoder_layers(model, params.layers)
     _check(data, manifest["labels"], params)
     targets = torch.tensor([manifest["labels"].index(label) for label in data.labels])
-    scored = evaluation_sample(data, params.seed)  # a large split's stratified sample, as training scores it
+    scored = data.validation_sample(EVAL_SAMPLE, params.seed)  # a large split's sample, as training scores it
     validation = [data.texts[i] for i in scored], targets[scored].tolist()
 
     model.to(device)

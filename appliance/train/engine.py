@@ -126,7 +126,7 @@ class Checkpointed:
 ProgressFn = Callable[[Progress], None]
 CheckpointFn = Callable[[Checkpointed | None], None]  # after each checkpoint, on every rank: None on a helper
 LogFn = Callable[[str], None]  # a line for the run's log: each epoch's validation figures, how the run ended
-EVAL_SAMPLE = 2000  # validation examples evaluated after each epoch; a larger split is sampled (evaluation_sample)
+EVAL_SAMPLE = 2000  # validation examples evaluated after each epoch; a larger split is sampled (validation_sample)
 PROBE_S = 10.0  # training measured before the run's length is estimated (or the first epoch, when shorter)
 PROBE_BATCHES = 3  # micro-batches of full fine-tuning timed (after one more to warm up) when mode auto decides
 WIDEN_SHARE = 0.1  # of the texts longer than the default window, from which a budgeted run considers a longer one
@@ -595,7 +595,7 @@ def _train(
     head_only = isinstance(task, fast.FastTextClassification)  # its precision was the encoder's: a head trains in fp32
     scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaler and not head_only)
     autocast_dtype = None if head_only else tasks.autocast_dtype(plan.precision)
-    sample = evaluation_sample(data, params.seed)
+    sample = data.validation_sample(EVAL_SAMPLE, params.seed)
     budget = Budget(params.max_minutes * 60 if params.max_minutes else None, len(sample), steps_per_epoch,
                     params.checkpoint_minutes * 60, params.checkpoint_every,
                     time.monotonic() - began if began is not None else 0.0)
@@ -923,25 +923,6 @@ def _shuffled(indices: list[int], seed: int) -> list[int]:
     """The examples in a seeded random order: what a first phase that may be cut short (fast mode's embedding, an
     image run's head fit) reads, so the share it reaches is a random one, the same on every run."""
     return [indices[i] for i in torch.randperm(len(indices), generator=torch.Generator().manual_seed(seed)).tolist()]
-
-
-def evaluation_sample(data: datasets.LoadedDataset, seed: int) -> list[int]:
-    """The validation examples evaluated after each epoch: all up to EVAL_SAMPLE, else a stratified sample of that
-    many (each label in its share, at least one each), the same for every epoch and every resume."""
-    if len(data.validation) <= EVAL_SAMPLE:
-        return data.validation
-    by_label: dict[str, list[int]] = {}
-    for index in data.validation:
-        by_label.setdefault(data.labels[index], []).append(index)
-    labels = sorted(by_label)
-    quotas = {label: EVAL_SAMPLE * len(by_label[label]) / len(data.validation) for label in labels}
-    shares = {label: max(1, math.floor(quota)) for label, quota in quotas.items()}
-    by_remainder = sorted(labels, key=lambda label: quotas[label] - math.floor(quotas[label]), reverse=True)
-    for label in by_remainder[:max(0, EVAL_SAMPLE - sum(shares.values()))]:  # the largest remainders round up
-        shares[label] += 1
-    rng = random.Random(seed)
-    return sorted(index for label in labels
-                  for index in rng.sample(by_label[label], min(shares[label], len(by_label[label]))))
 
 
 class _Speed:

@@ -284,8 +284,8 @@ def test_the_evaluation_sample_keeps_each_label_s_share_and_is_the_same_every_ti
         for n in range(15000):
             f.write(f"ticket number {n} about {'billing' if n % 10 else 'shipping'},{'billing' if n % 10 else 'shipping'}\n")
     data = datasets.load(opened, datasets.import_file(opened, path, name="skewed"))
-    sample = engine.evaluation_sample(data, seed=3)
-    assert sample == engine.evaluation_sample(data, seed=3) and set(sample) <= set(data.validation)
+    sample = data.validation_sample(engine.EVAL_SAMPLE, seed=3)
+    assert sample == data.validation_sample(engine.EVAL_SAMPLE, seed=3) and set(sample) <= set(data.validation)
     shares = {label: sum(data.labels[i] == label for i in sample) / len(sample) for label in ("billing", "shipping")}
     whole = {label: sum(data.labels[i] == label for i in data.validation) / len(data.validation)
              for label in ("billing", "shipping")}
