@@ -258,8 +258,8 @@ class NewJobDialog(FormDialog[dict[str, Any]]):
                          ("Priority", Input("0", type="integer", id="priority")))
             yield fields(("Distil a student", Switch(value=False, id="distill",
                                                      tooltip="a smaller, faster model taught by the new one, served "
-                                                             "if it keeps the accuracy; with a search, it learns in "
-                                                             "half the budget")))
+                                                             "if it keeps the accuracy; with a search or max "
+                                                             "minutes, it learns in half of them")))
 
     def on_mount(self) -> None:
         super().on_mount()
