@@ -7,9 +7,10 @@ data says whether the challenger forgot what production knows, the challenger's 
 learnt from, say) whether it learnt what production does not. The challenger is held back, registered and
 waiting for a person, only when it is both materially and significantly worse: more than
 `Policy.challenge_max_drop` accuracy points, and McNemar's exact one-sided test on the examples where the two
-disagree below `Policy.significance`. Of a larger pool than pipeline.GUARD_SAMPLE, a random sample of that many
-is labelled (fixed seed): enough to find a drop of a point, and a bounded pass whatever the data. Otherwise it goes out as a canary, whose live feedback the autopilot judges
+disagree below `Policy.significance`. Otherwise it goes out as a canary, whose live feedback the autopilot judges
 (operations.autopilot): on a few hundred examples a small difference is noise, and the canary is the real test.
+Of more held-out examples than pipeline.GUARD_SAMPLE, a seeded random sample of that many is labelled: enough to
+find a drop of a point, in a bounded pass whatever the size of the data.
 """
 
 from __future__ import annotations

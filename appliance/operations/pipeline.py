@@ -79,10 +79,10 @@ GUARD_SAMPLE = 10_000  # validation examples each variant is scored on; a larger
 @dataclass(frozen=True)
 class HeldOut:
     """What a model is measured on here: the validation split of its dataset (a stratified sample of GUARD_SAMPLE
-    where it is larger: each variant's score costs a pass over it, and that many put the standard error of a
-    difference between two variants' accuracies under a fifth of a point), and a sample of the training split for
-    INT8 calibration and the drift reference (never scored on, so the guard judges on unseen examples). An example is
-    a text, or an image file's bytes."""
+    where it is larger: each variant's score costs a pass over it, and on that many the standard error of the
+    difference between two variants' accuracies is at most a fifth of a point while they disagree on at most 4% of
+    the examples), and a sample of the training split for INT8 calibration and the drift reference (never scored
+    on, so the guard judges on unseen examples). An example is a text, or an image file's bytes."""
 
     examples: list[Any]
     labels: list[str]
