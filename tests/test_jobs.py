@@ -164,8 +164,9 @@ def test_an_older_yes_or_no_deploy_reads_as_the_policy_it_meant() -> None:
     assert policy(deploy=True, canary_percent=5) == "canary"
 
 
-def test_a_pipeline_that_distils_keeps_its_time_limit_for_the_whole_job() -> None:
-    """--max-minutes with --deploy --distill: the training has half, the student the other half, as in a tune job."""
+def test_a_pipeline_keeps_its_time_limit_for_the_whole_job() -> None:
+    """--max-minutes with --deploy --distill: the training has half, the student the other half, as in a tune job;
+    without a student, the training has what the optimisation after it leaves, at least half."""
     def pipeline(**given: object) -> jobspec.PipelineJob:
         return jobspec.parse("pipeline", {"dataset": "tickets", "params": {"max_minutes": 4}, **given})
 
@@ -174,8 +175,10 @@ def test_a_pipeline_that_distils_keeps_its_time_limit_for_the_whole_job() -> Non
     assert student.dump()["params"]["max_minutes"] == 4  # the job shows the limit it was given
     shaped = pipeline(distill_layers=1)
     assert shaped.training_params().max_minutes == 2 and shaped.optimize_options().within_s == 120
-    alone = pipeline()  # nothing after the training waits on a limit
-    assert alone.training_params().max_minutes == 4 and alone.optimize_options().within_s is None
+    assert student.training_params(optimising_s=60).max_minutes == 2  # the student's half holds the optimisation
+    alone = pipeline()  # the optimisation after the training cannot be cut: the training leaves it its time
+    assert alone.training_params(optimising_s=60).max_minutes == 3 and alone.optimize_options().within_s is None
+    assert alone.training_params(optimising_s=600).max_minutes == 2  # the training keeps half
     unbounded = jobspec.parse("pipeline", {"dataset": "tickets", "distill": True})
     assert unbounded.training_params().max_minutes is None and unbounded.optimize_options().within_s is None
 

@@ -64,6 +64,7 @@ def test_optimising_registers_measured_variants_and_serves_the_fastest_within_th
     opened: Store, registered: registry.ModelVersion
 ) -> None:
     steps = []
+    assert pipeline.pace(opened) == pipeline.REFERENCE_PACE  # no optimisation has run on this box yet
     version = pipeline.optimize_version(opened, "tickets", progress=lambda done, total, label: steps.append(label))
 
     assert version.ref == "tickets:2" and version.run_id == registered.run_id
@@ -78,6 +79,13 @@ def test_optimising_registers_measured_variants_and_serves_the_fastest_within_th
     assert version.chosen == fastest_within_a_point_of_fp32(version)
     assert "Texts/s at batch 16: " in version.reason and steps[-1] == "registered tickets:2"
     assert [r["action"] for r in audit.rows(opened)].count("model.register") == 2
+    measured = pipeline.pace(opened)  # what the next job with a time limit keeps for its optimisation
+    assert measured.measured_at and min(measured.fixed_s, measured.quantised_s, measured.scored_s) > 0
+    weights = 90_000_000  # MiniLM's FP32 weights
+    assert 0 < measured.seconds(weights, 60, int8=True) < measured.seconds(weights, 6_000, int8=True)
+    assert measured.seconds(weights, 6_000, int8=False) < measured.seconds(weights, 6_000, int8=True)
+    assert measured.seconds(weights, 6_000, True) < measured.seconds(weights, 6_000, True, challenges=True)
+    assert measured.seconds(weights, 60_000, int8=True) == measured.seconds(weights, pipeline.GUARD_SAMPLE, int8=True)
 
 
 def test_a_stored_variant_serves_from_memory_with_its_tokenizer_and_labels(
@@ -217,6 +225,25 @@ def test_an_optimisation_stopped_part_way_resumes_with_what_was_left_of_its_time
     job.left = 1_000
     operations.optimise(job, spec, "tickets:1")
     assert resumed[0].within_s == pytest.approx(600 - spent_s)
+
+
+def test_an_optimisation_that_crashed_part_way_resumes_with_about_what_was_left_of_its_time_limit(
+    opened: Store, registered: registry.ModelVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker dies (a power cut, the OOM killer) while a student learns: the time it had spent was recorded as it
+    went (here after every report; every SPENT_SAVED_EVERY_S in a job)."""
+    class CrashingJob(StoppingJob):
+        def report(self, data: dict[str, object], force: bool = False) -> None:
+            super().report(data, force)
+            if self.left <= 0:
+                raise MemoryError("killed")
+
+    monkeypatch.setattr(operations, "SPENT_SAVED_EVERY_S", 0.0)
+    job, spec = CrashingJob(opened, reports_before_stop=5), OptimizeJob.parse(
+        {"version": "tickets:1", "distill_layers": 1, "max_minutes": 10})
+    with pytest.raises(MemoryError):
+        operations.optimise(job, spec, "tickets:1")
+    assert job.state["optimize_spent_s"] > 0 and "optimized" not in job.state
 
 
 def test_a_version_with_neither_torch_bundle_nor_fp32_ir_cannot_be_optimised(

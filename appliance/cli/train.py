@@ -54,8 +54,9 @@ from appliance.train.params import TrainParams
                     f"[fast mode: {TrainParams.FAST_DEFAULTS['patience']}].")
 @schema_option(TrainParams, "seed", "--seed")
 @schema_option(TrainParams, "max_minutes", "--max-minutes",
-               help="Stop after this long with the best so far; with --deploy --distill, the whole job: the training "
-                    "has half, the student the other half.")
+               help="Stop after this long with the best so far; with --deploy, the whole job: the training leaves "
+                    "the optimisation after it the time it takes on this box (with --distill, the training has half, "
+                    "the student the other half).")
 @schema_option(TrainParams, "checkpoint_minutes", "--checkpoint-minutes",
                help="Minutes of training between checkpoints, written in the background; stopping (Ctrl-C, SIGTERM) "
                     "always checkpoints.")

@@ -30,7 +30,8 @@ def parse_budget(text: str) -> float:
 
 @cli.group("tune", invoke_without_command=True)
 @click.option("--data", "dataset", help="Dataset name, name:version or id (see 'appliance data list').")
-@click.option("--budget", help="Wall-clock time for the whole search: 90s, 30m, 2h.")
+@click.option("--budget", help="Wall-clock time for the whole job, the optimisation after the search included: 90s, "
+                              "30m, 2h.")
 @click.option("--base", type=click.Path(file_okay=False, path_type=Path),
               help="Local Hugging Face model directory; through a running daemon, one in train.base_models_dir.")
 @schema_option(jobspec.TuneJob, "metric", "--metric", help="Validation metric to maximise.")
@@ -50,8 +51,9 @@ def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base
                distill: bool, resume_study: str | None) -> None:
     """Find good hyperparameters for a dataset within a time budget; the best trial becomes the model.
 
-    Trials that fall behind after an epoch are pruned, so the time goes to promising ones. With --distill the search
-    has half the budget and the student, distilled from its best trial, the other half.
+    Trials that fall behind after an epoch are pruned, so the time goes to promising ones. The search leaves the
+    optimisation after it the time it takes on this box; with --distill the search has half the budget and the
+    student, distilled from its best trial, the other half.
     """
     if ctx.invoked_subcommand is not None:
         return

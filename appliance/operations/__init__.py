@@ -48,8 +48,12 @@ from appliance.train import runs, studies
 
 if TYPE_CHECKING:
     from appliance.train.engine import RunResult
+    from appliance.train.params import TrainParams
 
 log = logging.getLogger("appliance.operations")
+# An optimisation with a time limit records the time it has spent this often, so that one resumed after a crash (not
+# only after a stop) goes on with about what was left of its limit.
+SPENT_SAVED_EVERY_S = 30.0
 
 
 class Stopped(Exception):
@@ -111,7 +115,7 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
     if "run_id" in ctx.state and runs.get(ctx.store, ctx.state["run_id"]).status == "finished":
         return engine.RunResult.of(ctx.store, ctx.state["run_id"])
     if spec.burst and "run_id" not in ctx.state:
-        run_id = _burst(ctx, spec, dataset, base)
+        run_id = _burst(ctx, spec, _training_params(ctx, spec, dataset, base), dataset, base)
         if run_id is not None:
             ctx.save(run_id=run_id)
             return engine.RunResult.of(ctx.store, run_id)
@@ -128,11 +132,9 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
                     "samples_per_s": round(report.samples_per_s, 2), "eta_s": report.eta_s})
 
     if "run_id" not in ctx.state:
-        if isinstance(spec, PipelineJob) and spec.student_share_s is not None:
-            ctx.log(f"the training has {duration(spec.student_share_s)} of the {duration(2 * spec.student_share_s)} "
-                    "limit; the student distilled from it learns in the other half")
-        ctx.save(run_id=engine.create(ctx.store, dataset=dataset, base_dir=base, params=spec.training_params(),
-                                      device=spec.device, log=ctx.log))
+        ctx.save(run_id=engine.create(ctx.store, dataset=dataset, base_dir=base,
+                                      params=_training_params(ctx, spec, dataset, base), device=spec.device,
+                                      log=ctx.log))
     if ctx.max_threads:
         ctx.log(f"a model is being served: training uses at most {counted(ctx.max_threads, 'thread')}, at lower "
                 "priority")
@@ -143,10 +145,44 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
     return result
 
 
-def _burst(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) -> str | None:
+def _training_params(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) -> TrainParams:
+    """A new run's hyperparameters. A pipeline's time limit bounds the whole job: the training's share of it is said
+    in the job's log."""
+    if not isinstance(spec, PipelineJob) or spec.params.max_minutes is None:
+        return spec.training_params()
+    limit_s = spec.params.max_minutes * 60
+    if spec.student_share_s is not None:
+        ctx.log(f"the training has {duration(spec.student_share_s)} of the {duration(limit_s)} limit; the student "
+                "distilled from it learns in the other half")
+        return spec.training_params()
+    optimising_s = _optimising_s(ctx, "training", limit_s, spec, dataset, base)
+    return spec.training_params(optimising_s)
+
+
+def _optimising_s(ctx: Context, before: str, limit_s: float, spec: PipelineJob | TuneJob, dataset: str, base: Path
+                  ) -> float:
+    """How long the optimisation after the training (or search) will take at most, at this box's pace, with the
+    challenge of production where the new version will face one; the job's log says how that splits its limit
+    (pipeline.share_before)."""
+    pace, data = pipeline.pace(ctx.store), datasets.get(ctx.store, dataset)
+    challenges = spec.deploy == "auto" and (spec.name or data.name) in registry.deployments(ctx.store)
+    optimising_s = pace.seconds(pipeline.weight_bytes(base), len(data.split["validation"]), spec.int8, challenges)
+    share_s = pipeline.share_before(limit_s, optimising_s)
+    after = "the optimisation" + (" and the challenge of production" if challenges else "")
+    said = f"{after} after the {before} take{'' if challenges else 's'} up to about {duration(optimising_s)} ({pace.said()})"
+    if share_s + optimising_s <= limit_s * 1.1:  # as near as a limit is kept
+        ctx.log(f"{said}: the {before} has {duration(share_s)} of the {duration(limit_s)} limit")
+    else:
+        ctx.log(f"{said}, more than half of the {duration(limit_s)} limit: the {before} keeps half, so the job will "
+                f"end about {duration(share_s + optimising_s - limit_s)} past it (a limit of "
+                f"{duration(2 * optimising_s)} holds both)")
+    return optimising_s
+
+
+def _burst(ctx: Context, spec: TrainJob | PipelineJob, params: TrainParams, dataset: str, base: Path) -> str | None:
     """Train on the Ray cluster: the finished local run's id, or None when it failed and may fall back to here."""
     ctx.stage("burst")
-    request = burst.Request(dataset, base, spec.training_params(), spec.device, ctx.id, ctx.actor)
+    request = burst.Request(dataset, base, params, spec.device, ctx.id, ctx.actor)
     try:
         return burst.attempt(ctx.store, ctx.store.settings, request, _BurstWatcher(ctx), ctx.state.get("burst"),
                              spec.fallback)
@@ -192,7 +228,7 @@ def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str | 
         if spec.resume:
             study_id = resumed(ctx.store, spec, confined=ctx.confined)
         elif study_id is None or not studies.exists(ctx.store, study_id):  # else an earlier attempt created it
-            request = search.Request(dataset=dataset, base_dir=base, budget_s=_search_s(spec),
+            request = search.Request(dataset=dataset, base_dir=base, budget_s=_search_s(ctx, spec, dataset, base),
                                      metric=spec.metric, narrowing=spec.space, base_params=spec.params,
                                      sampler=spec.sampler, device=spec.device)
             if spec.optimize_options().distills:
@@ -212,9 +248,13 @@ def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str | 
     return result.best_run_id
 
 
-def _search_s(spec: TuneJob) -> float:
-    """A new search's share of the job's budget: all of it, or half where a student learns in the other half."""
-    return (spec.budget_s or 0.0) / (2 if spec.optimize_options().distills else 1)
+def _search_s(ctx: Context, spec: TuneJob, dataset: str, base: Path) -> float:
+    """A new search's share of the job's budget: half where a student learns in the other half, else what the
+    optimisation after it leaves."""
+    budget_s = spec.budget_s or 0.0
+    if spec.optimize_options().distills:
+        return budget_s / 2
+    return pipeline.share_before(budget_s, _optimising_s(ctx, "search", budget_s, spec, dataset, base))
 
 
 def _tune_progress(report: Any) -> dict[str, Any]:
@@ -239,21 +279,29 @@ def optimise(ctx: Context, spec: OptimizeJob | PipelineJob | TuneJob, ref: str) 
     if "optimized" in ctx.state:
         return registry.get(ctx.store, ctx.state["optimized"])
     ctx.stage("optimize")
-
-    def progress(done: int, total: int, what: str) -> None:
-        ctx.report({"stage": "optimize", "step": done, "total_steps": total, "what": what})
-
     options = spec.optimize_options()
     if isinstance(spec, TuneJob) and options.distills:  # the other half of the budget (_search_s)
         options = replace(options, within_s=studies.get(ctx.store, ctx.state["study"]).budget_s)
-    if options.within_s is not None:  # a stopped job goes on with what was left of its time limit
-        options = replace(options, within_s=max(0.0, options.within_s - ctx.state.get("optimize_spent_s", 0.0)))
-    started = time.monotonic()
+    spent_before = ctx.state.get("optimize_spent_s", 0.0)
+    if options.within_s is not None:  # a stopped or crashed job goes on with what was left of its time limit
+        options = replace(options, within_s=max(0.0, options.within_s - spent_before))
+    started = saved = time.monotonic()
+
+    def spent() -> float:
+        return round(spent_before + time.monotonic() - started, 1)
+
+    def progress(done: int, total: int, what: str) -> None:
+        nonlocal saved
+        ctx.report({"stage": "optimize", "step": done, "total_steps": total, "what": what})
+        if options.within_s is not None and time.monotonic() - saved >= SPENT_SAVED_EVERY_S:
+            ctx.save(optimize_spent_s=spent())
+            saved = time.monotonic()
+
     try:
         version = pipeline.optimize_version(ctx.store, ref, options, progress=progress,
                                             should_stop=ctx.should_stop, actor=ctx.actor)
     except JobInterrupted:  # stopped while a student learnt: nothing was kept, and a resume starts the stage again
-        ctx.save(optimize_spent_s=round(ctx.state.get("optimize_spent_s", 0.0) + time.monotonic() - started, 1))
+        ctx.save(optimize_spent_s=spent())
         raise Stopped(ctx.state) from None
     ctx.save(optimized=version.ref)
     return version

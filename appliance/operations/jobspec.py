@@ -37,6 +37,7 @@ from appliance.core.confined import MAX_NAME_CHARS, Folder
 from appliance.core.errors import ApplianceError, ConfinementError, JobError
 from appliance.core.schema import EXPLAINED, Strict, refusal, shown
 from appliance.data import datasets
+from appliance.operations import pipeline
 from appliance.operations.pipeline import OptimizeOptions
 from appliance.train import runs, space, studies
 from appliance.train.params import Metric, TrainParams
@@ -220,9 +221,14 @@ class PipelineJob(_Deploying, _Optimizing, _Burst, _Training):
             return None
         return self.params.max_minutes * 60 / 2
 
-    def training_params(self) -> TrainParams:
-        share_s = self.student_share_s
-        return self.params if share_s is None else self.params.changed(max_minutes=share_s / 60)
+    def training_params(self, optimising_s: float = 0.0) -> TrainParams:
+        """The training's share of params.max_minutes: the first half where a student learns in the second, else
+        what the optimisation after it leaves (optimising_s, as pipeline.Pace expects it), at least half."""
+        if self.params.max_minutes is None:
+            return self.params
+        limit_s = self.params.max_minutes * 60
+        share_s = self.student_share_s or pipeline.share_before(limit_s, optimising_s)
+        return self.params.changed(max_minutes=share_s / 60)
 
     def optimize_options(self) -> OptimizeOptions:
         return replace(super().optimize_options(), within_s=self.student_share_s)
@@ -236,8 +242,9 @@ class TuneJob(_Deploying, _Optimizing, _Training):
     noun: ClassVar[str] = "a tune job"
 
     dataset: Ref | None = Field(None, description="the dataset: name, name:version or id (not with 'resume')")
-    budget_s: float | None = Field(None, gt=0, le=WEEK_S, description="wall-clock seconds for the whole search, or "
-                                   "where a student is distilled too, half for the search and half for the student "
+    budget_s: float | None = Field(None, gt=0, le=WEEK_S, description="wall-clock seconds for the whole job: the "
+                                   "search, and the optimisation after it (as long as the last one took on this box), "
+                                   "or where a student is distilled too, half for the search and half for the student "
                                    "(not with 'resume')")
     resume: Ref | None = Field(None, description="a stopped search's id: continue it within what is left of its "
                                                  "budget, on its own dataset and space")

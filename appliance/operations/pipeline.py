@@ -12,14 +12,16 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from appliance import registry
-from appliance.core import archive, hardware
-from appliance.core.errors import OptimizeError, RegistryError
+from appliance.core import archive, clock, hardware
+from appliance.core.errors import OptimizeError, PlanError, RegistryError
 from appliance.data import datasets
 from appliance.store import Store, blobs
+from appliance.store.db import transaction
 from appliance.train import runs
 
 if TYPE_CHECKING:
@@ -109,6 +111,78 @@ def held_out(data: datasets.LoadedDataset, calibration_size: int = 300, seed: in
     return HeldOut([examples[i] for i in scored], [data.labels[i] for i in scored],
                    [examples[i] for i in train[:calibration_size]], [data.labels[i] for i in train[:calibration_size]],
                    len(data.validation))
+
+
+PACE_KEY = "optimisation_pace"  # in the store's meta table: the last optimisation's Pace, as JSON
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How long optimising a model without a student takes on this box, per GB of its FP32 weights: a fixed part
+    (reading the data, the export, packing, the speed measurement), each INT8 quantisation (calibration), and each
+    validation example the guard scores, once a variant. A job whose time limit holds an optimisation keeps this
+    much of it for that. The last optimisation without a student here measured it; before one, REFERENCE_PACE."""
+
+    fixed_s: float
+    quantised_s: float
+    scored_s: float
+    measured_at: str | None = None  # None: the reference machine's
+
+    def seconds(self, weight_bytes: int, validation_size: int, int8: bool, challenges: bool = False) -> float:
+        """An optimisation's longest: FP32, and where INT8 is asked, the gentler INT8 too (tried only when the first
+        loses too much, but a limit must hold either way), each scored on GUARD_SAMPLE examples at most; where the
+        new version then challenges production (operations.challenge), both scored once more."""
+        quantisations = 2 if int8 else 0
+        scored = min(validation_size, GUARD_SAMPLE) * (1 + quantisations + 2 * challenges)
+        return weight_bytes / 1e9 * (self.fixed_s + self.quantised_s * quantisations + self.scored_s * scored)
+
+    def said(self) -> str:
+        return (f"at the pace the last one on this box took on {self.measured_at[:10]}, for this model's size and data"
+                if self.measured_at else "at the reference machine's pace: none has run on this box yet")
+
+
+# MiniLM (91 MB of FP32 weights) on the 60 validation texts of the bundled sample on an AMD EPYC VM (family 25, model
+# 17, 2 cores, AVX-512 VNNI): 11.9 s besides quantising (9.2 s) and scoring; ticket-like texts score at 2.3 ms a pass.
+REFERENCE_PACE = Pace(fixed_s=131.0, quantised_s=101.0, scored_s=0.026)
+
+
+def share_before(limit_s: float, optimising_s: float) -> float:
+    """The part of a job's time limit that the training (or search) before an optimisation has: what the
+    optimisation leaves, and at least half, so that a limit too short for both still trains."""
+    return max(limit_s / 2, limit_s - optimising_s)
+
+
+def pace(store: Store) -> Pace:
+    """This box's optimisation pace: the last one measured here, else the reference machine's."""
+    row = store.db.execute("SELECT value FROM meta WHERE key = ?", (PACE_KEY,)).fetchone()
+    return Pace(**json.loads(row[0])) if row else REFERENCE_PACE
+
+
+def _record_pace(store: Store, seconds: float, laps: dict[str, float], weight_bytes: int,
+                 speeds: dict[str, dict[str, float]]) -> None:
+    """Keep what an optimisation without a student took, as a Pace: laps are the quantisations' and scoring passes'
+    seconds (optimize.Outcome.seconds); a scored example's cost is taken from the speed measured at batch 16 (the
+    mean over the variants), as a pass over a few examples times more compiling than scoring. Without INT8 the last
+    quantisation's pace stays."""
+    gb = weight_bytes / 1e9
+    quantising = [lap for name, lap in laps.items() if name.startswith("quantize_")]
+    scoring = sum(lap for name, lap in laps.items() if name.startswith("evaluate_"))
+    measured = Pace(fixed_s=(seconds - sum(quantising) - scoring) / gb,
+                    quantised_s=sum(quantising) / len(quantising) / gb if quantising else pace(store).quantised_s,
+                    scored_s=sum(1 / speed["throughput_b16"] for speed in speeds.values()) / len(speeds) / gb,
+                    measured_at=clock.now().isoformat())
+    with transaction(store.db):
+        store.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                         (PACE_KEY, json.dumps(asdict(measured))))
+
+
+def weight_bytes(base: Path) -> int:
+    """A base model's FP32 weights, as its IR will hold them: a text encoder's parameters, or an image backbone's
+    weights file (0 for a folder that holds neither: the training refuses it, saying why)."""
+    try:
+        return 4 * hardware.model_shape(base).parameters
+    except PlanError:  # no encoder's config.json: an image backbone
+        return sum(path.stat().st_size for path in base.glob("*") if path.suffix in (".pth", ".pt", ".safetensors"))
 
 
 @dataclass(frozen=True)
@@ -215,6 +289,8 @@ def optimize_version(
     variants += [ir.stored(store, speeds[ir.name]) for ir in built]
     metrics = {variant.name: variant.metrics for variant in variants if variant.name != TORCH}
     step(steps - 1, "choose and register")
+    if not options.distills:
+        _record_pace(store, time.monotonic() - started, outcomes[""].seconds, len(starts[""].fp32.weights), speeds)
     chosen, reason = _choose(outcomes, metrics, options, "Images" if source.task == datasets.IMAGE else "Texts")
     if not options.distills and metrics[chosen]["speedup_b16"] < PROPOSE_STUDENT_BELOW:
         reason += _student_proposed(source, starts[""], machine)
@@ -301,4 +377,4 @@ def _choose(outcomes: dict[str, Outcome], metrics: dict[str, dict[str, float]], 
         why = f"fp32 serves: {', '.join(faster)} {'is' if len(faster) == 1 else 'are'} faster {evidence}, not {within}"
     else:
         why = f"fp32 serves: no variant is faster {evidence} without being slower at the other batch size"
-    return final.variant, f"{guards}. {examples}/s at batch 16: {throughput}; p50 ms at batch 1: {latency}; {why}"
+    return final.variant, f"{guards}. {examples}/s at batch 16: {throughput}; p50 ms at batch 1: {latency}; {why}."

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from appliance.core import clock
 from appliance.core.errors import JobError, RunNotFound
+from appliance.core.text import duration
 from appliance.store import Store, audit, blobs
 
 
@@ -92,7 +93,7 @@ class Outcome:
             patience = params.get("patience")
             why = f"validation {params.get('metric')} was no better for {patience} epoch{'s' * (patience != 1)}"
         elif self.stopped == "budget":
-            why = f"the {params['max_minutes']:g}-minute budget"
+            why = f"the {duration(params['max_minutes'] * 60)} budget"
         else:
             why = "all epochs run" if self.stopped == "epochs" else "ended by the search (pruned)"
         whole = ("all" if self.evaluated_on == self.validation_examples

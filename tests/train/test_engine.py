@@ -272,7 +272,7 @@ def test_the_budget_leaves_room_for_the_last_evaluation_and_says_what_the_figure
     assert lines[0] == ("12,000 of 12,000 texts (100%) are longer than the 8-token window: the model reads the first 1"
                         " and last 5 tokens of each (head+tail; --truncation head for the other way); the base model"
                         " takes up to 128 (--max-length), at a cost in time")
-    assert lines[-1] == ("kept epoch 1 of 1; stopped: the 0.001-minute budget; final figures on a stratified sample"
+    assert lines[-1] == ("kept epoch 1 of 1; stopped: the 0s budget; final figures on a stratified sample"
                          " of 2,000 of 2,400 validation examples")
 
 

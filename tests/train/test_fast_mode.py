@@ -256,13 +256,16 @@ def test_train_mode_fast_from_the_command_line_deploys_and_predicts(tiny_base: P
     run_cli("keys", "init", check=True)
     run_cli("data", "import", str(write_tickets(tmp_path / "tickets.csv")), "--name", "tickets", check=True)
     trained = run_cli("train", "--data", "tickets", "--base", str(tiny_base), "--mode", "fast", "--max-length", "32",
-                      "--contrastive-pairs", "64", "--deploy", "now", check=True)
+                      "--contrastive-pairs", "64", "--deploy", "now", "--max-minutes", "10", check=True)
     assert "fast mode: the encoder tuned on 64 pairs" in trained.stderr  # the run's log, above the bar
+    assert "the optimisation after the training takes up to about " in trained.stderr  # the limit holds the whole job
+    assert "none has run on this box yet): the training has " in trained.stderr and "of the 10m 00s limit" in trained.stderr
     assert "fast mode: embedded 120 texts" in trained.stderr
     assert "tickets:2 serves in production" in trained.stdout
     shown = json.loads(run_cli("runs", "list", "--json", check=True).stdout)[0]
     assert shown["params"]["mode"] == "fast" and shown["params"]["epochs"] == TrainParams.FAST_DEFAULTS["epochs"]
     assert shown["params"]["contrastive_pairs"] == 64
+    assert 5 <= shown["params"]["max_minutes"] < 10  # what the optimisation left of the limit, at least half of it
     refused = run_cli("train", "--data", "tickets", "--base", str(tiny_base), "--mode", "full",
                       "--contrastive-pairs", "64")
     assert refused.returncode != 0 and "contrastive_pairs: fast mode tunes the encoder" in refused.stderr
