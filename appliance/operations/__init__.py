@@ -153,7 +153,7 @@ def _training_params(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, b
     limit_s = spec.params.max_minutes * 60
     if spec.student_share_s is not None:
         ctx.log(f"the training has {duration(spec.student_share_s)} of the {duration(limit_s)} limit; the student "
-                "distilled from it learns in the other half")
+                f"distilled from it learns in the other half{_student_said(ctx, spec, dataset, base, limit_s / 2)}")
         return spec.training_params()
     optimising_s = _optimising_s(ctx, "training", limit_s, spec, dataset, base)
     return spec.training_params(optimising_s)
@@ -177,6 +177,19 @@ def _optimising_s(ctx: Context, before: str, limit_s: float, spec: PipelineJob |
                 f"end about {duration(share_s + optimising_s - limit_s)} past it (a limit of "
                 f"{duration(2 * optimising_s)} holds both)")
     return optimising_s
+
+
+def _student_said(ctx: Context, spec: PipelineJob | TuneJob, dataset: str, base: Path, share_s: float) -> str:
+    """Where the student's half of a limit holds no more than optimising the teacher and the student takes (the
+    student learns in what is left after the teacher's variants and as long again for its own:
+    pipeline.optimize_version), what then, in words; '' where it holds more."""
+    teacher_s = pipeline.pace(ctx.store).seconds(pipeline.weight_bytes(base),
+                                                 len(datasets.get(ctx.store, dataset).split["validation"]), spec.int8)
+    if share_s > 2 * teacher_s:
+        return ""
+    return (f"; that holds no more than optimising the teacher and the student takes here (about "
+            f"{duration(2 * teacher_s)}), so the student learns its least (one epoch, after its learning-rate "
+            "search) and the job will end past the limit")
 
 
 def _burst(ctx: Context, spec: TrainJob | PipelineJob, params: TrainParams, dataset: str, base: Path) -> str | None:
@@ -233,7 +246,8 @@ def tune(ctx: Context, spec: TuneJob, dataset: str, base: Path, study_id: str | 
                                      sampler=spec.sampler, device=spec.device)
             if spec.optimize_options().distills:
                 ctx.log(f"the search has {duration(request.budget_s)} of the {duration(spec.budget_s or 0.0)} budget; "
-                        "the student distilled from its best trial learns in the other half")
+                        "the student distilled from its best trial learns in the other half"
+                        + _student_said(ctx, spec, dataset, base, request.budget_s))
             study_id = search.create(ctx.store, request, study_id=study_id, actor=ctx.actor)
         ctx.save(study=study_id)
     study_id = ctx.state["study"]
