@@ -164,12 +164,13 @@ def _optimising_s(ctx: Context, before: str, limit_s: float, spec: PipelineJob |
     """How long the optimisation after the training (or search) will take at most, at this box's pace, with the
     challenge of production where the new version will face one; the job's log says how that splits its limit
     (pipeline.share_before)."""
-    pace, data = pipeline.pace(ctx.store), datasets.get(ctx.store, dataset)
+    data = datasets.get(ctx.store, dataset)
     challenges = spec.deploy == "auto" and (spec.name or data.name) in registry.deployments(ctx.store)
-    optimising_s = pace.seconds(pipeline.weight_bytes(base), len(data.split["validation"]), spec.int8, challenges)
+    optimising_s = _optimisation_s(ctx.store, spec, data, base, challenges)
     share_s = pipeline.share_before(limit_s, optimising_s)
     after = "the optimisation" + (" and the challenge of production" if challenges else "")
-    said = f"{after} after the {before} take{'' if challenges else 's'} up to about {duration(optimising_s)} ({pace.said()})"
+    said = (f"{after} after the {before} take{'' if challenges else 's'} up to about {duration(optimising_s)} "
+            f"({pipeline.pace(ctx.store).said()})")
     if share_s + optimising_s <= limit_s * 1.1:  # as near as a limit is kept
         ctx.log(f"{said}: the {before} has {duration(share_s)} of the {duration(limit_s)} limit")
     else:
@@ -179,12 +180,19 @@ def _optimising_s(ctx: Context, before: str, limit_s: float, spec: PipelineJob |
     return optimising_s
 
 
+def _optimisation_s(store: Store, spec: PipelineJob | TuneJob, data: datasets.DatasetVersion, base: Path,
+                    challenges: bool = False) -> float:
+    """How long optimising a model trained from base on data takes here at most (pipeline.Pace), with the challenge
+    of production where it will face one."""
+    return pipeline.pace(store).seconds(pipeline.weight_bytes(base), len(data.split["validation"]), spec.int8,
+                                        challenges)
+
+
 def _student_said(ctx: Context, spec: PipelineJob | TuneJob, dataset: str, base: Path, share_s: float) -> str:
     """Where the student's half of a limit holds no more than optimising the teacher and the student takes (the
     student learns in what is left after the teacher's variants and as long again for its own:
     pipeline.optimize_version), what then, in words; '' where it holds more."""
-    teacher_s = pipeline.pace(ctx.store).seconds(pipeline.weight_bytes(base),
-                                                 len(datasets.get(ctx.store, dataset).split["validation"]), spec.int8)
+    teacher_s = _optimisation_s(ctx.store, spec, datasets.get(ctx.store, dataset), base)
     if share_s > 2 * teacher_s:
         return ""
     return (f"; that holds no more than optimising the teacher and the student takes here (about "
