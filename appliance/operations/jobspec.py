@@ -243,7 +243,7 @@ class TuneJob(_Deploying, _Optimizing, _Training):
 
     dataset: Ref | None = Field(None, description="the dataset: name, name:version or id (not with 'resume')")
     budget_s: float | None = Field(None, gt=0, le=WEEK_S, description="wall-clock seconds for the whole job: the "
-                                   "search, and the optimisation after it (as long as the last one took on this box), "
+                                   "search, and the optimisation after it (the longest it takes at this box's pace), "
                                    "or where a student is distilled too, half for the search and half for the student "
                                    "(not with 'resume')")
     resume: Ref | None = Field(None, description="a stopped search's id: continue it within what is left of its "
