@@ -10,7 +10,10 @@ import base64
 import dataclasses
 import hashlib
 import json
+import logging
 import os
+import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -368,9 +371,10 @@ def test_more_workers_than_the_cluster_has_fail_the_burst_at_once_with_the_reaso
 
 @pytest.mark.slow
 @needs_ray
-def test_a_cluster_that_is_down_fails_the_job_and_fallback_trains_here(
-    opened: Store, tmp_path: Path, tiny_base: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_cluster_that_is_down_fails_the_job_and_fallback_trains_here_in_the_time_left(
+    opened: Store, tmp_path: Path, tiny_base: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="appliance.operations")
     monkeypatch.setattr(worker, "_on_sigterm", lambda _stop: None)  # the job runs in pytest's process: keep its signals
     token = tmp_path / "token"
     token.write_text("t0ken")
@@ -390,6 +394,19 @@ def test_a_cluster_that_is_down_fails_the_job_and_fallback_trains_here(
     assert fell_back.status == "finished"
     assert runs.get(opened, fell_back.result["run_id"]).trained_on is None
     assert "cannot reach" in json.loads(_records(opened, "burst.fallback")[-1]["details"])["reason"]
+
+    # A job restarted 40 s into a burst of its 60 s: the burst fails, and training here has the 20 s left.
+    job = jobs.submit(opened, jobspec.parse("train", {**params, "fallback": True,
+                                                      "params": {**params["params"], "max_minutes": 1}}))
+    owner = jobs.claim(opened, job.id)
+    assert owner is not None
+    jobs.save_state(opened, job.id, owner, burst_began=time.time() - 40)
+    assert worker._run_claimed(opened, job.id, owner, None) == 0
+    late = jobs.get(opened, job.id)
+    assert runs.get(opened, late.result["run_id"]).params["max_minutes"] == pytest.approx(20 / 60, abs=2 / 60)
+    said = [record.getMessage() for record in caplog.records]
+    assert any(re.match(r"the burst took 4\ds: training here has the 1\ds left of its 1m 00s$", line) for line in said
+               ), said
 
 
 @pytest.mark.slow

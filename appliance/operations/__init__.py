@@ -54,6 +54,8 @@ log = logging.getLogger("appliance.operations")
 # An optimisation with a time limit records the time it has spent this often, so that one resumed after a crash (not
 # only after a stop) goes on with about what was left of its limit.
 SPENT_SAVED_EVERY_S = 30.0
+# Of a training's time limit, the least that a fallback after a failed burst keeps, however long the burst took.
+FALLBACK_LEAST_SHARE = 0.25
 
 
 class Stopped(Exception):
@@ -106,19 +108,24 @@ def import_dataset(ctx: Context, spec: PipelineJob) -> str:
 
 def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) -> RunResult:
     """A run trained on the dataset from the base model: on the Ray cluster when spec.burst (here again if that
-    fails and may fall back, from the job's last checkpoint when it sent one home), else here, resuming the run an
-    earlier attempt started. Its status says whether it finished or was interrupted (checkpointed)."""
+    fails and may fall back, from the job's last checkpoint when it sent one home, else in what the burst left of the
+    time limit), else here, resuming the run an earlier attempt started. Its status says whether it finished or was interrupted (checkpointed)."""
     from appliance.train import engine  # torch loads only where something trains
 
     if "run_id" not in ctx.state and isinstance(spec, TrainJob) and spec.resume:
         ctx.save(run_id=resumed(ctx.store, spec, confined=ctx.confined))
     if "run_id" in ctx.state and runs.get(ctx.store, ctx.state["run_id"]).status == "finished":
         return engine.RunResult.of(ctx.store, ctx.state["run_id"])
-    if spec.burst and "run_id" not in ctx.state:
-        run_id = _burst(ctx, spec, _training_params(ctx, spec, dataset, base), dataset, base)
+    params = None if "run_id" in ctx.state else _training_params(ctx, spec, dataset, base)
+    if spec.burst and params is not None:
+        if "burst_began" not in ctx.state:  # wall-clock: the cluster's job goes on while this one is restarted
+            ctx.save(burst_began=time.time())
+        run_id = _burst(ctx, spec, params, dataset, base)
         if run_id is not None:
             ctx.save(run_id=run_id)
             return engine.RunResult.of(ctx.store, run_id)
+        if "run_id" not in ctx.state:  # else its last checkpoint came home: that run keeps the time it had left
+            params = _left_after_burst(ctx, params)
     ctx.stage("train")
     suggest = not spec.burst  # a run that burst and fell back knows the cluster already
 
@@ -131,9 +138,8 @@ def train(ctx: Context, spec: TrainJob | PipelineJob, dataset: str, base: Path) 
                     "step": report.step, "total_steps": report.total_steps, "loss": round(report.loss, 5),
                     "samples_per_s": round(report.samples_per_s, 2), "eta_s": report.eta_s})
 
-    if "run_id" not in ctx.state:
-        ctx.save(run_id=engine.create(ctx.store, dataset=dataset, base_dir=base,
-                                      params=_training_params(ctx, spec, dataset, base), device=spec.device,
+    if params is not None and "run_id" not in ctx.state:
+        ctx.save(run_id=engine.create(ctx.store, dataset=dataset, base_dir=base, params=params, device=spec.device,
                                       log=ctx.log))
     if ctx.max_threads:
         ctx.log(f"a model is being served: training uses at most {counted(ctx.max_threads, 'thread')}, at lower "
@@ -198,6 +204,22 @@ def _student_said(ctx: Context, spec: PipelineJob | TuneJob, dataset: str, base:
     return (f"; that holds no more than optimising the teacher and the student takes here (about "
             f"{duration(2 * teacher_s)}), so the student learns its least (one epoch, after its learning-rate "
             "search) and the job will end past the limit")
+
+
+def _left_after_burst(ctx: Context, params: TrainParams) -> TrainParams:
+    """A fallback's hyperparameters: its time limit less what the failed burst took, but at least
+    FALLBACK_LEAST_SHARE of it, so that training here learns something (the job's log then says it ends late)."""
+    if params.max_minutes is None:
+        return params
+    share_s, spent_s = params.max_minutes * 60, time.time() - ctx.state["burst_began"]
+    least_s = FALLBACK_LEAST_SHARE * share_s
+    if share_s - spent_s >= least_s:
+        ctx.log(f"the burst took {duration(spent_s)}: training here has the {duration(share_s - spent_s)} left of "
+                f"its {duration(share_s)}")
+        return params.changed(max_minutes=(share_s - spent_s) / 60)
+    ctx.log(f"the burst took {duration(spent_s)} of the training's {duration(share_s)}: training here has its least, "
+            f"{duration(least_s)}, so the job will end about {duration(least_s + spent_s - share_s)} past its limit")
+    return params.changed(max_minutes=least_s / 60)
 
 
 def _burst(ctx: Context, spec: TrainJob | PipelineJob, params: TrainParams, dataset: str, base: Path) -> str | None:
