@@ -28,8 +28,8 @@ ROWS = [
 ]
 
 
-def _csv(rows: list[tuple[str, str]], header: str = "text,label") -> str:
-    return header + "\n" + "".join(f'"{text}",{label}\n' for text, label in rows)
+def _csv(rows: list[tuple[str, str]], header: str = "text,label", delimiter: str = ",") -> str:
+    return header.replace(",", delimiter) + "\n" + "".join(f'"{text}"{delimiter}{label}\n' for text, label in rows)
 
 
 def _jsonl(rows: list[tuple[str, str]]) -> str:
@@ -67,6 +67,8 @@ def _png(colour: tuple[int, int, int], size: int = 4) -> bytes:
         ("tickets.csv", _csv(ROWS)),
         ("tickets-bom.csv", "\ufeff" + _csv(ROWS).replace("\n", "\r\n")),
         ("tickets.jsonl", _jsonl(ROWS)),
+        ("tickets-excel.csv", _csv([(text.replace(" ", ", ", 1), label) for text, label in ROWS], delimiter=";")),
+        ("tickets.tsv", _csv(ROWS, delimiter="\t")),
     ],
 )
 def test_a_file_round_trips_through_load(opened: Store, tmp_path: Path, name: str, content: str) -> None:
@@ -76,7 +78,7 @@ def test_a_file_round_trips_through_load(opened: Store, tmp_path: Path, name: st
     assert version.residency == "local-only"
     assert blobs.exists(opened, version.blob_id) and version.removal is None
     loaded = datasets.load(opened, datasets.get(opened, "tickets"))
-    assert list(zip(loaded.texts, loaded.labels)) == ROWS
+    assert [(text.replace(",", ""), label) for text, label in zip(loaded.texts, loaded.labels)] == ROWS
     assert loaded.label_names == ["billing", "shipping", "technical"]
     assert loaded.counts == {"billing": 3, "shipping": 3, "technical": 2}
     assert loaded.images == []
@@ -189,6 +191,11 @@ GOOD = _csv(ROWS)[len("text,label\n") :]
             "customers.csv line 10: the only example of its label, fewer than the 2 each label needs",
         ),
         ("customers.csv", "text,label\n" + GOOD + "a,b,c\n", "customers.csv line 10: 3 fields, but the header has 2"),
+        (
+            "customers.csv",
+            "text;label\n" + GOOD.replace('",', '";') + "a;b;c\n",
+            "customers.csv line 10: 3 fields, but the header has 2 (a semicolon in a text that is not in double quotes?)",
+        ),
         ("customers.jsonl", _jsonl(ROWS) + '{"text": "oops",\n', "customers.jsonl line 9: not valid JSON"),
         ("customers.jsonl", _jsonl(ROWS) + '["a", "b"]\n', "customers.jsonl line 9: expected a JSON object"),
         (

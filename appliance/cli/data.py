@@ -42,7 +42,8 @@ def data_import(
     path: Path, name: str, task: str, text_column: str, label_column: str, validation_fraction: float, seed: int,
     max_text_chars: int, long_texts: str, residency: str,
 ) -> None:
-    """Check PATH (a CSV or JSONL file, or a folder of class subfolders of images) and store it encrypted."""
+    """Check PATH (a CSV file, its fields separated by commas, semicolons or tabs as its header shows, or a JSONL
+    file, or a folder of class subfolders of images) and store it encrypted."""
     options = {"name": name, "task": task, "text_column": text_column, "label_column": label_column,
                "validation_fraction": validation_fraction, "seed": seed, "max_text_chars": max_text_chars,
                "long_texts": long_texts, "residency": residency}

@@ -1,6 +1,6 @@
 """Dataset versions: a file or folder turned into checked, hashed, encrypted training data.
 
-import_data() reads a CSV or JSONL file of texts, or a folder of class subfolders of
+import_data() reads a CSV (or TSV) or JSONL file of texts, or a folder of class subfolders of
 images, from a source (sources.py: a local path, a name inside daemon.import_dir, or an
 upload), checks every example and reports the problems together, each with the file
 and line, column or image it is on, never with what the file holds. What passes is normalised to one canonical form (JSON
@@ -21,6 +21,7 @@ import codecs
 import csv
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import random
@@ -43,7 +44,10 @@ from appliance.store import Store, audit, blobs, seal
 TEXT = "text-classification"
 IMAGE = "image-classification"
 TASKS = (TEXT, IMAGE)
-TEXT_SUFFIXES = (".csv", ".jsonl", ".ndjson")
+TEXT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
+# What separates a delimited file's fields: the first that splits its header into the named columns (a spreadsheet
+# saves ";" where a comma is the decimal mark, and a .tsv has tabs), else a comma.
+DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab"}
 MAX_IMAGE_BYTES = pixels.MAX_IMAGE_BYTES
 MAX_SHOWN = 20  # problems (and dropped lines) listed one by one; the rest are counted
 PROGRESS_STEP = 256 * 1024  # bytes read between two progress reports on a text file
@@ -444,7 +448,7 @@ def _check_request(source: sources.Source, name: str, task: str, validation_frac
     if task == TEXT and (folder or Path(source.name).suffix.lower() not in TEXT_SUFFIXES):
         raise DatasetError(
             f"{source.name} is not a CSV or JSONL file",
-            hint="text datasets are .csv (with a header row) or .jsonl; a folder of images needs"
+            hint="text datasets are .csv or .tsv (with a header row) or .jsonl; a folder of images needs"
             " --task image-classification",
         )
 
@@ -562,7 +566,7 @@ def _read_text(
     over: list[str] = []
     with source.open() as file:
         lines = _decoded_lines(source.name, file, source.size() if progress else 0, collector, progress)
-        if source.name.lower().endswith(".csv"):
+        if source.name.lower().endswith((".csv", ".tsv")):
             rows = _csv_rows(source.name, lines, collector, columns)
         else:
             rows = _jsonl_rows(source.name, lines, collector)
@@ -617,7 +621,8 @@ def _csv_rows(
     name: str, lines: Iterable[str], collector: _Collector, columns: tuple[str, str]
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """Each data row of a CSV file as {column: value}, with the line it starts on."""
-    records = _csv_records(name, lines, collector)
+    delimiter, lines = _delimiter(iter(lines), columns)
+    records = _csv_records(name, lines, collector, delimiter)
     first = next(records, None)
     if first is None:
         return  # an empty file, or one that is not CSV: the collector says which
@@ -628,7 +633,7 @@ def _csv_rows(
             f"{name} line {header_line}: no column {' or '.join(repr(column[:80]) for column in missing)}"
             f" among the header's {counted(len(header), 'column')}",
             hint="name the columns with --text-column and --label-column;"
-            " the first line must name the columns, separated by commas",
+            " the first line must name the columns, separated by commas, semicolons or tabs",
         )
     for start, row in records:
         if len(row) == len(header):
@@ -636,13 +641,28 @@ def _csv_rows(
         else:
             collector.problem(
                 f"{name} line {start}: {counted(len(row), 'field')}, but the header has {len(header)}"
-                " (a comma in a text that is not in double quotes?)"
+                f" (a {DELIMITERS[delimiter]} in a text that is not in double quotes?)"
             )
 
 
-def _csv_records(name: str, lines: Iterable[str], collector: _Collector) -> Iterator[tuple[int, list[str]]]:
+def _delimiter(lines: Iterator[str], columns: tuple[str, ...]) -> tuple[str, Iterator[str]]:
+    """The delimiter of a CSV file (DELIMITERS), read from its first line that is not blank, and all its lines."""
+    read: list[str] = []
+    for line in lines:
+        read.append(line)
+        if line.strip():
+            break
+    header = read[-1] if read else ""
+    found = next((delimiter for delimiter in DELIMITERS
+                  if set(columns) <= {name.strip() for name in next(csv.reader([header], delimiter=delimiter), [])}),
+                 ",")
+    return found, itertools.chain(read, lines)
+
+
+def _csv_records(name: str, lines: Iterable[str], collector: _Collector, delimiter: str
+                 ) -> Iterator[tuple[int, list[str]]]:
     """The non-blank records of a CSV file with the line each starts on; parsing stops at the first bad one."""
-    reader = csv.reader(lines)
+    reader = csv.reader(lines, delimiter=delimiter)
     while True:
         start = reader.line_num + 1
         try:

@@ -51,7 +51,7 @@ class ImportOptions(Body):
 
 class UploadOptions(ImportOptions):
     filename: str = Field(min_length=1, max_length=255, description=(
-        "the file's name: .csv or .jsonl for texts; an image folder is sent as an uncompressed .tar of its class"
+        "the file's name: .csv, .tsv or .jsonl for texts; an image folder is sent as an uncompressed .tar of its class"
         " folders"))
 
 
