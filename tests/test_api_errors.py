@@ -25,6 +25,8 @@ REFUSED = [  # (method, path, what the request sends, status, type)
     ("POST", "/v1/jobs", {"json": {"kind": "train", "params": {}}}, 400, "ValidationError"),
     ("POST", "/v1/jobs", {"content": b"{not json"}, 400, "ValidationError"),
     ("GET", "/v1/audit", {"params": {"since": "soon"}}, 400, "BadRequest"),
+    ("GET", "/v1/audit", {"params": {"since": "999999999d"}}, 400, "BadRequest"),  # before the year 1
+    ("POST", "/v1/models/tickets:\u00b2/deploy", {"json": {}}, 400, "RegistryError"),  # a digit int() refuses
     ("POST", "/v1/jobs", {"content": b"{" + b" " * (2 << 20) + b"}"}, 413, "PayloadTooLarge"),
     ("GET", "/v1/nothing-here", {}, 404, "RouteNotFound"),
     ("DELETE", "/v1/jobs", {}, 405, "MethodNotAllowed"),

@@ -161,7 +161,7 @@ def test_an_unknown_ref_names_the_datasets_there_are(opened: Store, tmp_path: Pa
         datasets.get(opened, "tickets")
     assert "none imported yet" in empty.value.hint
     datasets.import_file(opened, _write(tmp_path, "t.csv", _csv(ROWS)), name="tickets")
-    for ref in ("nope", "tickets:7", "tickets:x", "deadbeef"):
+    for ref in ("nope", "tickets:7", "tickets:x", "tickets:\u00b2", "deadbeef"):
         with pytest.raises(DatasetError) as missing:
             datasets.get(opened, ref)
         assert "known datasets: tickets" in missing.value.hint

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from appliance import operations, registry
 from appliance.cli.base import daemon_client, load_settings, opened_store, progress_bar
+from appliance.core.text import whole_number
 from appliance.daemon import client
 from appliance.data import datasets, sources
 from appliance.operations import jobs, jobspec, privacy
@@ -138,7 +139,8 @@ class Remote:
 
     def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]:
         model, _, number = ref.partition(":")
-        body = {"canary_percent": canary_percent} | ({"version": int(number)} if number.isdigit() else {})
+        version = whole_number(number)
+        body = {"canary_percent": canary_percent} | ({"version": version} if version is not None else {})
         answer = self.api.post(f"/v1/models/{model}/deploy", body)
         return answer["model"], f"{answer['model']}:{answer['version']}"
 

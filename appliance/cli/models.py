@@ -12,6 +12,7 @@ import click
 
 from appliance.cli.base import alias, ask, cli, json_option, print_json, say_trust, yes_option
 from appliance.cli.connect import connected
+from appliance.core.text import whole_number
 from appliance.operations.jobspec import ExportJob
 
 PASSPHRASE_ENV = "APPLIANCE_EXPORT_PASSPHRASE"
@@ -63,7 +64,7 @@ def models_delete(ref: str, yes: bool) -> None:
     Refused while it serves, is the canary's candidate, or a rollback could return to it. Its number is not
     given again; the run it came from and the audit records stay.
     """
-    if not ref.partition(":")[2].isdigit():
+    if whole_number(ref.partition(":")[2]) is None:
         raise click.BadParameter("name the version as MODEL:VERSION, e.g. tickets:3", param_hint="MODEL:VERSION")
     ask(f"Delete {ref} and its weights? It cannot be undone.", yes)
     with connected() as appliance:

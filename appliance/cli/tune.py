@@ -22,7 +22,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600}
 
 def parse_budget(text: str) -> float:
     """90s, 30m, 1.5h -> seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh])\s*", text)
+    match = re.fullmatch(r"\s*([0-9]{1,9}(?:\.[0-9]{1,9})?)\s*([smh])\s*", text)
     if not match or float(match[1]) <= 0:
         raise click.BadParameter(f"{text!r} is not a duration; write e.g. 90s, 30m or 2h", param_hint="--budget")
     return float(match[1]) * _UNITS[match[2]]

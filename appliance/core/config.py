@@ -316,7 +316,7 @@ def _check_daemon(settings: Settings, path: Path | None) -> None:
     _check_limits("daemon", settings.daemon, where, {
         "stop_timeout_s": (1, 86400), "heartbeat_timeout_s": (1, 86400), "latency_objective_ms": (0, 60000),
         "tcp_port": (0, 65535), "max_upload_mb": (1, 2**20)})
-    if not re.fullmatch(r"\d+(\.\d+)?%|\d+[KMGT]?|infinity", settings.daemon.memory_max):
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?%|[0-9]+[KMGT]?|infinity", settings.daemon.memory_max):
         raise ConfigError(f"'daemon.memory_max' in {where} is {settings.daemon.memory_max!r}",
                           hint="give a size such as \"12G\" (K, M, G, T), a share of RAM such as \"80%\", or \"infinity\"")
     for name, folder in (("daemon.import_dir", settings.daemon.import_dir),

@@ -1,6 +1,10 @@
-"""Words for numbers, as people write them: "1 thread", "2 threads", "4m 05s"."""
+"""Words for numbers, as people write them: "1 thread", "2 threads", "4m 05s", and back."""
 
 from __future__ import annotations
+
+import re
+
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
 
 
 def counted(number: int, noun: str, plural: str | None = None) -> str:
@@ -18,3 +22,9 @@ def duration(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m {seconds % 60:02d}s"
     return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def whole_number(text: str) -> int | None:
+    """text as the whole number it writes in ASCII digits (at most 18), else None. Not str.isdigit(): that takes
+    "²" and other digits int() refuses, which a caller would meet as a crash rather than as bad input."""
+    return int(text) if _WHOLE_NUMBER.fullmatch(text) else None

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Literal, overload
 from appliance import pixels
 from appliance.core import archive, clock, hardware, schema
 from appliance.core.errors import ConfinementError, DatasetError, DatasetNotFound, PlanError
-from appliance.core.text import counted
+from appliance.core.text import counted, whole_number
 from appliance.data import sources
 from appliance.store import Store, audit, blobs, seal
 
@@ -830,7 +830,8 @@ def get(store: Store, ref: str) -> DatasetVersion:
     """The version a person or a run names: 'name' (its latest), 'name:version' or an id prefix."""
     name, colon, number = ref.partition(":")
     if colon:
-        found = _select(store, "name = ? AND version = ?", (name, int(number))) if number.isdigit() else []
+        version = whole_number(number)
+        found = [] if version is None else _select(store, "name = ? AND version = ?", (name, version))
     else:
         found = _select(store, "name = ?", (ref,))[-1:]
         if not found and ID_PREFIX.fullmatch(ref):

@@ -20,6 +20,7 @@ from typing import Any
 
 from appliance.core import clock, schema
 from appliance.core.errors import RegistryError, VersionNotFound
+from appliance.core.text import whole_number
 from appliance.store import Store, audit, blobs, events
 from appliance.train import runs
 
@@ -383,6 +384,6 @@ def _check_alias(alias: str) -> None:
 
 
 def _int(text: str, ref: str) -> int:
-    if not text.isdigit():
+    if (number := whole_number(text)) is None:
         raise RegistryError(f"{ref!r}: the version must be a number", hint="write MODEL, MODEL:VERSION or MODEL@ALIAS")
-    return int(text)
+    return number

@@ -30,6 +30,7 @@ from appliance import pixels
 from appliance.access import auth
 from appliance.core.config import Settings
 from appliance.core.errors import ApplianceError, BadRequest, PayloadTooLarge
+from appliance.core.text import whole_number
 from appliance.serve import access, oip, tls
 from appliance.serve import metrics as serve_metrics
 from appliance.serve.rates import KeyRates
@@ -140,9 +141,9 @@ def _version(given: str) -> int | None:
     """A request's version: empty for the route's choice, else a number."""
     if not given:
         return None
-    if not given.isdigit():
+    if (number := whole_number(given)) is None:
         raise BadRequest(f"version {given[:20]!r} is not a number", hint="give a version number, or none")
-    return int(given)
+    return number
 
 
 def _ask(request: Message, keeps_ids: bool, pictures: pixels.Pictures | None) -> oip.Ask:

@@ -37,6 +37,7 @@ from pydantic import Field, StrictFloat, StrictInt, StrictStr
 
 from appliance import pixels
 from appliance.core.errors import BadRequest
+from appliance.core.text import whole_number
 from appliance.serve.runtime import Answer, Route
 from appliance.serve.web import Body, Text, parse_json
 
@@ -256,10 +257,11 @@ def parse_rest(raw: bytes, header_length: str | None, keeps_ids: bool, model: st
 def _split(raw: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     if header_length is None:
         return raw, b""
-    if not header_length.isdigit() or int(header_length) > len(raw):
+    length = whole_number(header_length)
+    if length is None or length > len(raw):
         raise BadRequest(f"{BINARY_HEADER} is {header_length[:20]!r}, not a length within the {len(raw)}-byte body",
                          hint="give the byte length of the JSON that begins the body")
-    return raw[:int(header_length)], raw[int(header_length):]
+    return raw[:length], raw[length:]
 
 
 def _flat(name: str, data: Sequence[Any]) -> list[str | bytes]:

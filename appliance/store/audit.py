@@ -246,10 +246,13 @@ def parse_since(text: str) -> datetime:
 
     Raises ValueError with a message that says what is accepted.
     """
-    relative = re.fullmatch(r"(\d+)([mhd])", text.strip())
+    relative = re.fullmatch(r"([0-9]{1,9})([mhd])", text.strip())
     if relative:
         amount, unit = int(relative[1]), relative[2]
-        return clock.now() - timedelta(**{{"m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
+        try:
+            return clock.now() - timedelta(**{{"m": "minutes", "h": "hours", "d": "days"}[unit]: amount})
+        except OverflowError:
+            raise ValueError(f"{text!r} reaches back before the year 1") from None
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

@@ -85,6 +85,7 @@ def test_infer_answers_as_rest_does(served: tuple[Server, str], triton: grpcclie
     ("scoped", "tickets", "", None, "StatusCode.PERMISSION_DENIED", "may not call model 'tickets'"),
     ("key", "nope", "", None, "StatusCode.NOT_FOUND", "no model named 'nope'"),
     ("key", "tickets", "9", None, "StatusCode.NOT_FOUND", "version 9 of 'tickets' is not being served"),
+    ("key", "tickets", "\u00b2", None, "StatusCode.INVALID_ARGUMENT", "is not a number"),
     ("key", "tickets", "", ["  "], "StatusCode.INVALID_ARGUMENT", "instance 0 is empty"),
     ("key", "tickets", "", ["x" * 20_001], "StatusCode.RESOURCE_EXHAUSTED", "at most 20000 are allowed"),
 ])

@@ -43,6 +43,7 @@ def test_binary_and_json_tensors_give_the_same_texts_and_outputs() -> None:
     (lambda: binary(["abc"], size=99), "says binary_data_size 99, but 7 bytes follow"),
     (lambda: binary(["abc"], header=10_000), "not a length within"),
     (lambda: binary(["abc"], header=-1), "not a length within"),
+    (lambda: (binary(["abc"])[0], "\u00b2"), "not a length within"),  # a digit to str.isdigit, not to int()
     (lambda: (binary(["abc"])[0][:-2], binary(["abc"])[1]), "says binary_data_size 7, but 5 bytes follow"),
     (lambda: (binary(["abc"])[0], None), "not valid JSON: Extra data"),  # no header: the whole body is JSON
 ])
