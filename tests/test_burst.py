@@ -23,7 +23,7 @@ import psutil
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from appliance import registry
+from appliance import registry, store
 from appliance.compliance import evidence
 from appliance.core import archive, config
 from appliance.core.errors import BurstError, ResidencyRefused
@@ -444,11 +444,13 @@ def test_cancel_of_a_burst_job_stops_the_ray_job(burst_env: None, daemon: Daemon
                 240, "the remote job never reported training progress")
     assert daemon.cli("jobs", "cancel", job_id).returncode == 0
     assert daemon.ended(job_id, 120)["status"] == "cancelled"
-    submission = daemon.job(job_id)["state"]["burst"]["id"]
+    shown = daemon.job(job_id)["state"]["burst"]
+    submission = shown["id"]
+    assert "key" not in shown and shown["cluster"] == ray_head.address  # the data key stays in the job's own row
+    with store.open(daemon.settings) as opened:
+        assert jobs.get(opened, job_id).state["burst"]["key"]
     client = ray_head.client()
     daemon.wait(lambda: client.get_job_status(submission).value == "STOPPED", 60, "the Ray job was not stopped")
-    from appliance import store
-
     with store.open(daemon.settings) as opened:
         assert _records(opened, "burst.cancel")[-1]["outcome"] == "ok"
 

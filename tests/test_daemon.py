@@ -167,15 +167,18 @@ def test_a_viewer_cannot_deploy_and_the_refusal_is_audited(daemon: Daemon) -> No
         assert api.get("/v1/jobs/nope").status_code == 404
         refused = api.post("/v1/models/tickets/deploy", json={})
         submit = api.post("/v1/jobs", json={"kind": "train", "params": {"dataset": "x"}})
-    assert refused.status_code == 403 and submit.status_code == 403
+    with daemon.api() as api:  # a path that would move a terminal's cursor and colour what follows
+        forged = api.get("/v1/jobs/%1B%5B1A%1B%5B2K%1B%5B32mFAKE", headers={"Authorization": "Bearer apu_nope"})
+    assert refused.status_code == 403 and submit.status_code == 403 and forged.status_code == 401
     assert "operator" in refused.json()["error"]
     daemon.stop()  # the refusals counted in the last minute go on the record as the daemon stops
     with store.open(daemon.settings) as opened:
         refusals = [row for row in audit.rows(opened) if row["action"] == "api.refused"]
         reads = [(row["actor"], row["object"]) for row in audit.rows(opened, action="api.read")]
     assert [(row["actor"], row["object"]) for row in refusals] == [
-        ("user:auditor", "POST /v1/models/tickets/deploy"), ("user:auditor", "POST /v1/jobs")]
-    assert json.loads(refusals[1]["details"])["repeated"] == 1  # the first at once, the rest of its minute counted
+        ("user:auditor", "POST /v1/models/tickets/deploy"), ("anonymous", "GET /v1/jobs/?[1A?[2K?[32mFAKE"),
+        ("user:auditor", "POST /v1/jobs")]
+    assert json.loads(refusals[2]["details"])["repeated"] == 1  # the first at once, the rest of its minute counted
     assert reads == [("user:auditor", "GET /v1/jobs"), ("user:auditor", "GET /v1/jobs/{job_id}")]  # once each
 
 

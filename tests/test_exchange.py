@@ -213,6 +213,9 @@ def test_an_admin_exports_through_the_daemon_and_the_archive_is_handed_over_once
     with daemon.api(operator) as api:
         refused = api.post("/v1/jobs", json=export)
     assert refused.status_code == 403 and "needs admin" in refused.text
+    with store.open(daemon.settings) as opened:  # refused by what its body asks for, and audited as any refusal
+        assert [(row["actor"], row["object"]) for row in audit.rows(opened, action="api.refused")] == [
+            ("user:ops", "POST /v1/jobs")]
 
     identity = pyrage.x25519.Identity.generate()
     (tmp_path / "key.txt").write_text(f"# created by age-keygen\n{identity}\n")

@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -19,7 +20,7 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, DirectoryTree, Input, Label, Log, Sparkline, Static
 
 from appliance.core import clock
-from appliance.core.text import counted
+from appliance.core.text import counted, printable
 
 
 class Connection(enum.Enum):
@@ -132,7 +133,7 @@ class Table(DataTable):
         selected = self.selected
         self.clear()
         for key, cells in shown:
-            self.add_row(*cells, key=key)
+            self.add_row(*(Text(printable(cell)) for cell in cells), key=key)  # what a row holds, never markup
         self._filled = shown
         if selected is not None:
             self.select(selected)

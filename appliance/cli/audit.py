@@ -13,6 +13,7 @@ import click
 
 from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
 from appliance.cli.connect import connected
+from appliance.core.text import printable
 from appliance.store import alerts, audit
 
 
@@ -39,7 +40,8 @@ def audit_list(since: str | None, actor: str | None, action: str | None, limit: 
     if not found:
         click.echo("no audit records match")
     for row in found:
-        click.echo(f"{row['seq']:>6}  {row['ts'][:19]}  {row['actor']:<16} {row['action']:<18} {row['outcome']:<6} {row['object']}")
+        click.echo(printable(f"{row['seq']:>6}  {row['ts'][:19]}  {row['actor']:<16} {row['action']:<18} "
+                             f"{row['outcome']:<6} {row['object']}"))
 
 
 def _parse_since(text: str | None) -> datetime | None:

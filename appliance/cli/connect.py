@@ -277,19 +277,19 @@ class Local:
         return (privacy.find if dry_run else privacy.erase)(self.store, subject).summary()
 
     def jobs(self, status: str | None) -> list[dict[str, Any]]:
-        return [asdict(job) for job in jobs.list_jobs(self.store, status)]
+        return [job.shown() for job in jobs.list_jobs(self.store, status)]
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return asdict(jobs.get(self.store, job_id))
+        return jobs.get(self.store, job_id).shown()
 
     def job_logs(self, job_id: str) -> list[str]:
         return jobs.log_lines(self.store, job_id)
 
     def submit(self, spec: jobspec.Spec, priority: int) -> dict[str, Any]:
-        return asdict(jobs.submit(self.store, spec, priority))
+        return jobs.submit(self.store, spec, priority).shown()
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return asdict(jobs.cancel(self.store, job_id))
+        return jobs.cancel(self.store, job_id).shown()
 
     def alerts(self, *, acknowledged: bool) -> list[dict[str, Any]]:
         return [asdict(alert) for alert in alerts.listed(self.store, acknowledged=acknowledged)]

@@ -28,3 +28,9 @@ def whole_number(text: str) -> int | None:
     """text as the whole number it writes in ASCII digits (at most 18), else None. Not str.isdigit(): that takes
     "²" and other digits int() refuses, which a caller would meet as a crash rather than as bad input."""
     return int(text) if _WHOLE_NUMBER.fullmatch(text) else None
+
+
+def printable(text: str) -> str:
+    """text with each character a terminal would act on (escape sequences, line breaks) shown as '?': for what a
+    caller sent, such as a request's path, before a log line, an audit record or a terminal shows it."""
+    return text if text.isprintable() else "".join(char if char.isprintable() else "?" for char in text)

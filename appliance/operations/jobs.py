@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from appliance.core import clock
@@ -55,6 +55,14 @@ class Job:
     submitted_at: str
     started_at: str | None
     finished_at: str | None
+
+    def shown(self) -> dict[str, Any]:
+        """The job as a viewer may read it: all of it but the burst's data key (wrapped under the master key), which
+        only the job itself needs, to read what the cluster sends back."""
+        shown = asdict(self)
+        if isinstance(burst := self.state.get("burst"), dict) and "key" in burst:
+            shown["state"] = {**self.state, "burst": {name: value for name, value in burst.items() if name != "key"}}
+        return shown
 
     @property
     def spec(self) -> jobspec.Spec:

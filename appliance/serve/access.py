@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from appliance.core.text import printable
+
 log = logging.getLogger("appliance.access")
 
 
@@ -72,10 +74,7 @@ class AccessLog:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"][:200]  # a caller's bytes: what the terminal would act on is replaced
-        if not path.isprintable():
-            path = "".join(char if char.isprintable() else "?" for char in path)
-        with request("rest", f"{scope['method']} {path}") as entry:
+        with request("rest", f"{scope['method']} {printable(scope['path'][:200])}") as entry:
 
             async def answering(message: Message) -> None:
                 if message["type"] == "http.response.start":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -168,3 +170,34 @@ def test_a_message_over_the_body_limit_is_refused_before_it_is_read(triton: grpc
     with pytest.raises(InferenceServerException) as refused:  # 60 texts of 19,000 characters: over 1 MiB
         triton.infer("tickets", [texts_input(["x" * 19_000] * 60)], headers=key(state))
     assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED", refused.value
+
+
+def _stalled_call(port: int) -> socket.socket:
+    """A connection whose one ModelInfer call, sent with no key, says a 1,000-byte message and sends 5 bytes of it."""
+    def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+        return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+    headers = b"".join(b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value for name, value in [
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", f"/{grpc_api.SERVICE}/ModelInfer".encode()),
+        (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])  # HPACK literals
+    connection = socket.create_connection(("127.0.0.1", port))
+    connection.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"") + frame(1, 4, 1, headers)
+                       + frame(0, 0, 1, b"\x00" + struct.pack(">I", 1000)))
+    return connection
+
+
+def test_a_call_without_a_key_is_refused_before_its_message_is_read(state: State) -> None:
+    port = free_port()
+    running = start_server(state, grpc_port=str(port), max_connections="2")  # two calls at once, at most
+    try:
+        stalled = [_stalled_call(port) for _ in range(2)]  # anyone's: no key, and a message that never comes
+        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+        try:  # the two slots are free again: neither call waited for its message
+            assert client.is_server_live(client_timeout=10)
+            assert client.get_model_metadata("tickets", headers=key(state), client_timeout=10).name == "tickets"
+        finally:
+            client.close()
+            for connection in stalled:
+                connection.close()
+    finally:
+        stop_server(running)

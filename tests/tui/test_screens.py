@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from textual.widgets import Input, Log, RichLog, Select
+from textual.widgets._data_table import default_cell_formatter  # how a DataTable renders a cell
 
 from appliance import registry, store
 from appliance.access import users
@@ -32,9 +33,9 @@ pytestmark = pytest.mark.slow
 
 
 def rows(app: ApplianceApp, selector: str) -> dict[str, list[str]]:
-    """A table's rows by key, as the operator reads them."""
+    """A table's rows by key, as the operator reads them: each cell as the table renders it."""
     table = app.screen.query_one(selector, Table)
-    return {key.value: [str(cell) for cell in table.get_row(key)] for key in table.rows}
+    return {key.value: [default_cell_formatter(cell).plain for cell in table.get_row(key)] for key in table.rows}
 
 
 def notices(app: ApplianceApp) -> str:
@@ -462,6 +463,17 @@ async def test_a_tampered_log_is_shown_as_tampered(daemon: Daemon) -> None:
         assert "first bad record: 1" in {str(label.render()) for label in app.screen.query("Label")}
         await pilot.press("enter", "1")
         await settle(pilot, lambda: "TAMPERED (first bad record 1)" in text(app, "#served"))
+
+
+async def test_what_a_caller_put_in_the_audit_log_is_shown_as_written_never_as_markup(daemon: Daemon) -> None:
+    with daemon.api("apu_nope") as http:  # refused, and audited with its path: Rich markup, then an escape sequence
+        assert http.get("/v1/jobs/[on black black]hidden%1B[2K").status_code == 401
+    app = ApplianceApp(settings=daemon.settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("6")
+        await settle(pilot, lambda: rows(app, "#audit"))
+        refused = [row[2:4] + row[5:] for row in rows(app, "#audit").values() if row[3] == "api.refused"]
+        assert refused == [["anonymous", "api.refused", "GET /v1/jobs/[on black black]hidden?[2K"]], refused
 
 
 async def test_losing_and_regaining_the_daemon_keeps_the_screens(daemon: Daemon) -> None:

@@ -17,6 +17,7 @@ from fastapi import Depends, Header, Query, Request
 from appliance.access import users
 from appliance.core import config
 from appliance.core.errors import AuthError, BadRequest, DaemonError
+from appliance.core.text import printable
 from appliance.serve.runtime import Runtime
 from appliance.store import Store, audit
 
@@ -52,6 +53,15 @@ class SharedStore:
         self._reads[(user.id, endpoint)] = now
         audit.record(store, "api.read", f"GET {endpoint}", actor=actor(user))
 
+    def require(self, store: Store, user: users.User, role: str, request: Request) -> None:
+        """users.require, and a refusal audited as note_refusal says: for a role that a request's route or body
+        asks for (an export job is an admin's)."""
+        try:
+            users.require(user, role)
+        except AuthError as exc:
+            self.note_refusal(store, actor(user), _source(request), request, exc.message)
+            raise
+
     def note_refusal(self, store: Store, who: str, source: str, request: Request, reason: str) -> None:
         """Audit a refused call: the first of a source and caller in a window at once, the rest as one count.
 
@@ -69,8 +79,8 @@ class SharedStore:
         if found is not None:
             _write_refusals(store, key, found)
         self._refusals[key] = _Refusals(now)
-        audit.record(store, "api.refused", f"{request.method} {request.url.path[:200]}", actor=who, source=source,
-                     reason=reason)
+        audit.record(store, "api.refused", f"{request.method} {printable(request.url.path[:200])}", actor=who,
+                     source=source, reason=reason)
 
     def flush_refusals(self, store: Store, *, everything: bool = False) -> None:
         """Write the counts of windows that ended (all of them as the daemon stops)."""
@@ -97,8 +107,9 @@ def _write_refusals(store: Store, key: tuple[str, str], found: _Refusals) -> Non
 
 
 def _route(request: Request) -> str:
+    """The request as its route names it ("GET /v1/jobs/{job_id}"); its path, made printable, when none matched."""
     route = request.scope.get("route")
-    return f"{request.method} {getattr(route, 'path', None) or request.url.path[:200]}"
+    return f"{request.method} {getattr(route, 'path', None) or printable(request.url.path[:200])}"
 
 
 def actor(user: users.User) -> str:
@@ -138,15 +149,13 @@ def _caller(role: str) -> Callable[..., users.User]:
               authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> users.User:
         token = authorization.removeprefix("Bearer ").strip() if authorization else None
         shared: SharedStore = request.app.state.shared
-        user: users.User | None = None
         with shared.use() as store:
             try:
                 user = users.authenticate(store, token)
-                users.require(user, role)
             except AuthError as exc:
-                shared.note_refusal(store, actor(user) if user else "anonymous", _source(request), request,
-                                    exc.message)
+                shared.note_refusal(store, "anonymous", _source(request), request, exc.message)
                 raise
+            shared.require(store, user, role, request)
             if request.method == "GET":
                 shared.note_read(store, user, request)
         return user

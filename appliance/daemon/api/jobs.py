@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
-from appliance.access import users
 from appliance.daemon.api.deps import Admin, Operator, Shared, Viewer, actor
 from appliance.operations import jobs
 from appliance.operations.jobspec import JobRequest  # one body per kind, told apart by "kind": /openapi.json shows each
@@ -19,20 +18,20 @@ router = APIRouter()
 @router.get("/v1/jobs")
 def list_jobs(_user: Viewer, shared: Shared, status: str | None = None) -> list[dict[str, Any]]:
     with shared.use() as store:
-        return [asdict(job) for job in jobs.list_jobs(store, status)]
+        return [job.shown() for job in jobs.list_jobs(store, status)]
 
 
 @router.post("/v1/jobs", status_code=201)
-def submit(body: JobRequest, user: Operator, shared: Shared) -> dict[str, Any]:
-    users.require(user, body.spec.role)  # an export is an admin's
+def submit(body: JobRequest, user: Operator, shared: Shared, request: Request) -> dict[str, Any]:
     with shared.use() as store:
-        return asdict(jobs.submit(store, body.spec, body.priority, actor=actor(user)))
+        shared.require(store, user, body.spec.role, request)  # an export is an admin's
+        return jobs.submit(store, body.spec, body.priority, actor=actor(user)).shown()
 
 
 @router.get("/v1/jobs/{job_id}")
 def get_job(job_id: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
     with shared.use() as store:
-        return asdict(jobs.get(store, job_id))
+        return jobs.get(store, job_id).shown()
 
 
 @router.get("/v1/jobs/{job_id}/logs")
@@ -44,14 +43,14 @@ def job_logs(job_id: str, _user: Viewer, shared: Shared) -> list[str]:
 @router.post("/v1/jobs/{job_id}/cancel")
 def cancel(job_id: str, user: Operator, shared: Shared) -> dict[str, Any]:
     with shared.use() as store:
-        return asdict(jobs.cancel(store, job_id, actor=actor(user)))
+        return jobs.cancel(store, job_id, actor=actor(user)).shown()
 
 
 @router.delete("/v1/jobs/{job_id}")
 def delete(job_id: str, user: Operator, shared: Shared) -> dict[str, Any]:
     """Forget an ended job, its record and its log; what it made and its audit records stay."""
     with shared.use() as store:
-        return asdict(jobs.delete(store, job_id, actor=actor(user)))
+        return jobs.delete(store, job_id, actor=actor(user)).shown()
 
 
 @router.get("/v1/exports/{job_id}", response_class=Response,
