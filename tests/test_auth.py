@@ -9,7 +9,7 @@ import pytest
 
 from appliance.access import auth
 from appliance.core.errors import AuthError, Forbidden, RegistryError, Unauthenticated
-from appliance.store import Store, audit
+from appliance.store import Store, audit, migrations
 from tests.conftest import run_cli
 
 
@@ -21,7 +21,17 @@ def test_a_created_token_verifies_as_its_key(opened: Store) -> None:
     assert auth.verify(opened, token, None).id == key.id  # None: any valid key
     assert auth.list_keys(opened)[0].id == key.id
     record = audit.rows(opened, action="apikey.create")[-1]
-    assert record["object"] == key.id and json.loads(record["details"]) == {"name": "billing app", "models": ["tickets"]}
+    assert record["object"] == key.id and json.loads(record["details"]) == {
+        "name": "billing app", "models": ["tickets"], "may_label": False}
+    assert not key.may_label and auth.create(opened, "crm", may_label=True)[0].may_label  # labels: when made to
+
+
+def test_keys_made_before_the_right_to_label_existed_keep_it(opened: Store) -> None:
+    key, _ = auth.create(opened, "old app")
+    opened.db.execute("ALTER TABLE api_keys DROP COLUMN may_label")  # as schema 15 left the table
+    opened.db.execute("DELETE FROM schema_version WHERE version = 16")
+    migrations.migrate(opened.db)
+    assert auth.get(opened, key.id).may_label
 
 
 def test_two_keys_never_share_id_or_token(opened: Store) -> None:

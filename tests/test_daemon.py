@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 
 from appliance import store
 from appliance.access import users
+from appliance.daemon.api import events as events_api
 from appliance.operations import jobs, jobspec
 from appliance.store import audit, events
 from appliance.train import runs
@@ -74,6 +76,10 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
 
     answer = daemon.wait(predicted, 60, "the deployed model was not served")
     assert answer["model_version"] == "2" and answer["predictions"][0]["label"] in ("billing", "shipping", "technical")
+    assert answer["predictions"][0]["id"]  # kept, for feedback
+    with daemon.api() as api:  # tried from the console: answered, and not kept
+        tried = api.post("/v1/models/tickets/predict", json={"texts": ["refund my invoice"]})
+    assert tried.status_code == 200 and tried.json()["predictions"][0]["id"] is None, tried.text
     with store.open(daemon.settings) as opened:
         actors = {row["actor"] for row in audit.rows(opened) if row["action"] in ("job.submit", "model.deploy")}
     assert actors == {f"user:{users.LOCAL_ADMIN}"}
@@ -129,6 +135,20 @@ def test_sigterm_drains_the_running_job_back_into_the_queue(daemon: Daemon) -> N
         assert job.status == "queued" and job.owner is None
         assert runs.get(opened, job.state["run_id"]).status == "interrupted"
     assert not daemon.settings.socket_path.exists() and not daemon.settings.pid_path.exists()
+
+
+def test_a_user_holds_a_bounded_number_of_event_streams(daemon: Daemon) -> None:
+    with contextlib.ExitStack() as held, daemon.api() as api:
+        lines = [held.enter_context(api.stream("GET", "/v1/events")).iter_lines()
+                 for _ in range(events_api.STREAMS_PER_USER)]
+        assert [next(open_one) for open_one in lines] == [": idle"] * events_api.STREAMS_PER_USER
+        refused = held.enter_context(api.stream("GET", "/v1/events"))
+        assert refused.status_code == 429 and json.loads(refused.read())["type"] == "RateLimited"
+    def given_back() -> bool:  # the closed ones are, as their ends reach the daemon
+        with daemon.api() as api, api.stream("GET", "/v1/events") as again:
+            return again.status_code == 200
+
+    daemon.wait(given_back, 10, "closed event streams still count")
 
 
 def test_an_open_event_stream_ends_when_the_daemon_stops(daemon: Daemon) -> None:

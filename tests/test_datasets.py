@@ -80,7 +80,7 @@ def test_a_file_round_trips_through_load(opened: Store, tmp_path: Path, name: st
     loaded = datasets.load(opened, datasets.get(opened, "tickets"))
     assert [(text.replace(",", ""), label) for text, label in zip(loaded.texts, loaded.labels)] == ROWS
     assert loaded.label_names == ["billing", "shipping", "technical"]
-    assert loaded.counts == {"billing": 3, "shipping": 3, "technical": 2}
+    assert loaded.counts == {"billing": 3, "shipping": 3, "technical": 2} == version.counts
     assert loaded.images == []
 
 
@@ -95,6 +95,17 @@ def test_custom_columns_and_numeric_labels(opened: Store, tmp_path: Path) -> Non
     path = _write(tmp_path, "t.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
     version = datasets.import_file(opened, path, name="binary", text_column="body", label_column="category")
     assert version.labels == ["0", "1"]
+
+
+def test_the_counts_per_label_of_a_version_kept_before_they_were_are_counted_once_and_kept(
+    opened: Store, tmp_path: Path
+) -> None:
+    version = datasets.import_file(opened, _write(tmp_path, "t.csv", _csv(ROWS)), name="tickets")
+    opened.db.execute("UPDATE datasets SET counts = NULL")  # as an older appliance left its rows
+    older = datasets.get(opened, "tickets")
+    assert older.counts is None
+    assert datasets.label_counts(opened, older) == {"billing": 3, "shipping": 3, "technical": 2} == version.counts
+    assert datasets.get(opened, "tickets").counts == version.counts  # the next look reads no content
 
 
 def test_reimport_of_the_same_content_returns_the_same_version(opened: Store, tmp_path: Path) -> None:

@@ -114,7 +114,7 @@ def test_a_shift_is_caught_retrained_canaried_and_promoted_and_a_worse_candidate
                                         "params": FAST, "int8": False})
     assert daemon.ended(first)["status"] == "finished"
     with daemon.api() as api:
-        token = api.post("/v1/api-keys", json={"name": "shop"}).json()["token"]
+        token = api.post("/v1/api-keys", json={"name": "shop", "may_label": True}).json()["token"]
     traffic = Traffic(daemon, token, seed=7)
     daemon.wait(lambda: traffic.http.post("/v1/models/tickets:predict", json={"instances": ["hello"]}).status_code
                 == 200, 60, "the first model did not serve, or the key was not taken")

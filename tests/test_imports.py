@@ -162,6 +162,20 @@ def test_an_export_archive_keeps_its_card_and_a_tampered_or_cut_one_is_refused(
     assert graph.lineage(opened)["params"]["imported"]["format"] == "onnx"
     assert np.allclose(served_logits(opened, graph, TEXTS), served_logits(opened, original, TEXTS), atol=1e-3)
 
+    # A card may name any base model: its path is never opened here, even to read a licence the card leaves out.
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "README.md").write_text("---\nlicense: read-from-the-daemons-disk\n---\n")
+    card = json.loads(files["card.json"]) | {"base_model": {"path": str(secret), "licence": ""}}
+    contents = {name: data for name, data in files.items() if name not in (signed.MANIFEST, signed.SIGNATURE)}
+    contents["card.json"] = json.dumps(card).encode()
+    (tmp_path / "pointing.tar").write_bytes(archive.pack(sorted(
+        (contents | signed.sign(opened, contents, format=exchange.FORMAT)).items())))
+    pointing = import_from(opened, tmp_path / "pointing.tar", name="pointing")
+    again = json.loads(archive.unpack(exchange.export(opened, pointing.ref, "openvino", "plaintext").archive)[
+        "card.json"])
+    assert again["base_model"] == {"path": str(secret), "licence": "unknown: the imported model's card states none"}
+
     files["model/model.onnx"] = files["model/model.onnx"][:-10] + b"0123456789"
     (tmp_path / "tampered.tar").write_bytes(archive.pack(sorted(files.items())))
     (tmp_path / "cut.tar").write_bytes(exported.archive[: len(exported.archive) // 2])

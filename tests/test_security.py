@@ -7,6 +7,7 @@ owner finds afterwards in the log, the audit trail and the backups.
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 from pathlib import Path
 
@@ -140,6 +141,58 @@ def test_a_flood_of_bad_tokens_leaves_a_count_not_a_row_each(daemon: Daemon) -> 
         refused = audit.rows(opened, action="api.refused")
     assert len(refused) == 2, [row["object"] for row in refused]
     assert sum(json.loads(row["details"]).get("repeated", 1) for row in refused) == 300
+
+
+def _half_sent(daemon: Daemon, head: str) -> socket.socket:
+    """A request on the control socket whose head says a body of 100,000 bytes, of which one comes."""
+    connection = socket.socket(socket.AF_UNIX)
+    connection.settimeout(10)
+    connection.connect(str(daemon.settings.socket_path))
+    connection.sendall(f"{head}\r\nHost: appliance\r\nContent-Length: 100000\r\n\r\n{{".encode())
+    return connection
+
+
+def test_a_call_without_a_valid_token_is_refused_before_its_body_is_read(daemon: Daemon) -> None:
+    # FastAPI reads and parses a body before it resolves a route's dependencies: the token is checked before that.
+    with _half_sent(daemon, "POST /v1/jobs HTTP/1.1\r\nContent-Type: application/json") as slow:
+        assert slow.recv(4096).startswith(b"HTTP/1.1 401 ")  # at once, not after the body's timeout
+    with daemon.api("apu_nope_x") as anonymous:
+        broken = anonymous.post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert broken.status_code == 401 and broken.json()["type"] == "Unauthenticated"
+
+
+def test_one_upload_is_taken_at_a_time_and_another_meanwhile_is_told_to_come_again(daemon: Daemon) -> None:
+    token = daemon.settings.cli_token_path.read_text().strip()
+    head = f"POST /v1/datasets?name=big&filename=big.csv HTTP/1.1\r\nAuthorization: Bearer {token}"
+    with _half_sent(daemon, head), daemon.api() as api:  # the first is held in memory while it arrives
+        daemon.wait(lambda: api.post("/v1/datasets", params={"name": "t", "filename": "t.csv"},
+                                     content=b"text,label\n").status_code == 503, 10, "a second upload was taken")
+        refused = api.post("/v1/datasets", params={"name": "t", "filename": "t.csv"}, content=b"text,label\n")
+    assert refused.json()["type"] == "Overloaded" and refused.headers["Retry-After"] == "1", refused.text
+    assert "one is taken at a time" in refused.json()["error"]
+    daemon.wait(lambda: daemon.upload(daemon.settings.state_dir.parent / "tickets.csv", name="tickets"
+                                      ).status_code == 201, 10, "the slot was not given back")
+
+
+def test_checks_of_the_audit_log_asked_without_a_pause_walk_it_once(daemon: Daemon) -> None:
+    with store.open(daemon.settings) as opened:
+        _, viewer = users.add(opened, "auditor", "viewer")
+    with daemon.api(viewer) as api:  # each walk holds the store for as long as the log is long
+        answers = [api.post("/v1/audit/verify") for _ in range(5)]
+    assert [answer.json()["ok"] for answer in answers] == [True] * 5
+    with store.open(daemon.settings) as opened:
+        assert [row["actor"] for row in audit.rows(opened, action="audit.verify")] == ["user:auditor"]
+
+
+@pytest.mark.parametrize("daemon", [{"APPLIANCE_SERVE_BODY_TIMEOUT_S": "2"}], indirect=True)
+def test_only_an_upload_may_take_long_to_arrive(daemon: Daemon) -> None:
+    auth = f"Authorization: Bearer {daemon.settings.cli_token_path.read_text().strip()}"
+    with _half_sent(daemon, f"POST /v1/jobs HTTP/1.1\r\n{auth}\r\nContent-Type: application/json") as json_body, \
+            _half_sent(daemon, f"POST /v1/datasets?name=big&filename=big.csv HTTP/1.1\r\n{auth}") as upload:
+        assert json_body.recv(4096).startswith(b"HTTP/1.1 408 ")  # after serve.body_timeout_s
+        upload.settimeout(3)
+        with pytest.raises(TimeoutError):
+            upload.recv(4096)  # still taken in: an upload has an hour
 
 
 def test_a_daemon_whose_audit_log_is_cut_under_it_stops_and_will_not_start_again(daemon: Daemon) -> None:

@@ -4,7 +4,9 @@ A token reads ``apl_<id>_<secret>``: the id (8 random bytes, hex) is public and 
 the key in listings, logs and audit records; the secret (32 random bytes, urlsafe
 base64) is shown once, at creation, and only its HMAC-SHA256 under a key derived from
 the store secret is kept. A key may call the models it lists, or every model with
-``["*"]``. A server checks requests against a Verifier, a snapshot of the keys it
+``["*"]``; it may send true labels for its predictions (which go into retraining) only
+when it was made to (`may_label`), so the key an app predicts with cannot write training
+data unless someone meant it to. A server checks requests against a Verifier, a snapshot of the keys it
 re-reads every poll, so no request touches the database; comparisons are constant
 time and last_used_at is written at most once a minute.
 """
@@ -24,7 +26,7 @@ from appliance.store import Store, audit, credentials
 KIND = credentials.Kind("apl_", "API key", "an", "appliance api keys")
 PREFIX = KIND.prefix
 ALL_MODELS = "*"
-_COLUMNS = "id, name, models, created_at, last_used_at, revoked_at"
+_COLUMNS = "id, name, models, created_at, last_used_at, revoked_at, may_label"
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class ApiKey:
     created_at: str
     last_used_at: str | None
     revoked_at: str | None
+    may_label: bool = False  # may send true labels for its models' predictions (POST /v1/feedback)
 
     def may_call(self, model: str | None) -> bool:
         """Whether this key may call model (a name, 'name:3' or 'name@alias'); None asks for any model."""
@@ -46,16 +49,18 @@ class ApiKey:
 
 
 def create(
-    store: Store, name: str, models: Sequence[str] = (ALL_MODELS,), actor: str | None = None
+    store: Store, name: str, models: Sequence[str] = (ALL_MODELS,), actor: str | None = None, *,
+    may_label: bool = False,
 ) -> tuple[ApiKey, str]:
     """A new key and its token; the token is returned here and nowhere else, ever."""
     name = credentials.check_name(name, "an API key")
     scope = _check_models(models)
     key_id, secret, token = KIND.new()
-    with audit.operation(store, "apikey.create", key_id, actor=actor, name=name, models=list(scope)):
+    with audit.operation(store, "apikey.create", key_id, actor=actor, name=name, models=list(scope),
+                         may_label=may_label):
         store.db.execute(
-            "INSERT INTO api_keys (id, name, secret_hash, models, created_at) VALUES (?, ?, ?, ?, ?)",
-            (key_id, name, KIND.digest(store.secret, secret), json.dumps(list(scope)), clock.stamp()),
+            "INSERT INTO api_keys (id, name, secret_hash, models, created_at, may_label) VALUES (?, ?, ?, ?, ?, ?)",
+            (key_id, name, KIND.digest(store.secret, secret), json.dumps(list(scope)), clock.stamp(), may_label),
         )
     return get(store, key_id), token
 
@@ -131,8 +136,15 @@ def _touch(store: Store, key: ApiKey) -> ApiKey:
 
 
 def _key(row: tuple) -> ApiKey:
-    key_id, name, models, created_at, last_used_at, revoked_at = row
-    return ApiKey(key_id, name, tuple(json.loads(models)), created_at, last_used_at, revoked_at)
+    key_id, name, models, created_at, last_used_at, revoked_at, may_label = row
+    return ApiKey(key_id, name, tuple(json.loads(models)), created_at, last_used_at, revoked_at, bool(may_label))
+
+
+def require_labelling(key: ApiKey) -> None:
+    """Forbidden unless the key was made to send true labels."""
+    if not key.may_label:
+        raise Forbidden(f"API key {key.id} ({key.name}) may not send true labels: they go into retraining",
+                        hint="an admin makes a key that may: 'appliance api-keys create NAME --feedback'")
 
 
 def _check_models(models: Sequence[str]) -> tuple[str, ...]:

@@ -18,13 +18,16 @@ def api_keys_group() -> None:
 @api_keys_group.command("create")
 @click.argument("name")
 @click.option("--model", "models", multiple=True, help="A model the key may call; repeat for more (default: all).")
+@click.option("--feedback", "may_label", is_flag=True,
+              help="The key may also send true labels for its predictions (POST /v1/feedback); they go into retraining.")
 @json_option
-def api_keys_create(name: str, models: tuple[str, ...], as_json: bool) -> None:
+def api_keys_create(name: str, models: tuple[str, ...], may_label: bool, as_json: bool) -> None:
     """Create a key for NAME; its token is printed this once only."""
     with opened_store() as opened:
-        key, token = auth.create(opened, name, models or (auth.ALL_MODELS,))
+        key, token = auth.create(opened, name, models or (auth.ALL_MODELS,), may_label=may_label)
     click.echo(
-        f"API key {key.id} for {key.name}, models: {', '.join(key.models)}."
+        f"API key {key.id} for {key.name}, models: {', '.join(key.models)}"
+        f"{', may send true labels' if key.may_label else ''}."
         " The token is shown only this once: store it now, it cannot be read back.",
         err=True,
     )
@@ -47,7 +50,8 @@ def api_keys_list(as_json: bool) -> None:
         click.echo("no API keys yet; 'appliance api-keys create NAME' makes one")
     for key in found:
         state = f"revoked {key.revoked_at}" if key.revoked_at else f"last used {key.last_used_at or 'never'}"
-        click.echo(f"{key.id}  {key.name:<20} {','.join(key.models):<24} created {key.created_at}  {state}")
+        labels = "labels" if key.may_label else "-"
+        click.echo(f"{key.id}  {key.name:<20} {','.join(key.models):<24} {labels:<6} created {key.created_at}  {state}")
 
 
 @api_keys_group.command("revoke")

@@ -113,8 +113,8 @@ async def _serve(settings: config.Settings, passphrase: str | None, listener: so
         shared = api.SharedStore(api_store)
         control_app = api.create_app(shared, status, runtime)
         options: dict[str, Any] = {"log_level": "warning", "log_config": None, "access_log": False, "lifespan": "off",
-                                   **serve_app.hardened_options(dataclasses.replace(
-                                       settings.serve, body_timeout_s=api.UPLOAD_BODY_TIMEOUT_S))}
+                                   **serve_app.hardened_options(settings.serve, serve_app.Uploads(
+                                       frozenset(api.UPLOAD_PATHS), api.UPLOAD_BODY_TIMEOUT_S))}
         control = _Server(uvicorn.Config(control_app, **options))
         inference = _Server(serve_app.server_config(settings, runtime))
         listening = [control, inference]

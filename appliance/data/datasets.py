@@ -40,6 +40,7 @@ from appliance.core.errors import ConfinementError, DatasetError, DatasetNotFoun
 from appliance.core.text import counted, whole_number
 from appliance.data import sources
 from appliance.store import Store, audit, blobs, seal
+from appliance.store.db import transaction
 
 TEXT = "text-classification"
 IMAGE = "image-classification"
@@ -89,6 +90,7 @@ class DatasetVersion:
     replaced_by: str | None = None  # the id of the version written without the erased rows
     parent: str | None = None  # the version this one extends with feedback
     deleted_by: str | None = None  # who deleted its content (delete), when no data subject request did
+    counts: dict[str, int] | None = None  # examples per label; None for a version kept before they were (label_counts)
 
     @property
     def ref(self) -> str:
@@ -178,7 +180,7 @@ class LoadedDataset:
 
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(DatasetVersion))
-JSON_COLUMNS = ("labels", "split", "warnings")
+JSON_COLUMNS = ("labels", "split", "warnings", "counts")
 
 
 # -- importing ---------------------------------------------------------------------
@@ -241,7 +243,7 @@ def import_data(
         _insert(store, DatasetVersion(
             id=dataset_id, name=name, version=version, task=task, blob_id=blob_id, source=source.origin,
             examples=len(labels), labels=sorted(set(labels)), split=_split(labels, validation_fraction, seed),
-            warnings=warnings, residency=residency, created_at=clock.stamp()))
+            warnings=warnings, residency=residency, created_at=clock.stamp(), counts=_counts(labels)))
         recorded.update(id=dataset_id, version=version, examples=len(labels), warnings=len(warnings))
     return _select(store, "id = ?", (dataset_id,))[0]
 
@@ -274,7 +276,7 @@ def extend(store: Store, base: DatasetVersion, additions: list[tuple[str | bytes
             id=dataset_id, name=base.name, version=version, task=base.task, blob_id=blob_id, source=source,
             examples=len(labels), labels=sorted(set(labels)),
             split=_split(labels, base.split["validation_fraction"], base.split["seed"]), warnings=warnings,
-            residency=base.residency, created_at=clock.stamp(), parent=base.id))
+            residency=base.residency, created_at=clock.stamp(), parent=base.id, counts=_counts(labels)))
         recorded.update(id=dataset_id, version=version)
     return _select(store, "id = ?", (dataset_id,))[0]
 
@@ -340,6 +342,24 @@ def _digest(canonical: Stream) -> str:
 def _identity(name: str, version: int, blob_id: str) -> str:
     """A version's id: one per name:version, and naming its content, so lineage that quotes it pins both."""
     return hashlib.sha256(f"{name}:{version}:{blob_id}".encode()).hexdigest()
+
+
+def _counts(labels: list[str]) -> dict[str, int]:
+    return dict(sorted(Counter(labels).items()))
+
+
+def label_counts(store: Store, version: DatasetVersion) -> dict[str, int]:
+    """Examples per label: as the version's row keeps them, or for one kept before rows did, counted from its
+    content once and kept (reading a large set takes a while, and a console shows them at every look); {} once its
+    content is gone."""
+    if version.counts is not None:
+        return version.counts
+    if version.removal:
+        return {}
+    counts = load(store, version).counts
+    with transaction(store.db):
+        store.db.execute("UPDATE datasets SET counts = ? WHERE id = ?", (json.dumps(counts), version.id))
+    return counts
 
 
 def _next_version(store: Store, name: str) -> int:
@@ -982,8 +1002,7 @@ def _without(store: Store, version: DatasetVersion, kept: list[int], labels: lis
     _insert(store, dataclasses.replace(
         version, id=dataset_id, blob_id=blob_id, version=number,
         source=f"{version.ref} without {version.examples - len(kept)} erased examples", examples=len(kept),
-        labels=sorted(set(labels)), split=split,
-        created_at=clock.stamp()))
+        labels=sorted(set(labels)), split=split, created_at=clock.stamp(), counts=_counts(labels)))
     return _select(store, "id = ?", (dataset_id,))[0]
 
 
@@ -1000,6 +1019,6 @@ def _select(store: Store, where: str, params: tuple[Any, ...]) -> list[DatasetVe
     versions = []
     for row in rows:
         values = dict(zip(COLUMNS, row))
-        values.update({column: json.loads(values[column]) for column in JSON_COLUMNS})
+        values.update({column: json.loads(values[column]) for column in JSON_COLUMNS if values[column] is not None})
         versions.append(DatasetVersion(**values))
     return versions

@@ -424,7 +424,7 @@ def describe_dataset(store: Store, ref: str) -> dict[str, Any]:
     """One dataset version as people read it (`data show`, the console's detail): its summary, examples per
     label, the model versions trained on it, the predictions whose true labels went into it, what replaced it."""
     version = datasets.get(store, ref)
-    return {**version.summary(), "counts": {} if version.removal else datasets.load(store, version).counts,
+    return {**version.summary(), "counts": datasets.label_counts(store, version),
             "models": registry.trained_on(store, {version.id}),
             "from_predictions": feedback.used_by(store, version.id),
             "replacement": datasets.get(store, version.replaced_by).ref if version.replaced_by else None}

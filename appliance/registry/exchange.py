@@ -233,15 +233,13 @@ def model_card(store: Store, version: registry.ModelVersion, bundle: dict[str, b
     manifest = json.loads(bundle["appliance.json"])
     run = runs.get(store, version.run_id)
     dataset = datasets.get(store, run.dataset_id)
-    imported = run.params.get("imported", {})
     return {
         "model": version.ref, "task": version.task, "format": fmt, "variant": variant,
         "exported_at": clock.stamp(),
         "labels": manifest["labels"], **_reading(manifest, bundle),
         "inputs": graph_inputs(fmt, files),
         "outputs": ["logits"], "probabilities": "softmax over logits; label i is labels[i]",
-        "base_model": {"path": run.base_model,
-                       "licence": imported.get("licence") or base_licence(Path(run.base_model))},
+        "base_model": {"path": run.base_model, "licence": _licence(run)},
         "dataset": {"ref": dataset.ref, "sha256": dataset.blob_id, "examples": dataset.examples},
         "trained_on": run.trained_on or "this appliance",
         "metrics": {"validation": version.variants[variant].metrics,
@@ -274,6 +272,15 @@ def graph_inputs(fmt: Format, files: dict[str, bytes]) -> list[str]:
         model = inference.read_openvino(inference.Artifact(files["model.xml"], files["model.bin"]))
         return [port.get_any_name() for port in model.inputs]
     return ["what the tokenizer gives"]
+
+
+def _licence(run: runs.Run) -> str:
+    """The base model's licence: as an imported model's card said it (its base model's path is only words from that
+    card, never a folder to open), else as the card of the base model trained from here says it."""
+    imported = run.params.get("imported")
+    if imported is not None:
+        return imported.get("licence") or "unknown: the imported model's card states none"
+    return base_licence(Path(run.base_model))
 
 
 def base_licence(base_dir: Path) -> str:

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Annotated, Any, TypeVar
 
@@ -325,7 +326,9 @@ def create_app(settings: Settings, runtime: Runtime) -> ASGIApp:
     @app.post("/v1/feedback", responses=_answers(400, 401, 403, 404, 408, 413, 429, 503),
               openapi_extra=_body_of(FeedbackRequest))
     async def post_feedback(key: AnyKey, request: Request) -> dict[str, Any]:
-        """True labels for earlier predictions; the key must be allowed to call each prediction's model."""
+        """True labels for earlier predictions, from a key made to send them (`may_label`), allowed to call each
+        prediction's model."""
+        auth.require_labelling(key)
         rates.admit(key)
         body = await _json(request, FeedbackRequest)
         rates.charge(key, len(body.feedback))
@@ -436,11 +439,20 @@ def _describe_bodies(document: dict[str, Any], serve: ServeSettings) -> None:
     instances["items"]["anyOf"][0]["maxLength"] = serve.max_text_chars
 
 
-def hardened_options(serve: ServeSettings) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Uploads:
+    """Paths whose bodies may take longer to arrive (an upload of a large file), and how long."""
+
+    paths: frozenset[str]
+    body_timeout_s: float
+
+
+def hardened_options(serve: ServeSettings, uploads: Uploads | None = None) -> dict[str, Any]:
     """The uvicorn options that bound what one client can hold, for every server of the appliance that faces one:
-    the time to send a request's head and its body, idle keep-alive, and connections at once."""
+    the time to send a request's head and its body (longer for `uploads`' paths), idle keep-alive, and connections
+    at once."""
     protocol = type("TimedHttp", (_TimedHttp,), {"header_timeout_s": serve.header_timeout_s,
-                                                 "body_timeout_s": serve.body_timeout_s})
+                                                 "body_timeout_s": serve.body_timeout_s, "uploads": uploads})
     # uvicorn counts the connection asking among the open ones, so one more lets max_connections be served.
     return {"http": protocol, "limit_concurrency": serve.max_connections + 1,
             "timeout_keep_alive": min(5.0, serve.header_timeout_s)}
@@ -467,6 +479,7 @@ class _TimedHttp(HttpToolsProtocol):
 
     header_timeout_s: float
     body_timeout_s: float
+    uploads: Uploads | None
     _head_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
 
@@ -507,7 +520,9 @@ class _TimedHttp(HttpToolsProtocol):
 
     def _await_body(self, cycle: RequestResponseCycle) -> None:
         if cycle.more_body:
-            self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_late, cycle)
+            uploads = self.uploads
+            timeout_s = uploads.body_timeout_s if uploads and cycle.scope["path"] in uploads.paths else self.body_timeout_s
+            self._body_timer = self.loop.call_later(timeout_s, self._body_late, cycle)
 
     def _head_late(self) -> None:
         if not self.transport.is_closing():

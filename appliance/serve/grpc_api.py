@@ -6,7 +6,8 @@ batcher, canary routing, metrics and usage, and TLS when serving has it. What a 
 holds is `oip`'s, as for REST; inputs travel as `bytes_contents` (texts, images), `fp32_contents` (an image's
 prepared pixels) or raw contents (tritonclient's way),
 answers always as raw contents. A refusal is the gRPC status nearest to the REST one (`CODES`), with the same
-message and hint; the body size limit is gRPC's message limit.
+message and hint; the body size limit is gRPC's message limit. As REST checks the key before it reads a body,
+`KeyFirst` checks it before a call's message is read: grpc reads a unary call's message before its handler runs.
 
 The messages come from `proto/inference.proto`, compiled into `proto/inference.desc` and loaded into a pool of
 their own, so a process that also holds a client's copy of the protocol (Triton's) meets no clash. After changing
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -45,6 +47,7 @@ CROWD_MEMORY_S = 0.1  # after calls overlapped, this long before a lone call may
 # "overload protection" also counts finished calls until their memory is freed, which no client can see: a busy
 # client was refused streams (UNAVAILABLE, RST_STREAM 7) well below the limit.
 STREAMS = [("grpc.max_concurrent_streams", 100), ("grpc.http.overload_protection", 0)]
+OPEN_CALLS = {"ServerLive", "ServerReady"}  # the health calls: no key
 CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
          403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
          408: grpc.StatusCode.DEADLINE_EXCEEDED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -131,10 +134,43 @@ class Service:
             raw_output_contents=[tensor.encode() for tensor in tensors])
 
     def _key(self, context: grpc.aio.ServicerContext, model: str | None) -> auth.ApiKey:
-        sent = dict(context.invocation_metadata() or ())
-        bearer = sent.get("authorization", "")
-        token = sent.get("x-api-key") or (bearer[7:] if bearer[:7].lower() == "bearer " else None)
-        return self.runtime.authorize(token, model)
+        return self.runtime.authorize(_token(context.invocation_metadata()), model)
+
+
+def _token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+    """The API key a call's metadata carries: `x-api-key`, or `authorization: Bearer ...`."""
+    sent = {name: value for name, value in metadata or () if isinstance(value, str)}
+    bearer = sent.get("authorization", "")
+    return sent.get("x-api-key") or (bearer[7:] if bearer[:7].lower() == "bearer " else None)
+
+
+class KeyFirst(grpc.aio.ServerInterceptor):
+    """Every call but the health ones shows a valid API key before its message is read. A unary call's message is
+    read whole before its handler runs, so a check there would let anyone hold a call, and one of the server's
+    slots for calls, by sending a message slowly, or make it read a large one. A call without a valid key is
+    answered by a handler that takes its message as a stream and never reads it (whether the key may call the
+    model the message names is checked once it is read, as before)."""
+
+    def __init__(self, runtime: Runtime, wrapped: Callable[[str, Call], Call]) -> None:
+        self.runtime, self.wrapped = runtime, wrapped  # wrapper(): refusals as statuses, counted, and logged
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
+                                                             Awaitable[grpc.RpcMethodHandler | None]],
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        name = details.method.rpartition("/")[2]
+        if name not in OPEN_CALLS:
+            try:
+                self.runtime.authorize(_token(details.invocation_metadata), None)
+            except ApplianceError as exc:
+                return grpc.stream_unary_rpc_method_handler(self.wrapped(name, _raising(exc)))
+        return await continuation(details)
+
+
+def _raising(exc: ApplianceError) -> Call:
+    async def call(_request: Any, _context: grpc.aio.ServicerContext) -> Message:
+        raise exc
+
+    return call
 
 
 def _version(given: str) -> int | None:
@@ -215,14 +251,21 @@ def _code_name(code: object) -> str:
     return _CODE_NAMES.get(code, "OK")
 
 
-def handlers(service: Service, runtime: Runtime) -> grpc.GenericRpcHandler:
-    calls = {"ServerLive": service.server_live, "ServerReady": service.server_ready,
-             "ServerMetadata": service.server_metadata, "ModelReady": service.model_ready,
-             "ModelMetadata": service.model_metadata, "ModelInfer": service.model_infer}
+def wrapper(runtime: Runtime) -> Callable[[str, Call], Call]:
+    """What every call is wrapped in: its refusals as gRPC statuses and counted, and its access log line."""
+
     def wrapped(name: str, call: Call) -> Call:
         answered = _answered(call, runtime)
         return _logged(name, answered) if runtime.settings.serve.access_log else answered
 
+    return wrapped
+
+
+def handlers(service: Service, runtime: Runtime) -> grpc.GenericRpcHandler:
+    calls = {"ServerLive": service.server_live, "ServerReady": service.server_ready,
+             "ServerMetadata": service.server_metadata, "ModelReady": service.model_ready,
+             "ModelMetadata": service.model_metadata, "ModelInfer": service.model_infer}
+    wrapped = wrapper(runtime)
     return grpc.method_handlers_generic_handler(SERVICE, {
         name: grpc.unary_unary_rpc_method_handler(
             wrapped(name, call), request_deserializer=M[f"{name}Request"].FromString,
@@ -240,7 +283,7 @@ async def start(settings: Settings, runtime: Runtime, rates: KeyRates) -> grpc.a
         options=[("grpc.max_receive_message_length", max(serve.max_body_bytes, serve.max_image_body_bytes)), *STREAMS,
                  ("grpc.server_handshake_timeout_ms", int(serve.header_timeout_s * 1000)),
                  ("grpc.max_connection_idle_ms", 60_000)],
-        maximum_concurrent_rpcs=serve.max_connections)
+        maximum_concurrent_rpcs=serve.max_connections, interceptors=[KeyFirst(runtime, wrapper(runtime))])
     server.add_generic_rpc_handlers((handlers(Service(runtime, rates), runtime),))
     address = f"{serve.host}:{serve.grpc_port}"
     if serve.tls:

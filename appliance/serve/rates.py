@@ -1,4 +1,5 @@
-"""How many texts an API key may send: one bucket per key, drawn on by every API that serves inference."""
+"""How many texts an API key may send: one bucket per key, drawn on by every API that serves inference (and one per
+user, for the predictions the control API lets users try)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 import time
 from collections.abc import Callable
 
-from appliance.access import auth
+from appliance.access import auth, users
 from appliance.core.errors import RateLimited
 
 
@@ -22,7 +23,7 @@ class KeyRates:
         self.per_s, self.burst, self._clock = per_s, burst, clock
         self._buckets: dict[str, tuple[float, float]] = {}  # key id -> (texts left, when)
 
-    def admit(self, key: auth.ApiKey) -> None:
+    def admit(self, key: auth.ApiKey | users.User) -> None:
         """Take one text; RateLimited, with the whole seconds until one is back, when the key has none."""
         if not self.per_s:
             return
@@ -31,13 +32,13 @@ class KeyRates:
         left = min(float(self.burst), left + (now - at) * self.per_s)
         if left < 1:
             wait = math.ceil((1 - left) / self.per_s)
-            raise RateLimited(f"API key {key.id} ({key.name}) sent more than its rate of {self.per_s:g} texts a"
-                              f" second", retry_after_s=wait,
-                              hint=f"retry after {wait} s; a key may send {self.burst} texts at once, then"
+            who = f"user {key.name}" if isinstance(key, users.User) else f"API key {key.id} ({key.name})"
+            raise RateLimited(f"{who} sent more than its rate of {self.per_s:g} texts a second", retry_after_s=wait,
+                              hint=f"retry after {wait} s; {self.burst} texts may be sent at once, then"
                                    f" {self.per_s:g} a second")
         self._buckets[key.id] = (left - 1, now)
 
-    def charge(self, key: auth.ApiKey, texts: int) -> None:
+    def charge(self, key: auth.ApiKey | users.User, texts: int) -> None:
         """The texts of an admitted request beyond the one admit() took."""
         if self.per_s and texts > 1:
             left, at = self._buckets[key.id]

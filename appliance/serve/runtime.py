@@ -164,9 +164,10 @@ class Runtime:
 
     async def predict(self, model: str, examples: list[str] | list[bytes | np.ndarray], caller: str = "-",
                       allowed: Callable[[str], bool] | None = None, version: int | None = None,
-                      inline: bool = False) -> Answer:
+                      inline: bool = False, keep: bool = True) -> Answer:
         """The answer to examples (texts, or images for an image model) from the version the model's route picks
-        (or from `version`, when it serves), counted in the metrics and usage.
+        (or from `version`, when it serves), counted in the metrics and usage, and kept for feedback (unless `keep`
+        is false: a prediction tried from the console).
 
         Each request is checked on its own before it joins a batch, so one bad example fails its request alone;
         `allowed` says which models a 404's hint may name; `inline` is the batcher's (an HTTP request, or a gRPC call
@@ -191,7 +192,7 @@ class Runtime:
         elapsed = time.perf_counter() - started
         self.metrics.request(model, loaded.version, 200, elapsed)
         self.usage.count(model, caller, elapsed)
-        ids = ([""] * len(examples) if self.predictions is None
+        ids = ([""] * len(examples) if self.predictions is None or not keep
                else self.predictions.add(model, loaded.version, loaded.labels, inferred.probabilities, examples))
         return Answer(loaded, inferred.probabilities, ids, inferred.truncated)
 

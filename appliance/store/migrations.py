@@ -418,6 +418,19 @@ def _v14_run_outcomes(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE run_epochs ADD COLUMN evaluated_on INTEGER")
 
 
+def _v15_label_counts(db: sqlite_utils.Database) -> None:
+    """A dataset version's examples per label (JSON), kept at import so showing them reads no content; NULL for the
+    versions before, counted when first asked (datasets.label_counts)."""
+    db.execute("ALTER TABLE datasets ADD COLUMN counts TEXT")
+
+
+def _v16_labelling_keys(db: sqlite_utils.Database) -> None:
+    """Whether an API key may send true labels (they go into retraining). A new key may not unless made to; the keys
+    made before kept the right they had, so the apps that send labels go on working."""
+    db.execute("ALTER TABLE api_keys ADD COLUMN may_label INTEGER NOT NULL DEFAULT 0")
+    db.execute("UPDATE api_keys SET may_label = 1")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1_foundation,
     _v2_datasets_and_runs,
@@ -433,6 +446,8 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v12_deletion,
     _v13_store_sizes,
     _v14_run_outcomes,
+    _v15_label_counts,
+    _v16_labelling_keys,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -32,11 +32,12 @@ FAST = TrainParams(epochs=8, learning_rate=3e-3, batch_size=16, max_length=32, s
 
 @dataclass
 class State:
-    """A state directory with tickets:2 and tickets:3 optimised (2 in production) and two API keys."""
+    """A state directory with tickets:2 and tickets:3 optimised (2 in production) and three API keys."""
 
     settings: config.Settings
-    token: str  # may call every model
-    scoped_token: str  # may call only a model named "other"
+    token: str  # may call every model, and send true labels
+    scoped_token: str  # may call only a model named "other", and send true labels
+    unlabelling_token: str  # may call every model, and not send true labels
 
     @property
     def env(self) -> dict[str, str]:
@@ -65,9 +66,10 @@ def state(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> State:
         for _ in range(2):
             pipeline.optimize_version(opened, "tickets:1", pipeline.OptimizeOptions(int8=False))
         registry.deploy(opened, "tickets:2")
-        _, token = auth.create(opened, "tests")
-        _, scoped = auth.create(opened, "other-team", ["other"])
-    return State(settings, token, scoped)
+        _, token = auth.create(opened, "tests", may_label=True)
+        _, scoped = auth.create(opened, "other-team", ["other"], may_label=True)
+        _, unlabelling = auth.create(opened, "shop-front")
+    return State(settings, token, scoped, unlabelling)
 
 
 @dataclass

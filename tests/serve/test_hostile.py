@@ -12,12 +12,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from appliance.access import users
 from appliance.core import config
-from appliance.core.errors import BadRequest
+from appliance.core.errors import BadRequest, RateLimited
 from appliance.operations import autopilot
 from appliance.registry import feedback
 from appliance.serve import metrics as serve_metrics
 from appliance.serve.metrics import LATENCY_BUCKETS, Counts
+from appliance.serve.rates import KeyRates
 from appliance.serve.runtime import check_texts
 from appliance.store import audit
 from tests.serve.conftest import Server, State, start_server, stop_server
@@ -180,6 +182,16 @@ def test_a_key_over_its_rate_gets_429_with_retry_after(state: State) -> None:
     assert refused.json()["type"] == "RateLimited"
     assert body.status_code == 429
     assert 'appliance_requests_total{model="tickets",status="429",version=""} 2.0' in text
+
+
+def test_a_user_trying_predictions_in_the_console_has_the_rate_of_a_key() -> None:
+    rates = KeyRates(per_s=0.5, burst=3, clock=lambda: 0.0)
+    alice = users.User("u1", "alice", "viewer", "2026-12-01", None, None)
+    rates.admit(alice)
+    rates.charge(alice, 3)
+    with pytest.raises(RateLimited, match="^user alice sent more than its rate of 0.5 texts a second$") as refused:
+        rates.admit(alice)
+    assert refused.value.retry_after_s == 2
 
 
 # -- 7. kept predictions bounded by size -------------------------------------------------------------

@@ -55,7 +55,7 @@ def deploy_shapes(settings: config.Settings, folder: Path) -> tuple[inference.Se
         assert "would be the lever" not in optimised.reason  # fp32 alone, but no student of an image model is proposed
         registry.deploy(opened, optimised.ref)
         servable = inference.load_ir(blobs.read(opened, optimised.serving_variant().blob_id))
-        _, token = auth.create(opened, "tests")
+        _, token = auth.create(opened, "tests", may_label=True)
     return servable, token
 
 
@@ -66,7 +66,7 @@ def served(tiny_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                                base_model=tiny_base)
     folder = write_shapes(root / "shapes", per_class=8)
     servable, token = deploy_shapes(settings, folder)
-    state = State(settings, token, token)
+    state = State(settings, token, token, token)
     port = free_port()
     server = start_server(state, grpc_port=str(port), drift_window="12")
     photos = {label: (folder / label / "0.jpg").read_bytes() for label in LABELS}

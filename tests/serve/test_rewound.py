@@ -13,7 +13,7 @@ from tests.serve.conftest import State, start_server, stop_server
 def test_a_rewound_store_is_not_served_until_the_rewind_is_accepted(state: State, tmp_path: Path) -> None:
     shutil.copytree(state.settings.state_dir, tmp_path / "var")
     copy = State(dataclasses.replace(state.settings, state_dir=tmp_path / "var", key_file=tmp_path / "var" / "master.key"),
-                 state.token, state.scoped_token)
+                 state.token, state.scoped_token, state.unlabelling_token)
     server = start_server(copy)
     try:
         with server.client() as http:

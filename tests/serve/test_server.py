@@ -207,11 +207,16 @@ def test_answers_carry_prediction_ids_that_take_true_labels(server: Server) -> N
         with server.client(server.state.scoped_token) as other_team:
             refusals["scope"] = other_team.post("/v1/feedback", json={
                 "feedback": [{"prediction_id": ids[2], "label": "billing"}]})
+        with server.client(server.state.unlabelling_token) as shop_front:  # predicts, but was not made to label
+            refusals["labelling"] = shop_front.post("/v1/feedback", json={
+                "feedback": [{"prediction_id": ids[2], "label": "billing"}]})
         server.wait(lambda: 'appliance_feedback_accuracy{model="tickets",version="2",window="1h"}'
                     in client.get("/metrics").text, 30)
         text = client.get("/metrics").text
     assert {name: answer.status_code for name, answer in refusals.items()} == {
-        "label": 400, "id": 404, "empty": 400, "scope": 403}
+        "label": 400, "id": 404, "empty": 400, "scope": 403, "labelling": 403}
+    assert "may not send true labels" in refusals["labelling"].json()["error"]
+    assert "--feedback" in refusals["labelling"].json()["hint"]
     assert "'returns' is not a label of tickets:2" in refusals["label"].json()["error"]
     assert 'appliance_feedback_labels{model="tickets",version="2",window="24h"}' in text
     with server.state.open() as opened:

@@ -42,8 +42,9 @@ from appliance.daemon.api import (
     usage,
     users,
 )
-from appliance.daemon.api.deps import SharedStore
+from appliance.daemon.api.deps import Authenticated, SharedStore
 from appliance.serve.metrics import Metrics, TrafficWindow
+from appliance.serve.rates import KeyRates
 from appliance.serve.runtime import Runtime
 from appliance.serve.web import EXCEPTION_HANDLERS, BodyLimit, document_errors, error_answers, error_response
 
@@ -81,9 +82,11 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
                        hint=f"a dataset or a model may be up to daemon.max_upload_mb"
                             f" ({settings.daemon.max_upload_mb:g} MiB), a prediction to try as much as the"
                             f" inference server takes (serve.max_image_body_bytes); any other request at most 1 MiB")
+    app.add_middleware(Authenticated, shared=shared, open_paths=_OPEN_PATHS)  # outermost: before any body is read
     system.load(settings.state_dir)  # primes the CPU share, which is measured between calls
     app.state.shared, app.state.status, app.state.runtime = shared, status, runtime
     app.state.traffic = TrafficWindow(runtime.metrics if runtime else Metrics())
+    app.state.user_rates = KeyRates(settings.serve.rate_limit_per_s, settings.serve.rate_limit_burst)  # to try models
     app.state.hardware = {}  # detected on the first ask
     app.include_router(health.open_router)
     for router in _ROUTERS:

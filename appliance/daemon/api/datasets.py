@@ -84,8 +84,9 @@ async def upload_dataset(
 ) -> dict[str, Any]:
     """Check and store the file in the body (a folder of images as a tar); an unchanged file answers with
     the version it already is. The daemon reads nothing but the bytes sent."""
-    source = sources.Upload(options.filename, await received(request), folder=options.task == datasets.IMAGE)
-    return await asyncio.to_thread(_import, shared, source, options, user)
+    async with received(request) as data:
+        source = sources.Upload(options.filename, data, folder=options.task == datasets.IMAGE)
+        return await asyncio.to_thread(_import, shared, source, options, user)
 
 
 @router.post("/v1/datasets/import-dir", status_code=201)

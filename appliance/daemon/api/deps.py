@@ -1,24 +1,27 @@
 """What the control API's handlers are lent, as FastAPI dependencies reading the app's state: the daemon's one
-store (one handler at a time), the caller (checked against the role a route needs, refusals audited), and the
-inference runtime."""
+store (one handler at a time), the caller (found by `Authenticated` before anything else, checked against the role
+a route needs, refusals audited), and the inference runtime."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import Depends, Header, Query, Request
+from fastapi import Depends, Query, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from appliance.access import users
 from appliance.core import config
-from appliance.core.errors import AuthError, BadRequest, DaemonError
+from appliance.core.errors import AuthError, BadRequest, DaemonError, Overloaded
 from appliance.core.text import printable
 from appliance.serve.runtime import Runtime
+from appliance.serve.web import error_response
 from appliance.store import Store, audit
 
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {  # an upload route's OpenAPI body: raw bytes
@@ -26,6 +29,7 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {  # an upload route
 READ_AUDIT_S = 600.0
 REFUSALS_WINDOW_S = 60.0  # refusals of one source and caller are written once, then counted for this long
 REFUSALS_TRACKED = 10_000  # sources and callers tracked at once; more are counted together
+UPLOADS_AT_ONCE = 1  # uploads received and stored at once: each is held in memory whole, up to daemon.max_upload_mb
 
 
 class SharedStore:
@@ -37,6 +41,9 @@ class SharedStore:
         self._reads: dict[tuple[str, str], float] = {}  # (user id, endpoint) -> when last audited
         self._refusals: dict[tuple[str, str], _Refusals] = {}  # (source, caller) -> refusals of this window
         self.closing = threading.Event()  # set as the daemon stops: open event streams end rather than hold it up
+        self.uploads = 0  # being received or stored (received()); counted on the event loop
+        self.streams: dict[str, set[asyncio.Task[None]]] = {}  # a user's open event streams, by user id
+        self.last_verification: tuple[float, audit.Verification] | None = None  # when (time.monotonic()), what
 
     @contextmanager
     def use(self) -> Iterator[Store]:
@@ -142,19 +149,42 @@ async def _runtime(request: Request) -> Runtime:
     return runtime
 
 
-def _caller(role: str) -> Callable[..., users.User]:
-    """A dependency: the user behind the request's token, if their role is at least `role`."""
+class Authenticated:
+    """ASGI: the user behind a request's token, found before anything of its body is read, for every path but the
+    open ones. FastAPI reads and parses a body before it resolves a route's dependencies, so a check there would let
+    anyone make the daemon read a slow body or parse a large one; here, a request without a valid token is answered
+    401 at once (and audited). The user is left in the scope's state, where _caller checks the route's role."""
 
-    def check(request: Request,
-              authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> users.User:
-        token = authorization.removeprefix("Bearer ").strip() if authorization else None
+    def __init__(self, app: ASGIApp, shared: SharedStore, open_paths: set[str]) -> None:
+        self.app, self.shared, self.open_paths = app, shared, open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            try:  # on a thread: the store's lock may be held by a handler for a while
+                scope.setdefault("state", {})["user"] = await asyncio.to_thread(self._authenticate, Request(scope))
+            except AuthError as exc:
+                await error_response(exc)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _authenticate(self, request: Request) -> users.User:
+        authorization = request.headers.get("authorization")
+        with self.shared.use() as store:
+            try:
+                return users.authenticate(store, authorization.removeprefix("Bearer ").strip() if authorization
+                                          else None)
+            except AuthError as exc:
+                self.shared.note_refusal(store, "anonymous", _source(request), request, exc.message)
+                raise
+
+
+def _caller(role: str) -> Callable[..., users.User]:
+    """A dependency: the user Authenticated found, if their role is at least `role`."""
+
+    def check(request: Request) -> users.User:
+        user: users.User = request.state.user
         shared: SharedStore = request.app.state.shared
         with shared.use() as store:
-            try:
-                user = users.authenticate(store, token)
-            except AuthError as exc:
-                shared.note_refusal(store, "anonymous", _source(request), request, exc.message)
-                raise
             shared.require(store, user, role, request)
             if request.method == "GET":
                 shared.note_read(store, user, request)
@@ -181,9 +211,20 @@ Operator = Annotated[users.User, Depends(_caller("operator"))]
 Admin = Annotated[users.User, Depends(_caller("admin"))]
 
 
-async def received(request: Request) -> bytes:
-    """An upload's whole body; BodyLimit stops it at daemon.max_upload_mb."""
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-    return bytes(data)
+@asynccontextmanager
+async def received(request: Request) -> AsyncIterator[bytes]:
+    """An upload's whole body (BodyLimit stops it at daemon.max_upload_mb), held in memory while the block stores it:
+    UPLOADS_AT_ONCE at most, so that uploads sent at once cannot take the memory the daemon serves in; one more
+    meanwhile is refused (503), to be sent again."""
+    shared: SharedStore = request.app.state.shared
+    if shared.uploads >= UPLOADS_AT_ONCE:
+        raise Overloaded("another upload is being received or stored, and one is taken at a time",
+                         hint="send it again once that one is done")
+    shared.uploads += 1
+    try:
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+        yield bytes(data)
+    finally:
+        shared.uploads -= 1

@@ -11,19 +11,30 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
+from appliance.core.errors import RateLimited
 from appliance.daemon.api.deps import Shared, Viewer
 from appliance.store import events
 
 EVENTS_POLL_S = 0.5
+STREAMS_PER_USER = 16  # open at once: a console or a followed job holds one, and each reads the store as it polls
 
 router = APIRouter()
 
 
 @router.get("/v1/events", response_class=StreamingResponse)
 async def event_stream(
-    _user: Viewer, shared: Shared, after: Annotated[int, Query(ge=0)] = 0, subject: str | None = None
+    user: Viewer, shared: Shared, after: Annotated[int, Query(ge=0)] = 0, subject: str | None = None
 ) -> StreamingResponse:
-    """Server-sent events: job progress, stages and logs, deploys, drift alerts; resume with ?after=SEQ."""
+    """Server-sent events: job progress, stages and logs, deploys, drift alerts; resume with ?after=SEQ. A user
+    may hold STREAMS_PER_USER at once."""
+    held = shared.streams.setdefault(user.id, set())
+    if len(held) >= STREAMS_PER_USER:
+        raise RateLimited(f"user {user.name} holds {STREAMS_PER_USER} event streams already, the most a user may",
+                          retry_after_s=EVENTS_POLL_S, hint="close one (a console, a followed job) and ask again")
+    request_task = asyncio.current_task()  # it runs until the stream ends, however it ends
+    if request_task is not None:
+        held.add(request_task)
+        request_task.add_done_callback(held.discard)
 
     def read(seq: int) -> list[events.Event]:
         with shared.use() as store:

@@ -70,8 +70,9 @@ async def upload_model(request: Request, user: Operator, options: Annotated[Mode
                        shared: Shared) -> dict[str, Any]:
     """Check the model in the body, measure it on the dataset and store it as a new version; the daemon reads
     nothing but the bytes sent."""
-    source = sources.Upload(options.filename, await received(request), folder=False)
-    return await asyncio.to_thread(_import, shared, source, options, user)
+    async with received(request) as data:
+        return await asyncio.to_thread(_import, shared, sources.Upload(options.filename, data, folder=False), options,
+                                       user)
 
 
 @router.post("/v1/models:import-dir", status_code=201)

@@ -17,6 +17,7 @@ from appliance.daemon.api.deps import Operator, Serving, Settings, Shared, Share
 from appliance.registry import feedback
 from appliance.serve import app as inference
 from appliance.serve import oip
+from appliance.serve.rates import KeyRates
 from appliance.serve.web import Body
 
 router = APIRouter()
@@ -58,13 +59,18 @@ async def serving(request: Request, _user: Viewer, runtime: Serving, shared: Sha
 
 
 @router.post("/v1/models/{model}/predict")
-async def try_prediction(model: str, body: PredictRequest, user: Viewer, runtime: Serving) -> dict[str, Any]:
-    """Classify texts (or images) with the model as it serves (counted like any request); for trying it out."""
+async def try_prediction(request: Request, model: str, body: PredictRequest, user: Viewer,
+                         runtime: Serving) -> dict[str, Any]:
+    """Classify texts (or images) with the model as it serves, for trying it out: counted like any request, within
+    the rate of an API key, but not kept for feedback (an API key's predictions are)."""
     if (body.texts is None) == (body.images is None):
         raise BadRequest("give texts or images, one of the two", hint="texts for a text model, images (base64) for "
                          "an image model")
+    rates: KeyRates = request.app.state.user_rates
+    rates.admit(user)
     examples = body.texts or [oip.unbased(image, index) for index, image in enumerate(body.images or ())]
-    answer = await runtime.predict(model, examples, actor(user))
+    rates.charge(user, len(examples))
+    answer = await runtime.predict(model, examples, actor(user), keep=False)
     return {"model": model, "version": answer.loaded.version, "variant": answer.loaded.variant,
             "predictions": inference.label_scores(answer)}
 
