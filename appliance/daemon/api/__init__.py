@@ -60,7 +60,9 @@ _ERRORS = error_answers({
     403: "the user's role may not do this",
     404: "no such job, run, search, dataset, model or alert",
     413: "the body is over its limit",
-    503: "the daemon cannot do this now (no inference server, the audit log diverged)",
+    429: "too much at once from one user (predictions tried over an API key's rate, event streams); see Retry-After",
+    503: "the daemon cannot do this now (no inference server, the audit log diverged, another upload is being "
+         "taken in)",
 })
 _TOKEN = {"userToken": {"type": "http", "scheme": "bearer"}}
 _OPEN_PATHS = {route.path for route in health.open_router.routes}
