@@ -47,6 +47,12 @@ class ApiKey:
             return True
         return model.partition(":")[0].partition("@")[0] in self.models
 
+    def permit(self, model: str | None) -> None:
+        """Forbidden, naming what it may call, unless this key may call model."""
+        if not self.may_call(model):
+            raise Forbidden(f"API key {self.id} ({self.name}) may not call model {model!r}",
+                            hint=f"it may call: {', '.join(self.models)}")
+
 
 def create(
     store: Store, name: str, models: Sequence[str] = (ALL_MODELS,), actor: str | None = None, *,
@@ -85,11 +91,7 @@ class Verifier:
             raise Unauthenticated(f"API key {key_id} is not valid", hint="check the token; 'appliance api-keys list'")
         if key.revoked_at is not None:
             raise Unauthenticated(f"API key {key_id} was revoked at {key.revoked_at}", hint="ask for a new key")
-        if not key.may_call(model):
-            raise Forbidden(
-                f"API key {key_id} ({key.name}) may not call model {model!r}",
-                hint=f"it may call: {', '.join(key.models)}",
-            )
+        key.permit(model)
         self.used.add(key_id)
         return key
 

@@ -6,8 +6,10 @@ batcher, canary routing, metrics and usage, and TLS when serving has it. What a 
 holds is `oip`'s, as for REST; inputs travel as `bytes_contents` (texts, images), `fp32_contents` (an image's
 prepared pixels) or raw contents (tritonclient's way),
 answers always as raw contents. A refusal is the gRPC status nearest to the REST one (`CODES`), with the same
-message and hint; the body size limit is gRPC's message limit. As REST checks the key before it reads a body,
-`KeyFirst` checks it before a call's message is read: grpc reads a unary call's message before its handler runs.
+message and hint; the body size limit is gRPC's message limit. As REST bounds a request's body, a call shows its
+key before its message is read and sends the message within serve.body_timeout_s (`_answered`): the calls are
+unary, but grpc is given them as taking a stream, since it reads a unary call's whole message, however slowly it
+comes, before the call's handler runs.
 
 The messages come from `proto/inference.proto`, compiled into `proto/inference.desc` and loaded into a pool of
 their own, so a process that also holds a client's copy of the protocol (Triton's) meets no clash. After changing
@@ -17,12 +19,12 @@ inference.proto` (tests/serve/test_grpc.py checks that the two agree).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -31,7 +33,7 @@ from google.protobuf.message import Message
 from appliance import pixels
 from appliance.access import auth
 from appliance.core.config import Settings
-from appliance.core.errors import ApplianceError, BadRequest, PayloadTooLarge
+from appliance.core.errors import ApplianceError, BadRequest, PayloadTooLarge, RequestTimeout
 from appliance.core.text import whole_number
 from appliance.serve import access, oip, tls
 from appliance.serve import metrics as serve_metrics
@@ -66,7 +68,8 @@ M = _messages()
 
 
 class Service:
-    """The six calls; each gets its request message and the call's context, and answers a message."""
+    """The six calls; each gets its request message and the caller's API key (None for the health calls, which
+    need none), and answers a message."""
 
     def __init__(self, runtime: Runtime, rates: KeyRates) -> None:
         self.runtime, self.rates = runtime, rates
@@ -74,25 +77,24 @@ class Service:
         self.inferring = 0  # ModelInfer calls past their key check and not yet answered
         self.crowded_until = 0.0  # time.monotonic() until which calls are expected to have company
 
-    async def server_live(self, _request: Message, _context: grpc.aio.ServicerContext) -> Message:
+    async def server_live(self, _request: Message, _key: auth.ApiKey | None) -> Message:
         return M["ServerLiveResponse"](live=True)
 
-    async def server_ready(self, _request: Message, _context: grpc.aio.ServicerContext) -> Message:
+    async def server_ready(self, _request: Message, _key: auth.ApiKey | None) -> Message:
         return M["ServerReadyResponse"](ready=self.runtime.ready)
 
-    async def server_metadata(self, _request: Message, context: grpc.aio.ServicerContext) -> Message:
-        self._key(context, None)
+    async def server_metadata(self, _request: Message, _key: auth.ApiKey) -> Message:
         return M["ServerMetadataResponse"](name="appliance", version=metadata.version("appliance"),
                                            extensions=oip.EXTENSIONS)
 
-    async def model_ready(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        key = self._key(context, request.name)
+    async def model_ready(self, request: Message, key: auth.ApiKey) -> Message:
+        key.permit(request.name)
         if not self.runtime.expects(request.name):
             raise self.runtime.not_found(request.name, key.may_call)
         return M["ModelReadyResponse"](ready=self.runtime.model_ready(request.name, _version(request.version)))
 
-    async def model_metadata(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        key = self._key(context, request.name)
+    async def model_metadata(self, request: Message, key: auth.ApiKey) -> Message:
+        key.permit(request.name)
         version = _version(request.version)
         self.runtime.require(request.name, version, key.may_call)
         shown = oip.model_metadata(request.name, self.runtime.route(request.name, key.may_call), self.keeps_ids,
@@ -103,8 +105,8 @@ class Service:
             inputs=[tensors(**tensor) for tensor in shown["inputs"]],
             outputs=[tensors(**tensor) for tensor in shown["outputs"]])
 
-    async def model_infer(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        key = self._key(context, request.model_name)
+    async def model_infer(self, request: Message, key: auth.ApiKey) -> Message:
+        key.permit(request.model_name)
         self.rates.admit(key)
         version = _version(request.model_version)
         pictures = self.runtime.require(request.model_name, version, key.may_call)
@@ -133,44 +135,12 @@ class Service:
             outputs=[output(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape) for tensor in tensors],
             raw_output_contents=[tensor.encode() for tensor in tensors])
 
-    def _key(self, context: grpc.aio.ServicerContext, model: str | None) -> auth.ApiKey:
-        return self.runtime.authorize(_token(context.invocation_metadata()), model)
-
 
 def _token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
     """The API key a call's metadata carries: `x-api-key`, or `authorization: Bearer ...`."""
     sent = {name: value for name, value in metadata or () if isinstance(value, str)}
     bearer = sent.get("authorization", "")
     return sent.get("x-api-key") or (bearer[7:] if bearer[:7].lower() == "bearer " else None)
-
-
-class KeyFirst(grpc.aio.ServerInterceptor):
-    """Every call but the health ones shows a valid API key before its message is read. A unary call's message is
-    read whole before its handler runs, so a check there would let anyone hold a call, and one of the server's
-    slots for calls, by sending a message slowly, or make it read a large one. A call without a valid key is
-    answered by a handler that takes its message as a stream and never reads it (whether the key may call the
-    model the message names is checked once it is read, as before)."""
-
-    def __init__(self, runtime: Runtime, wrapped: Callable[[str, Call], Call]) -> None:
-        self.runtime, self.wrapped = runtime, wrapped  # wrapper(): refusals as statuses, counted, and logged
-
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
-                                                             Awaitable[grpc.RpcMethodHandler | None]],
-                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        name = details.method.rpartition("/")[2]
-        if name not in OPEN_CALLS:
-            try:
-                self.runtime.authorize(_token(details.invocation_metadata), None)
-            except ApplianceError as exc:
-                return grpc.stream_unary_rpc_method_handler(self.wrapped(name, _raising(exc)))
-        return await continuation(details)
-
-
-def _raising(exc: ApplianceError) -> Call:
-    async def call(_request: Any, _context: grpc.aio.ServicerContext) -> Message:
-        raise exc
-
-    return call
 
 
 def _version(given: str) -> int | None:
@@ -201,16 +171,23 @@ def _ask(request: Message, keeps_ids: bool, pictures: pixels.Pictures | None) ->
     return oip.Ask(examples, oip.wanted([(output.name, True) for output in request.outputs], keeps_ids), request.id)
 
 
-Call = Callable[[Message, grpc.aio.ServicerContext], Awaitable[Message]]
+Call = Callable[[Message, auth.ApiKey | None], Awaitable[Message]]  # a Service call
+Handler = Callable[[AsyncIterator[Message], grpc.aio.ServicerContext], Awaitable[Message]]  # a call as grpc runs it
 
 
-def _answered(call: Call, runtime: Runtime) -> Call:
-    """The call with an ApplianceError as the gRPC status nearest its HTTP one, counted in the metrics as REST
-    counts its refusals; a failure it did not expect is logged and answered INTERNAL, its words never shown."""
+def _answered(name: str, call: Call, runtime: Runtime) -> Handler:
+    """The call as grpc runs it. The caller's key is checked from the call's metadata (the health calls need none),
+    then its message is read, within serve.body_timeout_s, and the call answers it. An ApplianceError becomes the
+    gRPC status nearest its HTTP one, counted in the metrics as REST counts its refusals; a failure it did not
+    expect is logged and answered INTERNAL, its words never shown."""
+    timeout_s = runtime.settings.serve.body_timeout_s
 
-    async def answer(request: Message, context: grpc.aio.ServicerContext) -> Message:
+    async def answer(_requests: AsyncIterator[Message], context: grpc.aio.ServicerContext) -> Message:
+        request = None
         try:
-            return await call(request, context)
+            key = None if name in OPEN_CALLS else runtime.authorize(_token(context.invocation_metadata()), None)
+            request = await _message(context, timeout_s)
+            return await call(request, key)
         except ApplianceError as exc:
             status = status_of(type(exc))
             if not getattr(exc, "counted", False):
@@ -222,20 +199,32 @@ def _answered(call: Call, runtime: Runtime) -> Call:
         except grpc.aio.AbortError:
             raise
         except Exception:  # gRPC would send the exception's own words
-            log.exception("a gRPC %s call failed", type(request).__name__.removesuffix("Request"))
+            log.exception("a gRPC %s call failed", name)
             await context.abort(grpc.StatusCode.INTERNAL, "the server failed on this request (its log says why)")
             raise
 
     return answer
 
 
-def _logged(name: str, call: Call) -> Call:
+async def _message(context: grpc.aio.ServicerContext, timeout_s: float) -> Message:
+    """A call's one message, read whole within timeout_s (RequestTimeout if not)."""
+    try:
+        message = await asyncio.wait_for(context.read(), timeout_s)
+    except TimeoutError:
+        raise RequestTimeout("the request message did not arrive in time",
+                             hint="send the whole message without pausing") from None
+    if message is grpc.aio.EOF:
+        raise BadRequest("the call sent no request message", hint="send one request message")
+    return message
+
+
+def _logged(name: str, handler: Handler) -> Handler:
     """The call with its access log line, which names the status code the call ended with."""
 
-    async def answer(request: Message, context: grpc.aio.ServicerContext) -> Message:
+    async def answer(requests: AsyncIterator[Message], context: grpc.aio.ServicerContext) -> Message:
         with access.request("grpc", name) as entry:
             try:
-                return await call(request, context)
+                return await handler(requests, context)
             finally:
                 entry.status = _code_name(context.code())
 
@@ -251,24 +240,20 @@ def _code_name(code: object) -> str:
     return _CODE_NAMES.get(code, "OK")
 
 
-def wrapper(runtime: Runtime) -> Callable[[str, Call], Call]:
-    """What every call is wrapped in: its refusals as gRPC statuses and counted, and its access log line."""
-
-    def wrapped(name: str, call: Call) -> Call:
-        answered = _answered(call, runtime)
-        return _logged(name, answered) if runtime.settings.serve.access_log else answered
-
-    return wrapped
-
-
 def handlers(service: Service, runtime: Runtime) -> grpc.GenericRpcHandler:
+    """The six calls, each answered (`_answered`) and, when serve.access_log, logged; grpc is told each takes a
+    stream, so that it leaves reading the message to `_answered`."""
     calls = {"ServerLive": service.server_live, "ServerReady": service.server_ready,
              "ServerMetadata": service.server_metadata, "ModelReady": service.model_ready,
              "ModelMetadata": service.model_metadata, "ModelInfer": service.model_infer}
-    wrapped = wrapper(runtime)
+
+    def handler(name: str, call: Call) -> Handler:
+        answered = _answered(name, call, runtime)
+        return _logged(name, answered) if runtime.settings.serve.access_log else answered
+
     return grpc.method_handlers_generic_handler(SERVICE, {
-        name: grpc.unary_unary_rpc_method_handler(
-            wrapped(name, call), request_deserializer=M[f"{name}Request"].FromString,
+        name: grpc.stream_unary_rpc_method_handler(
+            handler(name, call), request_deserializer=M[f"{name}Request"].FromString,
             response_serializer=M[f"{name}Response"].SerializeToString)
         for name, call in calls.items()})
 
@@ -277,13 +262,13 @@ async def start(settings: Settings, runtime: Runtime, rates: KeyRates) -> grpc.a
     """The gRPC server on serve.host:serve.grpc_port, started; TLS with serving's certificate when serve.tls."""
     serve = settings.serve
     # As for REST: a body within the limits (gRPC has one for all models: the larger), a connection's handshake within
-    # serve.header_timeout_s, an idle connection closed (a client reconnects when it has more to ask), a connection's
-    # streams (STREAMS) and the calls in progress bounded.
+    # serve.header_timeout_s, a call's message within serve.body_timeout_s (`_answered`), an idle connection closed (a
+    # client reconnects when it has more to ask), a connection's streams (STREAMS) and the calls in progress bounded.
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", max(serve.max_body_bytes, serve.max_image_body_bytes)), *STREAMS,
                  ("grpc.server_handshake_timeout_ms", int(serve.header_timeout_s * 1000)),
                  ("grpc.max_connection_idle_ms", 60_000)],
-        maximum_concurrent_rpcs=serve.max_connections, interceptors=[KeyFirst(runtime, wrapper(runtime))])
+        maximum_concurrent_rpcs=serve.max_connections)
     server.add_generic_rpc_handlers((handlers(Service(runtime, rates), runtime),))
     address = f"{serve.host}:{serve.grpc_port}"
     if serve.tls:

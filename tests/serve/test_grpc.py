@@ -172,14 +172,17 @@ def test_a_message_over_the_body_limit_is_refused_before_it_is_read(triton: grpc
     assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED", refused.value
 
 
-def _stalled_call(port: int) -> socket.socket:
-    """A connection whose one ModelInfer call, sent with no key, says a 1,000-byte message and sends 5 bytes of it."""
+def _stalled_call(port: int, method: str = "ModelInfer", token: str | None = None) -> socket.socket:
+    """A connection whose one call (with no key unless given one) says a 1,000-byte message and sends 5 bytes of
+    it."""
     def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
         return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
 
-    headers = b"".join(b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value for name, value in [
-        (b":method", b"POST"), (b":scheme", b"http"), (b":path", f"/{grpc_api.SERVICE}/ModelInfer".encode()),
-        (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])  # HPACK literals
+    sent = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", f"/{grpc_api.SERVICE}/{method}".encode()),
+            (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+    sent += [(b"authorization", f"Bearer {token}".encode())] if token else []
+    headers = b"".join(b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+                       for name, value in sent)  # HPACK literals, each shorter than 127 bytes
     connection = socket.create_connection(("127.0.0.1", port))
     connection.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"") + frame(1, 4, 1, headers)
                        + frame(0, 0, 1, b"\x00" + struct.pack(">I", 1000)))
@@ -199,5 +202,33 @@ def test_a_call_without_a_key_is_refused_before_its_message_is_read(state: State
             client.close()
             for connection in stalled:
                 connection.close()
+    finally:
+        stop_server(running)
+
+
+def test_a_message_that_does_not_arrive_in_time_frees_its_call(state: State) -> None:
+    """A key holder's call, or anyone's health call, whose message stalls holds its slot for serve.body_timeout_s
+    at most, as a REST body does, and ends DEADLINE_EXCEEDED."""
+    port = free_port()
+    running = start_server(state, grpc_port=str(port), max_connections="2", body_timeout_s="1")
+    try:
+        stalled = [_stalled_call(port, "ModelInfer", state.token), _stalled_call(port, "ServerLive")]
+        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+        try:
+            def answered() -> bool:
+                try:
+                    return client.get_model_metadata("tickets", headers=key(state), client_timeout=5).name == "tickets"
+                except InferenceServerException as refused:  # both slots held: RESOURCE_EXHAUSTED, at once
+                    assert refused.status() == "StatusCode.RESOURCE_EXHAUSTED", refused
+                    return False
+
+            running.wait(lambda: not answered(), 5)  # the stalled calls hold both slots
+            running.wait(answered, 15)  # until their messages are late
+        finally:
+            client.close()
+            for connection in stalled:
+                connection.close()
+        running.wait(lambda: "grpc ServerLive DEADLINE_EXCEEDED" in running.logged())
+        assert "grpc ModelInfer DEADLINE_EXCEEDED" in running.logged()
     finally:
         stop_server(running)
