@@ -2,7 +2,7 @@
 
     LocalPath(path)              a file or folder the calling user named (the CLI without a daemon)
     ImportDir(settings, name)    a name inside daemon.import_dir, the one folder root lets the daemon read
-    Upload(filename, data, ...)  bytes a client sent through the control API (a folder comes as a tar)
+    Upload(filename, body, ...)  bytes a client sent through the control API, spooled sealed (a folder comes as a tar)
 
 A text dataset is one CSV or JSONL file; an image dataset is a folder with a subfolder per
 class; a model is a folder or one archive. Uploaded, a folder is an uncompressed tar, which
@@ -27,6 +27,7 @@ from appliance.core import archive
 from appliance.core.config import Settings
 from appliance.core.confined import Folder
 from appliance.core.errors import DatasetError
+from appliance.store import spool
 
 TAR_SUFFIX = ".tar"
 TAR_CHUNK = 1 << 20
@@ -118,11 +119,12 @@ class ImportDir:
 
 
 class Upload:
-    """Bytes a client sent: a text file, or (folder=True) an uncompressed tar of a folder (images, a model)."""
+    """Bytes a client sent: a text file, or (folder=True) an uncompressed tar of a folder (images, a model). They
+    come spooled (sealed on the disk, the control API's way), or in memory (an archive already read)."""
 
-    def __init__(self, filename: str, data: bytes, *, folder: bool) -> None:
+    def __init__(self, filename: str, body: spool.Spool | bytes, *, folder: bool) -> None:
         shown = safe_filename(filename)
-        self._data, self._folder = data, folder
+        self._body, self._folder = body, folder
         self.name = (shown.removesuffix(TAR_SUFFIX) or "upload") if folder else shown
         self.origin = f"upload of {shown}"
 
@@ -130,14 +132,14 @@ class Upload:
         return self._folder
 
     def size(self) -> int:
-        return len(self._data)
+        return len(self._body) if isinstance(self._body, bytes) else self._body.size
 
     def open(self) -> BinaryIO:
-        return io.BytesIO(self._data)
+        return io.BytesIO(self._body) if isinstance(self._body, bytes) else self._body.open()
 
     def files(self) -> Iterator[FolderFile]:
         try:
-            with tarfile.open(fileobj=io.BytesIO(self._data), mode="r:") as tar:
+            with self.open() as body, tarfile.open(fileobj=body, mode="r:") as tar:
                 for member in sorted(tar.getmembers(), key=lambda found: found.name):
                     file = _member(tar, member, self.name)
                     if file is not None:

@@ -22,14 +22,14 @@ from appliance.core.errors import AuthError, BadRequest, DaemonError, Overloaded
 from appliance.core.text import printable
 from appliance.serve.runtime import Runtime
 from appliance.serve.web import error_response
-from appliance.store import Store, audit
+from appliance.store import Store, audit, spool
 
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {  # an upload route's OpenAPI body: raw bytes
     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 READ_AUDIT_S = 600.0
 REFUSALS_WINDOW_S = 60.0  # refusals of one source and caller are written once, then counted for this long
 REFUSALS_TRACKED = 10_000  # sources and callers tracked at once; more are counted together
-UPLOADS_AT_ONCE = 1  # uploads received and stored at once: each is held in memory whole, up to daemon.max_upload_mb
+UPLOADS_AT_ONCE = 1  # uploads received and stored at once: each is spooled whole, up to daemon.max_upload_mb
 
 
 class SharedStore:
@@ -212,19 +212,31 @@ Admin = Annotated[users.User, Depends(_caller("admin"))]
 
 
 @asynccontextmanager
-async def received(request: Request) -> AsyncIterator[bytes]:
-    """An upload's whole body (BodyLimit stops it at daemon.max_upload_mb), held in memory while the block stores it:
-    UPLOADS_AT_ONCE at most, so that uploads sent at once cannot take the memory the daemon serves in; one more
-    meanwhile is refused (503), to be sent again."""
+async def received(request: Request) -> AsyncIterator[spool.Spool]:
+    """An upload's whole body (BodyLimit stops it at daemon.max_upload_mb), spooled sealed into the state directory
+    while the block stores it, in memory a piece at a time: UPLOADS_AT_ONCE at most, so that uploads sent at once
+    cannot fill the disk; one more meanwhile is refused (503), to be sent again. Pieces are sealed and written off
+    the event loop."""
     shared: SharedStore = request.app.state.shared
     if shared.uploads >= UPLOADS_AT_ONCE:
         raise Overloaded("another upload is being received or stored, and one is taken at a time",
                          hint="send it again once that one is done")
     shared.uploads += 1
     try:
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-        yield bytes(data)
+        with spool.Spool(shared.store.settings.state_dir) as body:
+            try:
+                arrived = bytearray()
+                async for chunk in request.stream():
+                    arrived += chunk
+                    if len(arrived) >= spool.PIECE:
+                        await asyncio.to_thread(body.write, bytes(arrived))
+                        arrived.clear()
+                await asyncio.to_thread(body.write, bytes(arrived))
+                body.finish()
+            except OSError as exc:  # the disk is full, most likely
+                raise Overloaded(f"the upload could not be spooled after {body.size:,} bytes: {exc.strerror}",
+                                 hint="free space on the state directory's disk ('appliance store info'), then send"
+                                      " it again") from None
+            yield body
     finally:
         shared.uploads -= 1
