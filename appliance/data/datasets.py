@@ -155,9 +155,8 @@ class LoadedDataset:
 
     @property
     def counts(self) -> dict[str, int]:
-        """Examples per label, in label_names order."""
-        counted = Counter(self.labels)
-        return {name: counted[name] for name in self.label_names}
+        """Examples per label, in label_names order (sorted, as the version's row keeps them)."""
+        return _counts(self.labels)
 
     def validation_sample(self, size: int, seed: int) -> list[int]:
         """The validation split, or where it holds more than size, a stratified sample of that many (each label in
@@ -345,6 +344,7 @@ def _identity(name: str, version: int, blob_id: str) -> str:
 
 
 def _counts(labels: list[str]) -> dict[str, int]:
+    """Examples per label, sorted by label: what a version's row keeps."""
     return dict(sorted(Counter(labels).items()))
 
 
