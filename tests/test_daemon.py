@@ -79,7 +79,9 @@ def test_the_pipeline_imports_trains_optimises_deploys_and_serves(daemon: Daemon
     assert answer["predictions"][0]["id"]  # kept, for feedback
     with daemon.api() as api:  # tried from the console: answered, and not kept
         tried = api.post("/v1/models/tickets/predict", json={"texts": ["refund my invoice"]})
+        flood = api.post("/v1/models/tickets/predict", json={"texts": ["refund"] * 300_000})  # 3 MB
     assert tried.status_code == 200 and tried.json()["predictions"][0]["id"] is None, tried.text
+    assert flood.status_code == 413, flood.text  # a text model's tries are bounded as its server's requests: 1 MiB
     with store.open(daemon.settings) as opened:
         actors = {row["actor"] for row in audit.rows(opened) if row["action"] in ("job.submit", "model.deploy")}
     assert actors == {f"user:{users.LOCAL_ADMIN}"}

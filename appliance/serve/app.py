@@ -361,8 +361,7 @@ def create_app(settings: Settings, runtime: Runtime) -> ASGIApp:
         """An image model's inference routes take photos: a limit of their own."""
         for route in lean_routes:
             found = route.pattern.fullmatch(scope["path"])
-            serving = runtime.routes.get(found["name"]) if found else None
-            if serving is not None and serving.production.pictures is not None:
+            if found and runtime.takes_images(found["name"]):
                 return settings.serve.max_image_body_bytes
         return settings.serve.max_body_bytes
 

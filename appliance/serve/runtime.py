@@ -234,6 +234,11 @@ class Runtime:
             raise self.not_found(model, allowed)
         return route
 
+    def takes_images(self, model: str) -> bool:
+        """Whether the model serves an image model, whose requests hold photos: a larger body limit of their own."""
+        route = self.routes.get(model)
+        return route is not None and route.production.pictures is not None
+
     def require(self, model: str, version: int | None, allowed: Callable[[str], bool] | None = None
                 ) -> pixels.Pictures | None:
         """A 404 unless the model serves (and, given a version, that version of it): before any body work. What an

@@ -51,7 +51,7 @@ from appliance.serve.web import EXCEPTION_HANDLERS, BodyLimit, document_errors, 
 MAX_JSON_BYTES = 1 << 20  # every body but an upload
 UPLOAD_BODY_TIMEOUT_S = 3600.0  # an upload of daemon.max_upload_mb may take a while to arrive; heads are as quick
 UPLOAD_PATHS = (datasets.UPLOAD_PATH, models.UPLOAD_PATH)  # a dataset's, a model's
-TRY_PATH = re.compile(r"/v1/models/[^/]+/predict")  # a prediction to try may hold photos, as the server's may
+TRY_PATH = re.compile(r"/v1/models/(?P<model>[^/]+)/predict")  # tried on an image model, it may hold photos
 _ROUTERS = (health.router, events.router, jobs.router, datasets.router, models.router, serving.router, alerts.router,
             audit.router, users.router, usage.router, privacy.router)
 _ERRORS = error_answers({
@@ -78,12 +78,16 @@ def create_app(shared: SharedStore, status: Callable[[], dict[str, Any]], runtim
     def limit(scope: Scope) -> int:
         if scope["path"] in UPLOAD_PATHS:
             return upload_limit
-        return settings.serve.max_image_body_bytes if TRY_PATH.fullmatch(scope["path"]) else MAX_JSON_BYTES
+        tried = TRY_PATH.fullmatch(scope["path"])
+        if tried and runtime is not None and runtime.takes_images(tried["model"]):
+            return settings.serve.max_image_body_bytes
+        return MAX_JSON_BYTES
 
     app.add_middleware(BodyLimit, limit=limit,
                        hint=f"a dataset or a model may be up to daemon.max_upload_mb"
-                            f" ({settings.daemon.max_upload_mb:g} MiB), a prediction to try as much as the"
-                            f" inference server takes (serve.max_image_body_bytes); any other request at most 1 MiB")
+                            f" ({settings.daemon.max_upload_mb:g} MiB), a prediction to try on an image model as much"
+                            f" as the inference server takes (serve.max_image_body_bytes); any other request at most"
+                            f" 1 MiB")
     app.add_middleware(Authenticated, shared=shared, open_paths=_OPEN_PATHS)  # outermost: before any body is read
     system.load(settings.state_dir)  # primes the CPU share, which is measured between calls
     app.state.shared, app.state.status, app.state.runtime = shared, status, runtime
