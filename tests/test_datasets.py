@@ -90,6 +90,19 @@ def test_the_id_is_the_same_for_the_same_examples_in_either_format(opened: Store
     assert from_jsonl == from_csv
 
 
+def test_the_stored_form_is_one_json_line_per_example_whatever_the_text_holds(opened: Store, tmp_path: Path) -> None:
+    """A version's id is the hash of this form, so it stays what it was when the first versions were stored: a file
+    imported again is the same version."""
+    texts = ['a "quoted" word', "back\\slash", "tab\there", "日本語 and é", "emoji 🙂", "line\u2028separator",
+             "control \x01", "del \x7f"] + [f"filler text {n} " * 40 for n in range(3000)]  # over a piece: 1 MiB
+    rows = [{"text": text, "label": ("billing", "shipping")[index % 2]} for index, text in enumerate(texts)]
+    path = _write(tmp_path, "odd.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    version = datasets.import_file(opened, path, name="odd")
+    assert datasets.content(opened, version) == "".join(
+        json.dumps({"text": row["text"].strip(), "label": row["label"]}, ensure_ascii=False) + "\n"
+        for row in rows).encode()
+
+
 def test_custom_columns_and_numeric_labels(opened: Store, tmp_path: Path) -> None:
     lines = [{"body": text, "category": index % 2} for index, (text, _) in enumerate(ROWS)]
     path = _write(tmp_path, "t.jsonl", "".join(json.dumps(line) + "\n" for line in lines))

@@ -21,16 +21,19 @@ import codecs
 import csv
 import dataclasses
 import hashlib
+import io
 import itertools
 import json
 import math
 import random
 import re
+import sys
 import tarfile
 import types
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, overload
 
@@ -52,6 +55,7 @@ DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab"}
 MAX_IMAGE_BYTES = pixels.MAX_IMAGE_BYTES
 MAX_SHOWN = 20  # problems (and dropped lines) listed one by one; the rest are counted
 PROGRESS_STEP = 256 * 1024  # bytes read between two progress reports on a text file
+CANONICAL_PIECE = 1 << 20  # bytes of a text set's canonical content made at once (_canonical)
 ID_PREFIX = re.compile(r"[0-9a-fA-F]{8,64}")
 ACTION = "dataset.import"
 LOCAL_ONLY, BURST_ALLOWED = "local-only", "burst-allowed"
@@ -479,7 +483,7 @@ def _kept(store: Store, name: str, blob_id: str) -> DatasetVersion | None:
     return found[-1] if found else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a large import holds millions
 class _Example:
     where: str  # "customers.csv line 7" or "photos/cats/tabby.png", for messages
     label: str
@@ -726,7 +730,7 @@ def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str]) 
         return f"{where}: empty text"
     if not label:
         return f"{where}: missing label"
-    return _Example(where, label, text)
+    return _Example(where, sys.intern(label), text)  # one string per label, not per row
 
 
 def _as_text(value: object, *, numbers: bool = False) -> str | None:
@@ -806,13 +810,25 @@ def _packed(source: sources.Source, task: str, examples: list[_Example]) -> Call
 
 
 def _canonical(examples: list[_Example]) -> Stream:
-    """The one byte form of a text set's examples that the version's id is the hash of, whole in one piece (an image
-    set's is made a file at a time: _packed, _image_stream)."""
-    content = b"".join(
-        json.dumps({"text": example.content, "label": example.label}, ensure_ascii=False).encode() + b"\n"
-        for example in examples
-    )
-    return lambda: iter((content,))
+    """The one byte form of a text set's examples that the version's id is the hash of, made in pieces of about
+    CANONICAL_PIECE bytes each time it is read (to hash it, then to store it), so that it is never whole in memory
+    beside the examples (an image set's is made a file at a time: _packed, _image_stream)."""
+
+    def pieces() -> Iterator[bytes]:
+        lines: list[bytes] = []
+        size = 0
+        for example in examples:
+            # json.dumps({"text": ..., "label": ...}, ensure_ascii=False), byte for byte, by json's own string
+            # encoder: a quarter of the time, which matters at a million rows
+            text, label = encode_basestring(example.content), encode_basestring(example.label)
+            lines.append(f'{{"text": {text}, "label": {label}}}\n'.encode())
+            size += len(lines[-1])
+            if size >= CANONICAL_PIECE:
+                yield b"".join(lines)
+                lines, size = [], 0
+        yield b"".join(lines)
+
+    return pieces
 
 
 
@@ -1008,8 +1024,8 @@ def _without(store: Store, version: DatasetVersion, kept: list[int], labels: lis
 
 def _examples(content: bytes) -> list[_Example]:
     """A text set's canonical content back as examples (an image set's is read a file at a time: _image_entries)."""
-    records = [json.loads(line) for line in content.decode("utf-8").split("\n") if line]
-    return [_Example(record["text"], record["label"], record["text"]) for record in records]
+    records = map(json.loads, io.BytesIO(content))  # a line at a time: no second copy of the whole
+    return [_Example(record["text"], sys.intern(record["label"]), record["text"]) for record in records]
 
 
 def _select(store: Store, where: str, params: tuple[Any, ...]) -> list[DatasetVersion]:
