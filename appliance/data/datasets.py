@@ -21,7 +21,6 @@ import codecs
 import csv
 import dataclasses
 import hashlib
-import io
 import itertools
 import json
 import math
@@ -287,7 +286,7 @@ def extend(store: Store, base: DatasetVersion, additions: list[tuple[str | bytes
 def _extended_texts(store: Store, base: DatasetVersion, additions: list[tuple[str | bytes, str]]
                     ) -> tuple[list[str], int, Stream]:
     """A text set with additions (extend()): its labels, how many were relabelled, its canonical content."""
-    examples = _examples(content(store, base))
+    examples = _examples(store, base)
     position = {example.content: index for index, example in enumerate(examples)}
     relabelled = 0
     for added, label in additions:
@@ -897,9 +896,12 @@ def load(store: Store, version: DatasetVersion) -> LoadedDataset:
         entries = _image_entries(blob)
         return LoadedDataset(version, [name.split("/", 1)[0] for name, _ in entries], version.labels, *split,
                              images=StoredImages(blob, [span for _, span in entries]))
-    examples = _examples(content(store, version))
-    return LoadedDataset(version, [example.label for example in examples], version.labels, *split,
-                         texts=[example.content for example in examples])
+    texts: list[str] = []
+    labels: list[str] = []
+    for text, label in _records(store, version):
+        texts.append(text)
+        labels.append(label)
+    return LoadedDataset(version, labels, version.labels, *split, texts=texts)
 
 
 def _image_entries(blob: blobs.Opened) -> list[tuple[str, tuple[int, int]]]:
@@ -950,7 +952,7 @@ def matching_rows(store: Store, version: DatasetVersion, needle: str) -> list[in
     if version.task == IMAGE:  # an image's name (label/file) is all there is to match: the photos stay unread
         entries = _image_entries(blobs.Opened(store, _blob_of(store, version)))
         return [index for index, (name, _) in enumerate(entries) if folded in name.casefold()]
-    return [index for index, example in enumerate(_examples(content(store, version)))
+    return [index for index, example in enumerate(_examples(store, version))
             if folded in example.where.casefold() or folded in example.label.casefold()]
 
 
@@ -968,7 +970,7 @@ def erase_rows(store: Store, version: DatasetVersion, rows: set[int]) -> Dataset
         labels = [files[index][0].split("/", 1)[0] for index in kept]
         canonical = _image_stream(blob, [files[index] for index in kept])
     else:
-        examples = _examples(content(store, version))
+        examples = _examples(store, version)
         labels = [examples[index].label for index in kept]
         canonical = _canonical([examples[index] for index in kept])
     replacement = _without(store, version, kept, labels, canonical) if kept else None
@@ -1022,10 +1024,20 @@ def _without(store: Store, version: DatasetVersion, kept: list[int], labels: lis
     return _select(store, "id = ?", (dataset_id,))[0]
 
 
-def _examples(content: bytes) -> list[_Example]:
-    """A text set's canonical content back as examples (an image set's is read a file at a time: _image_entries)."""
-    records = map(json.loads, io.BytesIO(content))  # a line at a time: no second copy of the whole
-    return [_Example(record["text"], sys.intern(record["label"]), record["text"]) for record in records]
+def _records(store: Store, version: DatasetVersion) -> Iterator[tuple[str, str]]:
+    """A text set's canonical content back as (text, label), decrypted and read a line at a time: never whole in
+    memory beside what the caller keeps of it (an image set's is read a file at a time: _image_entries)."""
+    rest = b""
+    for chunk in itertools.chain(content_chunks(store, version)[1], [b"\n"]):  # the last line, whatever ends it
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in filter(None, lines):
+            record = json.loads(line)
+            yield record["text"], sys.intern(record["label"])
+
+
+def _examples(store: Store, version: DatasetVersion) -> list[_Example]:
+    """A text set's examples, as an import holds them."""
+    return [_Example(text, label, text) for text, label in _records(store, version)]
 
 
 def _select(store: Store, where: str, params: tuple[Any, ...]) -> list[DatasetVersion]:
