@@ -61,6 +61,23 @@ def test_invalid_config_names_the_key_and_the_file(tmp_path: Path, text: str, ex
     assert expected.format(path=conf) in caught.value.message
 
 
+def test_a_config_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    conf = tmp_path / "bad.toml"
+    conf.write_bytes(b"\xff\xfestate_dir = 'x'\n")
+    with pytest.raises(ConfigError, match=f"{conf} is not valid TOML: byte 1 is not UTF-8"):
+        config.load(conf)
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a folder"):
+        config.load(tmp_path)
+
+
+def test_a_burst_address_with_a_password_is_refused_without_being_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The address is named in messages and audit records: a secret in it would be kept for good."""
+    monkeypatch.setenv("APPLIANCE_BURST_ADDRESS", "https://ops:hunter2@ray.example.internal:8265")
+    with pytest.raises(ConfigError, match="'burst.address' in the environment holds a user name or password") as caught:
+        config.load()
+    assert "hunter2" not in caught.value.message + str(caught.value.hint)
+
+
 def test_misspelt_key_gets_a_suggestion(tmp_path: Path) -> None:
     conf = tmp_path / "bad.toml"
     conf.write_text("[keys]\nfiel = 'x'\n")

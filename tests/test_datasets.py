@@ -229,6 +229,17 @@ GOOD = _csv(ROWS)[len("text,label\n") :]
         ),
         ("customers.jsonl", _jsonl(ROWS) + '{"text": "hi", "label": null}\n', "customers.jsonl line 9: missing label"),
         ("customers.jsonl", _jsonl(ROWS) + '{"text": 7, "label": "b"}\n', "customers.jsonl line 9: the text is not"),
+        (
+            "customers.jsonl",
+            _jsonl(ROWS) + '{"text": "caf\\ud800", "label": "billing"}\n',
+            "customers.jsonl line 9: the text is not valid Unicode (an unpaired surrogate escape at character 4)",
+        ),
+        ("customers.jsonl", _jsonl(ROWS) + "[" * 100_000 + "\n", "customers.jsonl line 9: JSON nested too deeply"),
+        (
+            "customers.csv",
+            "text,la\rbel\n" + GOOD,
+            "customers.csv line 1: not readable as CSV (a line break (or carriage return) inside a field",
+        ),
     ],
 )
 def test_a_problem_is_named_by_file_and_line(

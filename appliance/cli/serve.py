@@ -19,6 +19,7 @@ from appliance.cli.base import (
     print_json,
 )
 from appliance.cli.connect import connected
+from appliance.core.text import printable, surrogate_at
 
 
 @cli.command("serve")
@@ -88,6 +89,8 @@ def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
         version = registry.get(opened, ref)
         servable = inference.load_ir(blobs.read(opened, version.serving_variant().blob_id))
     images = isinstance(servable.reader, pixels.Pictures)
+    if not images:
+        _check_texts(examples)
     inputs = [pixels.load(Path(name)) for name in examples] if images else list(examples)
     probabilities = inference.softmax(inference.predict(servable.compiled, servable.reader, inputs))
     rows = [{"image" if images else "text": example, "label": servable.labels[int(np.argmax(row))],
@@ -96,5 +99,14 @@ def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         print_json({"model": version.ref, "variant": version.chosen, "predictions": rows})
         return
-    for row in rows:
-        click.echo(f"{row['label']:<16} {max(row['scores'].values()):.3f}  {(row.get('text') or row['image'])[:60]}")
+    for example, row in zip(examples, rows):
+        click.echo(f"{row['label']:<16} {max(row['scores'].values()):.3f}  {printable(example[:60])}")
+
+
+def _check_texts(texts: tuple[str, ...]) -> None:
+    """Texts a model can read: not blank, and text at all (bytes that are not UTF-8 reach argv as lone surrogates)."""
+    for number, text in enumerate(texts, 1):
+        if not text.strip():
+            raise click.BadParameter(f"text {number} is empty", param_hint="TEXT_OR_IMAGE")
+        if surrogate_at(text) is not None:
+            raise click.BadParameter(f"text {number} is not valid UTF-8", param_hint="TEXT_OR_IMAGE")

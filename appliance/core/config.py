@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from appliance.core.errors import ConfigError
 
@@ -303,7 +304,13 @@ def _autopilot(values: dict[str, Any], path: Path | None) -> AutopilotSettings:
 def _check_burst(burst: BurstSettings, path: Path | None) -> None:
     where = f"{path} or the environment" if path else "the environment"
     _check_limits("burst", burst, where, {"suggest_after_minutes": (0, 10**6), "poll_s": (0.1, 600)})
-    if burst.address and not burst.address.startswith(("http://", "https://")):
+    if not burst.address:
+        return
+    if "@" in urlsplit(burst.address).netloc:  # messages and audit records name the address: it holds no secret
+        raise ConfigError(f"'burst.address' in {where} holds a user name or password",
+                          hint="give the URL without them; the cluster's token goes in 'burst.token_file' (or the"
+                               " systemd credential burst.token)")
+    if not burst.address.startswith(("http://", "https://")):
         raise ConfigError(f"'burst.address' in {where} is {burst.address!r}",
                           hint="give the cluster's dashboard URL, e.g. https://ray.example.internal:8265")
 
@@ -393,7 +400,7 @@ def _config_path(explicit: str | os.PathLike[str] | None) -> Path | None:
         path = Path(named)
         if not path.is_file():
             raise ConfigError(
-                f"config file {path} does not exist",
+                f"config file {path} {'is a folder' if path.is_dir() else 'does not exist'}",
                 hint="give an existing file with --config or APPLIANCE_CONFIG, or leave both unset",
             )
         return path.resolve()
@@ -406,6 +413,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
             document = tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: byte {exc.start + 1} is not UTF-8",
+                          hint="save the file as UTF-8 text") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     values = {}

@@ -1,4 +1,5 @@
-"""Words for numbers, as people write them: "1 thread", "2 threads", "4m 05s", and back."""
+"""Text as people write and read it: words for numbers ("1 thread", "4m 05s") and back, what a terminal may show of
+what a caller sent, and whether a text can be encoded at all."""
 
 from __future__ import annotations
 
@@ -34,3 +35,15 @@ def printable(text: str) -> str:
     """text with each character a terminal would act on (escape sequences, line breaks) shown as '?': for what a
     caller sent, such as a request's path, before a log line, an audit record or a terminal shows it."""
     return text if text.isprintable() else "".join(char if char.isprintable() else "?" for char in text)
+
+
+def surrogate_at(text: str) -> int | None:
+    """Where text holds a lone surrogate (what an unpaired "\\ud800" in JSON decodes to), else None: such a text can
+    be neither tokenised, nor stored, nor sent back."""
+    if text.isascii():
+        return None
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None

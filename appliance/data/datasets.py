@@ -39,7 +39,7 @@ from typing import Any, BinaryIO, Literal, overload
 from appliance import pixels
 from appliance.core import archive, clock, hardware, schema
 from appliance.core.errors import ConfinementError, DatasetError, DatasetNotFound, PlanError
-from appliance.core.text import counted, whole_number
+from appliance.core.text import counted, surrogate_at, whole_number
 from appliance.data import sources
 from appliance.store import Store, audit, blobs, seal
 from appliance.store.db import transaction
@@ -676,9 +676,14 @@ def _delimiter(lines: Iterator[str], columns: tuple[str, ...]) -> tuple[str, Ite
         if line.strip():
             break
     header = read[-1] if read else ""
-    found = next((delimiter for delimiter in DELIMITERS
-                  if set(columns) <= {name.strip() for name in next(csv.reader([header], delimiter=delimiter), [])}),
-                 ",")
+
+    def names(delimiter: str) -> set[str]:
+        try:
+            return {name.strip() for name in next(csv.reader([header], delimiter=delimiter), [])}
+        except csv.Error:  # reading the file says where and why (_csv_records)
+            return set()
+
+    found = next((delimiter for delimiter in DELIMITERS if set(columns) <= names(delimiter)), ",")
     return found, itertools.chain(read, lines)
 
 
@@ -691,7 +696,9 @@ def _csv_records(name: str, lines: Iterable[str], collector: _Collector, delimit
         try:
             row = next(reader, None)
         except csv.Error as exc:
-            collector.problem(f"{name} line {reader.line_num}: not readable as CSV ({exc})")
+            reason = ("a line break (or carriage return) inside a field that is not in double quotes"
+                      if "new-line character" in str(exc) else str(exc))
+            collector.problem(f"{name} line {reader.line_num}: not readable as CSV ({reason})")
             return
         if row is None:
             return
@@ -709,6 +716,9 @@ def _jsonl_rows(name: str, lines: Iterable[str], collector: _Collector) -> Itera
             value = json.loads(line)
         except json.JSONDecodeError as exc:
             collector.problem(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        except RecursionError:
+            collector.problem(f"{where}: JSON nested too deeply to read")
             continue
         if not isinstance(value, dict):
             collector.problem(f"{where}: expected a JSON object, found {type(value).__name__}")
@@ -729,6 +739,9 @@ def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str]) 
         return f"{where}: empty text"
     if not label:
         return f"{where}: missing label"
+    for field_name, value in (("text", text), ("label", label)):
+        if (at := surrogate_at(value)) is not None:  # a lone \ud800-\udfff escape in JSON: no text can hold it
+            return f"{where}: the {field_name} is not valid Unicode (an unpaired surrogate escape at character {at + 1})"
     return _Example(where, sys.intern(label), text)  # one string per label, not per row
 
 

@@ -27,11 +27,12 @@ from appliance import inference, pixels, registry, store
 from appliance.access import auth
 from appliance.core.config import Settings
 from appliance.core.errors import ApplianceError, BadRequest, ModelNotFound, Overloaded, PayloadTooLarge, ServeError
+from appliance.core.text import surrogate_at
 from appliance.registry import feedback, usage
 from appliance.serve import access, drift
 from appliance.serve.batching import Batch, Batcher
 from appliance.serve.metrics import Metrics
-from appliance.serve.web import status_of, surrogate_at
+from appliance.serve.web import status_of
 from appliance.store import alerts, audit, blobs, events
 
 log = logging.getLogger(__name__)

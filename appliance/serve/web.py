@@ -52,6 +52,7 @@ from appliance.core.errors import (
     StudyNotFound,
     VersionNotFound,
 )
+from appliance.core.text import surrogate_at
 
 # The status of each error class; a class not named here takes the status of the nearest class above it.
 STATUS: dict[type[ApplianceError], int] = {
@@ -185,18 +186,6 @@ def parse_json(raw: bytes) -> Any:
         raise BadRequest(f"the request body is not UTF-8 (byte {exc.start})", hint="send JSON in UTF-8") from None
     except RecursionError:
         raise BadRequest("the request body nests too deeply", hint="see the OpenAPI document at /openapi.json") from None
-
-
-def surrogate_at(text: str) -> int | None:
-    """Where text holds a lone surrogate (what an unpaired "\\ud800" in JSON decodes to), else None: such a text can
-    be neither tokenised, nor stored, nor sent back."""
-    if text.isascii():
-        return None
-    try:
-        text.encode()
-    except UnicodeEncodeError as exc:
-        return exc.start
-    return None
 
 
 def _unicode(text: str) -> str:

@@ -52,6 +52,11 @@ def test_both_apis_answer_what_the_model_predicts_in_process(server: Server) -> 
     # The shell's quick check runs the same variant in its own process.
     shell = json.loads(server.state.cli("predict", "tickets", BILLING, SHIPPING, "--json").stdout)
     assert [p["label"] for p in shell["predictions"]] == ["billing", "shipping"]
+    shown = server.state.cli("predict", "tickets", "refund \x1b[2J my invoice").stdout  # a terminal's control
+    assert "refund ?[2J my invoice" in shown and "\x1b" not in shown
+    for text, problem in (("  ", "text 2 is empty"), ("caf\udcff", "text 2 is not valid UTF-8")):  # b"caf\xff"
+        refused = server.state.cli("predict", "tickets", BILLING, text, check=False)
+        assert refused.returncode == 2 and problem in refused.stderr and "Traceback" not in refused.stderr
 
 
 @pytest.mark.parametrize(
