@@ -407,17 +407,23 @@ def _config_path(explicit: str | os.PathLike[str] | None) -> Path | None:
     return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, what: str, hint: str | None = None) -> dict[str, Any]:
+    """A TOML file's content; ConfigError naming the file and what is wrong with it (hint: where its format is
+    described)."""
     try:
-        with path.open("rb") as f:
-            document = tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: byte {exc.start + 1} is not UTF-8",
                           hint="save the file as UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}", hint=hint) from exc
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    document = read_toml(path, "config file")
     values = {}
     for key, value in _flatten(document):
         _check_known(key, where=str(path))

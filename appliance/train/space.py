@@ -14,12 +14,12 @@ Kept free of torch and Optuna, so the CLI checks a file before anything starts.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from appliance.core.config import read_toml
 from appliance.core.errors import ConfigError
 from appliance.core.schema import problems
 from appliance.train.params import TrainParams
@@ -65,12 +65,7 @@ def narrowed(task: str, overrides: dict[str, Any], source: str = "the search spa
 
 def read(path: Path) -> dict[str, Any]:
     """The entries of a TOML file narrowing a space, each checked; the task's default fills in the rest."""
-    try:
-        overrides = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read the search space {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}", hint="see 'appliance tune --help' for the format") from exc
+    overrides = read_toml(path, "the search space", hint="see 'appliance tune --help' for the format")
     return {name: check(name, entry, str(path)) for name, entry in overrides.items()}
 
 

@@ -53,6 +53,9 @@ def test_tune_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) ->
     (tmp_path / "bad.toml").write_text("learning_rat = 0.1\n")
     bad = run_cli("tune", "--data", imported, "--budget", "1m", "--space", "bad.toml")
     assert bad.returncode == 1 and "bad.toml" in bad.stderr and "cannot be searched" in bad.stderr
+    (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00lr")
+    binary = run_cli("tune", "--data", imported, "--budget", "1m", "--space", "binary.toml")
+    assert binary.returncode == 1 and "binary.toml is not valid TOML: byte 1 is not UTF-8" in binary.stderr
     missing = run_cli("tune", "--data", "no-such-dataset", "--budget", "1m")
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     unknown = run_cli("tune", "show", "nope")
