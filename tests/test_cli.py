@@ -109,7 +109,25 @@ def test_a_backup_into_a_missing_directory_is_refused_cleanly(tmp_path: Path) ->
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_commands_before_keys_init_say_what_to_do() -> None:
+def test_commands_before_keys_init_say_what_to_do_and_leave_nothing_behind() -> None:
     result = run_cli("audit", "list")
     assert result.returncode == 1
     assert "no master key" in result.stderr and "appliance keys init" in result.stderr
+    assert not config.load().db_path.exists()  # a mistyped APPLIANCE_STATE_DIR gets no stray store
+
+
+def test_a_state_directory_that_is_a_file_is_named_with_what_to_check(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("not a folder")
+    for where in ("state", "state/inner"):
+        result = run_cli("keys", "init", env={"APPLIANCE_STATE_DIR": str(tmp_path / where)})
+        assert result.returncode == 1 and "internal error" not in result.stderr, result.stderr
+        assert f"error: cannot use {tmp_path / where}: " in result.stderr and "check APPLIANCE_STATE_DIR" in result.stderr
+
+
+def test_a_store_whose_key_is_gone_is_told_to_get_that_key_back() -> None:
+    run_cli("keys", "init", check=True)
+    config.load().key_file.unlink()
+    result = run_cli("audit", "list")
+    assert result.returncode == 1 and "no master key" in result.stderr
+    assert "this store's key was made before: put its key file back" in result.stderr
+    assert "keys init" not in result.stderr  # which would refuse: the store has a key

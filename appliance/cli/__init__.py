@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import NoReturn
 
 import click
 
@@ -61,9 +62,32 @@ def main() -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except Exception as exc:  # a bug: say so plainly, keep the traceback for whoever debugs it
-        if os.environ.get("APPLIANCE_DEBUG"):
-            raise
-        click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
-        click.echo("  hint: this is a bug; run again with APPLIANCE_DEBUG=1 for the traceback", err=True)
+    except OSError as exc:  # a path this machine does not let the command use: named, with what to check
+        if exc.filename is None or os.environ.get("APPLIANCE_DEBUG"):
+            _internal(exc)
+        click.echo(f"error: cannot use {exc.filename}: {exc.strerror}", err=True)
+        click.echo(f"  hint: {_PATH_HINTS.get(type(exc), _PATH_HINTS[OSError])}", err=True)
         sys.exit(1)
+    except Exception as exc:  # noqa: BLE001 (a bug: said so, or raised again under APPLIANCE_DEBUG)
+        _internal(exc)
+
+
+_A_FILE_FOR_A_FOLDER = ("a file stands where a folder should be: check APPLIANCE_STATE_DIR and the paths in the"
+                        " configuration")
+_PATH_HINTS = {
+    PermissionError: "this user may not use it: run the command as the appliance's user (sudo -u appliance), or fix"
+                     " its owner and mode",
+    NotADirectoryError: _A_FILE_FOR_A_FOLDER,
+    FileExistsError: _A_FILE_FOR_A_FOLDER,
+    FileNotFoundError: "the folder it should be in does not exist: create it, or give another path",
+    OSError: "check the path, the disk, and that this user may use it",
+}
+
+
+def _internal(exc: BaseException) -> NoReturn:
+    """A bug: said plainly, the traceback kept for whoever debugs it (APPLIANCE_DEBUG=1)."""
+    if os.environ.get("APPLIANCE_DEBUG"):
+        raise exc
+    click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
+    click.echo("  hint: this is a bug; run again with APPLIANCE_DEBUG=1 for the traceback", err=True)
+    sys.exit(1)

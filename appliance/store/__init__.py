@@ -60,7 +60,10 @@ class Store:
 
 
 def open(settings: Settings, passphrase: str | None = None) -> Store:
-    """Open the store, creating the state directory and database on first use."""
+    """Open the store, creating the state directory and database on first use: only where a key is there to open
+    it, so that a command run without one (a mistyped state directory) leaves nothing behind."""
+    if passphrase is None and not settings.db_path.exists() and keys.stored_key(settings) is None:
+        raise keys.missing(settings, made=False)
     return _unlocked(settings, lambda database: keys.unlock(database, settings, passphrase))
 
 

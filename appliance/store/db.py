@@ -8,6 +8,7 @@ change is visible whole or not at all.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import sqlite3
 import threading
@@ -18,6 +19,8 @@ from pathlib import Path
 import sqlite_utils
 
 from appliance.core.errors import StoreError
+
+log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 30_000
 WAL_BOUND_BYTES = 512 << 20  # past this the writing connection folds the WAL in itself
@@ -84,13 +87,22 @@ class Checkpointer:
                 self._wake.wait(self.CHECKPOINT_EVERY_S)
                 self._wake.clear()
                 if self._wal_size() <= WAL_BOUND_BYTES:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    try:
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    except sqlite3.Error as exc:  # the writers' own checkpoints go on; this one tries again later
+                        log.warning("folding the write-ahead log into %s failed: %s", self._path, exc)
         finally:
             conn.close()
 
 
 def connect(path: Path) -> sqlite_utils.Database:
-    """Open (creating if needed) the database at path with the appliance's pragmas."""
+    """Open (creating if needed) the database at path with the appliance's pragmas; one this user may only read is
+    refused here (SQLite would open it read-only and fail at the first write)."""
+    for needed in (path, path.parent):  # the -wal and -shm files are made beside it
+        if needed.exists() and not os.access(needed, os.W_OK):
+            raise StoreError(f"the database {path} cannot be written by this user ({needed} is read-only to it)",
+                             hint="run the command as the appliance's user (sudo -u appliance), or fix the owner and"
+                                  " mode of the state directory and its files")
     try:
         conn = sqlite3.connect(
             path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False

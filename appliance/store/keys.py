@@ -89,18 +89,32 @@ def derive(secret: bytes, purpose: str) -> bytes:
 
 def find(settings: Settings, db: sqlite_utils.Database, passphrase: str | None = None) -> MasterKey:
     """The master key from the first source that has one."""
+    if (stored := stored_key(settings)) is not None:
+        return stored
+    if passphrase is not None:
+        return from_passphrase(db, passphrase)
+    raise missing(settings, made=is_initialised(db))
+
+
+def stored_key(settings: Settings) -> MasterKey | None:
+    """The master key from the systemd credential, else from the key file; None when neither is there."""
     credentials = os.environ.get("CREDENTIALS_DIRECTORY")
     if credentials and (Path(credentials) / CREDENTIAL_NAME).is_file():
         path = Path(credentials) / CREDENTIAL_NAME
         return MasterKey(_read_key(path), f"systemd credential {path}")
     if settings.key_file.exists():
         return read_key_file(settings.key_file)
-    if passphrase is not None:
-        return from_passphrase(db, passphrase)
-    raise KeyMissing(
-        f"no master key: no systemd credential, no key file at {settings.key_file}, no passphrase",
-        hint="run 'appliance keys init' to create one, or set APPLIANCE_PASSPHRASE for a passphrase store",
-    )
+    return None
+
+
+def missing(settings: Settings, made: bool) -> KeyMissing:
+    """No key from any source; for a store whose key was made (`made`), the way back is that key, never a new one."""
+    hint = (f"this store's key was made before: put its key file back at {settings.key_file} from where it was backed"
+            " up (or set keys.file to where it is), or set APPLIANCE_PASSPHRASE if it is a passphrase store" if made else
+            "run 'appliance keys init' to create one, or set APPLIANCE_PASSPHRASE for a passphrase store; check"
+            " APPLIANCE_STATE_DIR if a store should be there already")
+    return KeyMissing(f"no master key: no systemd credential, no key file at {settings.key_file}, no passphrase",
+                      hint=hint)
 
 
 def read_key_file(path: Path) -> MasterKey:

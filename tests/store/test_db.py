@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -116,3 +120,17 @@ def test_the_wal_stays_bounded_under_writes_that_never_pause(opened: Store, sett
                 blobs.put(writing, os.urandom(1 << 20))
             sizes.append(settings.wal_path.stat().st_size)
     assert max(sizes) < 2 * bound, f"the WAL grew to {max(sizes) >> 20} MiB"
+
+
+def test_a_store_this_user_may_only_read_is_refused_with_what_to_do(opened: Store, settings: Settings) -> None:
+    """SQLite would open it read-only and fail at the first write (a background checkpoint's traceback, once)."""
+    opened.close()
+    settings.db_path.chmod(0o400)
+    as_user = ([] if os.geteuid() else  # root may write anything: run without that privilege
+               ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"])
+    if as_user and shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to drop root's privilege over file modes")
+    result = subprocess.run([*as_user, sys.executable, "-m", "appliance", "keys", "status"], capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"the database {settings.db_path} cannot be written by this user" in result.stderr
