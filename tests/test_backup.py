@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import shutil
 import sqlite3
 import stat
@@ -53,6 +54,28 @@ def test_verify_passes_then_names_the_blob_chunk_whose_byte_was_flipped(opened: 
     refused = run_cli("backup", "restore", str(made.path))
     assert refused.returncode == 1 and "failed its check" in refused.stderr and "nothing was changed" in refused.stderr
     assert opened.settings.db_path.read_bytes() == before
+
+
+def test_a_damaged_store_makes_no_backup_and_the_good_ones_stay(opened: Store, tickets: str) -> None:
+    opened.settings = dataclasses.replace(opened.settings, backup=config.BackupSettings(keep=1))
+    good, _ = backups.create(opened)
+    opened.close()
+    path = opened.settings.db_path
+    with sqlite3.connect(path) as db:  # what a failing disk does: a page of the stored chunks turned to noise
+        (page,) = db.execute("SELECT pageno FROM dbstat WHERE name = 'blob_chunks' ORDER BY pageno LIMIT 1").fetchone()
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+    with path.open("r+b") as file:
+        file.seek((page - 1) * size)
+        file.write(random.Random(3).randbytes(size))
+    refused = run_cli("backup", "now")
+    assert refused.returncode == 1 and "the store is damaged, so a copy of it would be too" in refused.stderr
+    assert "restore the newest good backup" in refused.stderr
+    assert _names(opened.settings) == [good.path.name]  # kept, not pushed out by a copy of the damage
+    reading = run_cli("privacy", "erase", "--subject", "nobody@example.com", "--dry-run")
+    assert reading.returncode == 1 and "internal error" not in reading.stderr, reading.stderr
+    assert "the store's database file is damaged" in reading.stderr and "appliance backup restore" in reading.stderr
+    doctor = run_cli("doctor")
+    assert doctor.returncode == 1 and "FAIL  store" in doctor.stdout and "integrity check failed" in doctor.stdout
 
 
 def test_a_backup_from_before_a_key_rotation_names_the_key_it_needs(opened: Store, tmp_path: Path) -> None:

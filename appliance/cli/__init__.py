@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import sys
 from typing import NoReturn
 
@@ -41,6 +42,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
 )
 from appliance.cli.base import cli
 from appliance.core.errors import ApplianceError
+from appliance.store import db as store_db
 
 __all__ = ["cli", "main"]
 
@@ -52,10 +54,9 @@ def main() -> None:
     try:
         cli.main(prog_name="appliance", standalone_mode=False)
     except ApplianceError as exc:
-        click.echo(f"error: {exc.message}", err=True)
-        if exc.hint:
-            click.echo(f"  hint: {exc.hint}", err=True)
-        sys.exit(1)
+        _report(exc)
+    except sqlite3.DatabaseError as exc:  # a damaged database file is the disk's doing; any other, a bug
+        _report(damage) if (damage := store_db.damage_of(exc)) is not None else _internal(exc)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(1)
@@ -82,6 +83,13 @@ _PATH_HINTS = {
     FileNotFoundError: "the folder it should be in does not exist: create it, or give another path",
     OSError: "check the path, the disk, and that this user may use it",
 }
+
+
+def _report(exc: ApplianceError) -> NoReturn:
+    click.echo(f"error: {exc.message}", err=True)
+    if exc.hint:
+        click.echo(f"  hint: {exc.hint}", err=True)
+    sys.exit(1)
 
 
 def _internal(exc: BaseException) -> NoReturn:

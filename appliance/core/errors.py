@@ -7,6 +7,7 @@
      │    ├── KeyMismatch         the master key does not open this store
      │    ├── TamperDetected      stored bytes or audit records were changed
      │    ├── SchemaTooNew        the database was written by a newer appliance
+     │    ├── StoreDamaged        SQLite finds the database file damaged (503)
      │    ├── BlobNotFound        no blob with that id
      │    ├── BackupError         a backup cannot be made, fails its check, or cannot be restored now
      │    └── AlertNotFound       no alert with that id (404)
@@ -84,6 +85,10 @@ class TamperDetected(StoreError):
 
 class SchemaTooNew(StoreError):
     """The database schema is newer than this version of the appliance."""
+
+
+class StoreDamaged(StoreError):
+    """SQLite finds the database file damaged (a failing disk, a copy cut short): only a backup brings it back."""
 
 
 class BlobNotFound(StoreError):

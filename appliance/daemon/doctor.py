@@ -174,13 +174,14 @@ def _integrity(settings: Settings) -> Check:
     except StoreError as exc:
         return Check("store", Status.FAIL, exc.message, exc.hint)
     try:
-        result = [row[0] for row in database.execute("PRAGMA integrity_check")]
-        version = migrations.current_version(database)
+        damage = store_db.integrity_problems(database.conn)
+        version = None if damage else migrations.current_version(database)
     finally:
         database.conn.close()
-    if result != ["ok"]:
-        return Check("store", Status.FAIL, f"SQLite's integrity check failed: {'; '.join(result[:3])}",
-                     "stop the service and restore the last good backup ('appliance store backup' makes them)")
+    if damage:
+        return Check("store", Status.FAIL, f"SQLite's integrity check failed: {'; '.join(damage[:3])}",
+                     "stop the service and restore the last good backup ('appliance backup list', 'appliance backup"
+                     " restore FILE')")
     if version > migrations.LATEST:
         return Check("store", Status.FAIL,
                      f"{settings.db_path} has schema version {version}; this release knows up to {migrations.LATEST}",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -49,10 +50,12 @@ from appliance.core.errors import (
     ResidencyRefused,
     RunNotFound,
     ServeError,
+    StoreDamaged,
     StudyNotFound,
     VersionNotFound,
 )
 from appliance.core.text import surrogate_at
+from appliance.store import db as store_db
 
 # The status of each error class; a class not named here takes the status of the nearest class above it.
 STATUS: dict[type[ApplianceError], int] = {
@@ -69,6 +72,7 @@ STATUS: dict[type[ApplianceError], int] = {
     Forbidden: 403,
     ResidencyRefused: 403,
     AuditDiverged: 503,
+    StoreDamaged: 503,
     DaemonError: 503,
     ServeError: 503,  # the model failed on a batch, or too much is queued: a retry may well succeed
     BadRequest: 400,
@@ -149,9 +153,16 @@ async def body_too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
 
 
 Handler = Callable[[Request, Any], Awaitable[JSONResponse]]
+async def database_error(_request: Request, exc: sqlite3.DatabaseError) -> JSONResponse:
+    """A damaged database file as StoreDamaged (503); any other SQLite error stays a bug (500)."""
+    if (damage := store_db.damage_of(exc)) is None:
+        raise exc
+    return error_response(damage)
+
+
 EXCEPTION_HANDLERS: dict[type[Exception], Handler] = {
     ApplianceError: appliance_error, RequestValidationError: invalid_request, HTTPException: http_error,
-    BodyTooLarge: body_too_large}
+    BodyTooLarge: body_too_large, sqlite3.DatabaseError: database_error}
 
 
 def error_body(kind: str, message: str, hint: str | None) -> dict[str, str]:

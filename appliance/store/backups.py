@@ -204,8 +204,8 @@ def verify(settings: Settings, path: Path, passphrase: str | None = None,
 
 def _check(settings: Settings, database: sqlite_utils.Database, path: Path, passphrase: str | None,
            progress: Progress, result: Verification) -> None:
-    integrity = [row[0] for row in database.execute("PRAGMA integrity_check")]
-    if not result.add("integrity", integrity == ["ok"], "; ".join(integrity[:5])):
+    damage = store_db.integrity_problems(database.conn)
+    if not result.add("integrity", not damage, "; ".join(damage) or "ok"):
         return
     version = migrations.current_version(database)
     if not result.add("schema", 0 < version <= migrations.LATEST,

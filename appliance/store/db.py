@@ -18,7 +18,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from appliance.core.errors import StoreError
+from appliance.core.errors import BackupError, StoreDamaged, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +176,35 @@ def backup(db: sqlite_utils.Database, target: Path, progress: Callable[[int, int
     try:
         db.conn.backup(dest, pages=-1, progress=lambda _status, left, total: progress(total - left, total))
         dest.execute("PRAGMA journal_mode = DELETE")  # a backup is one self-contained file
+        # Pages are copied as they are: a damaged store makes a damaged copy, which must not pass for a backup (nor
+        # push a good one out of those kept).
+        if problems := integrity_problems(dest):
+            raise BackupError(f"the store is damaged, so a copy of it would be too: {'; '.join(problems[:3])}",
+                              hint="keep appliance.db as evidence, stop the daemon and restore the newest good backup"
+                                   " ('appliance backup list', 'appliance backup verify FILE', 'appliance backup"
+                                   " restore FILE')")
     finally:
         dest.close()
     fsync(target)  # durable before the caller renames it into place
+
+
+def damage_of(exc: sqlite3.DatabaseError) -> StoreDamaged | None:
+    """What an operator is told when SQLite raised exc because the database file is damaged; None for any other
+    error (a bug, not the file)."""
+    if getattr(exc, "sqlite_errorcode", None) not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return None
+    return StoreDamaged(f"the store's database file is damaged ({exc})",
+                        hint="stop the daemon, keep appliance.db as evidence and restore the newest good backup"
+                             " ('appliance doctor', 'appliance backup list', 'appliance backup restore FILE')")
+
+
+def integrity_problems(conn: sqlite3.Connection) -> list[str]:
+    """What SQLite's integrity check finds wrong with a database (its first few findings); none for a sound one."""
+    try:
+        found = [row[0] for row in conn.execute("PRAGMA integrity_check(5)")]
+    except sqlite3.DatabaseError as exc:  # damage bad enough that the check itself cannot read on
+        return [str(exc)]
+    return [] if found == ["ok"] else found
 
 
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
