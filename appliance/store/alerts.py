@@ -81,7 +81,8 @@ def open_count(store: Store) -> int:
 
 
 def get(store: Store, alert_id: int) -> Alert:
-    row = store.db.execute(f"SELECT {_COLUMNS} FROM alerts WHERE id = ?", (alert_id,)).fetchone()
+    row = (store.db.execute(f"SELECT {_COLUMNS} FROM alerts WHERE id = ?", (alert_id,)).fetchone()
+           if 0 < alert_id < 2**63 else None)  # SQLite holds no id beyond: none of them is an alert
     if row is None:
         raise AlertNotFound(f"no alert {alert_id}", hint="'appliance alerts --all' lists them")
     return Alert(*row)
