@@ -123,6 +123,10 @@ class TextClassification:
         self.lora = lora
         self.pad_to = 1  # a batch's width is rounded up to a multiple of this (the engine sets it for a GPU)
         self.attention = "sdpa"  # the attention kernel the model trains with (the engine sets it: attention_kernel)
+        if not Path(base_dir).is_dir():  # else the loader reads it as a name on the Hugging Face hub, and says so
+            raise JobError(f"the base model folder {base_dir} {'is a file' if Path(base_dir).exists() else 'does not exist'}",
+                           hint="--base (or train.base_model) must be a local Hugging Face model directory"
+                                " (config.json, tokenizer files, weights)")
         try:
             tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
         except (OSError, ValueError) as exc:
