@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 from pathlib import Path
 
 import click
@@ -19,6 +20,7 @@ from appliance.cli.base import (
     print_json,
 )
 from appliance.cli.connect import connected
+from appliance.core.errors import ServeError
 from appliance.core.text import printable, surrogate_at
 
 
@@ -40,10 +42,26 @@ def serve(host: str | None, port: int | None, log_format: str) -> None:
         pass
     serve_settings = dataclasses.replace(settings.serve, **{k: v for k, v in (("host", host), ("port", port)) if v})
     settings = dataclasses.replace(settings, serve=serve_settings)
+    listener = _listening(serve_settings.host, serve_settings.port)
     runtime = Runtime(settings, Metrics(), os.environ.get("APPLIANCE_PASSPHRASE"))
     click.echo(f"serving on {settings.inference_url} (Ctrl-C stops)", err=True)
     log_as_service(log_format)
-    uvicorn.Server(server_config(settings, runtime)).run()
+    uvicorn.Server(server_config(settings, runtime)).run(sockets=[listener])
+
+
+def _listening(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, before anything says it serves: a port in use or an address this machine does
+    not have is an error that says so (uvicorn would log it and exit 3)."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, kind, protocol)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError as exc:
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                         hint="give an address of this machine (--host, serve.host) and a port no other program"
+                              " listens on (--port, serve.port)") from None
+    return listener
 
 
 @cli.command("deploy")
