@@ -4,6 +4,7 @@ parameters checked at submission, and the files a job names confined to their fo
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -11,10 +12,13 @@ from typing import Any
 
 import pytest
 
+from appliance import store
 from appliance.core.errors import ConfinementError, JobError, JobNotFound
 from appliance.operations import jobs, jobspec, worker
 from appliance.store import Store, audit, events
 from appliance.train.params import TrainParams
+from tests.conftest import run_cli
+from tests.daemon import Daemon
 
 
 def _train(store: Store, priority: int = 0) -> jobs.Job:
@@ -317,6 +321,39 @@ def test_an_ended_job_is_deleted_with_its_log_and_an_active_one_is_not(opened: S
     assert [(r["object"], r["outcome"]) for r in audit.rows(opened, action="job.delete")] == [
         (queued.id, "failed"), (ended.id, "ok")]
     assert audit.rows(opened, action="job.cancel")[-1]["object"] == ended.id  # what happened to it stays on record
+
+
+def test_cli_delete_checks_every_job_before_it_deletes_any(opened: Store) -> None:
+    ended, queued = _train(opened), _train(opened)
+    jobs.cancel(opened, ended.id)
+    opened.close()
+
+    unknown = run_cli("jobs", "delete", ended.id, "nope")
+    assert unknown.returncode == 1 and "nope" in unknown.stderr and "Traceback" not in unknown.stderr
+    active = run_cli("jobs", "delete", ended.id, queued.id)
+    assert active.returncode == 1 and f"job {queued.id} is queued, so it cannot be deleted" in active.stderr
+    listed = json.loads(run_cli("jobs", "list", "--json", check=True).stdout)
+    assert {job["id"] for job in listed} == {ended.id, queued.id}  # neither was deleted
+    with store.open(opened.settings) as reopened:
+        refusals = [(r["object"], r["outcome"]) for r in audit.rows(reopened, action="job.delete")]
+    assert refusals == [("nope", "failed"), (queued.id, "failed")]  # each refusal on record, nothing deleted
+
+    assert f"job {ended.id} (train, cancelled) deleted" in run_cli("jobs", "delete", ended.id, check=True).stdout
+
+
+def test_cli_submit_follow_without_a_daemon_is_refused_and_queues_nothing(opened: Store) -> None:
+    opened.close()
+    refused = run_cli("jobs", "submit", "train", "-p", "dataset=tickets", "--follow")
+    assert refused.returncode == 1
+    assert "no daemon is running: nothing was queued" in refused.stderr and "appliance daemon" in refused.stderr
+    assert json.loads(run_cli("jobs", "list", "--json", check=True).stdout) == []
+
+
+@pytest.mark.slow
+def test_cli_submit_follow_exits_1_when_the_job_fails(daemon: Daemon) -> None:
+    followed = daemon.cli("jobs", "submit", "train", "-p", "dataset=nope", "--follow")
+    assert followed.returncode == 1
+    assert "failed: no dataset 'nope'" in followed.stderr and "appliance jobs logs" in followed.stderr
 
 
 @pytest.mark.parametrize(("report", "words"), [

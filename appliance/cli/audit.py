@@ -14,7 +14,7 @@ import click
 from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
 from appliance.cli.connect import connected
 from appliance.core.text import printable
-from appliance.store import alerts, audit
+from appliance.store import alerts, anchor, audit
 
 
 @cli.group("audit")
@@ -62,6 +62,8 @@ def _parse_since(text: str | None) -> datetime | None:
 @json_option
 def audit_verify(checkpoint: Path | None, as_json: bool) -> None:
     """Check every record, the chain and its anchored head; exit 1 on any tampering."""
+    if checkpoint is not None:
+        _check_is_checkpoint(checkpoint)
     with opened_store() as opened:
         result = alerts.check_audit(opened, checkpoint)
     if as_json:
@@ -70,6 +72,14 @@ def audit_verify(checkpoint: Path | None, as_json: bool) -> None:
         show_verification(result)
     if not result.ok:
         sys.exit(1)
+
+
+def _check_is_checkpoint(path: Path) -> None:
+    """Refuse a file that is no checkpoint at all (signed by the key inside it) before the log is checked against
+    it: a wrong file is the operator's mistake, not a tampered log, and raises no alert."""
+    if anchor.signed_checkpoint(path) is None:
+        raise click.BadParameter(f"{path} is not a signed audit checkpoint; give a file written by 'appliance audit "
+                                 "checkpoint'", param_hint="--checkpoint")
 
 
 def show_verification(result: audit.Verification) -> None:
@@ -138,3 +148,6 @@ def _new_private(path: Path) -> TextIO:
         return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w")
     except FileExistsError:
         raise click.ClickException(f"{path} already exists; exports never overwrite a file") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot create {path}: {exc.strerror}; name a new file in a folder that exists"
+                                   " and that you may write to") from None

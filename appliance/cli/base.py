@@ -105,6 +105,17 @@ def ask(question: str, yes: bool) -> None:
     click.confirm(question, abort=True)
 
 
+def passphrase_from(env: str, prompt: str, *, confirm: bool = False) -> str:
+    """A passphrase from the environment variable env, else typed unseen at the terminal; with no terminal to ask at,
+    a usage error that names env (getpass would only warn that it echoes, read nothing and abort)."""
+    given = os.environ.get(env)
+    if given is not None:
+        return given
+    if not sys.stdin.isatty():
+        raise click.UsageError(f"no terminal to ask for the passphrase at: set {env}")
+    return click.prompt(prompt, hide_input=True, confirmation_prompt=confirm)
+
+
 @contextmanager
 def opened_store() -> Iterator[store.Store]:
     """The unlocked store; a passphrase comes from APPLIANCE_PASSPHRASE or, at a terminal, a prompt."""

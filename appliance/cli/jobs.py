@@ -17,8 +17,8 @@ from typing import Any
 import click
 
 from appliance.cli.base import cli, json_option, print_json, progress_bar
-from appliance.cli.connect import Remote, connected
-from appliance.core.errors import JobError
+from appliance.cli.connect import Appliance, Remote, connected
+from appliance.core.errors import DaemonError, JobError, JobNotFound
 from appliance.daemon import client
 from appliance.operations import jobs, jobspec
 from appliance.store import Store
@@ -95,7 +95,9 @@ def jobs_cancel(job_id: str) -> None:
 def jobs_delete(job_ids: tuple[str, ...]) -> None:
     """Forget ended jobs: their records and logs. What they made (runs, models) and the audit records stay."""
     with connected() as appliance:
-        for job_id in job_ids:
+        # Those that cannot be deleted (unknown, queued or running) are asked first (a stable sort): the first
+        # refusal, audited with its reason, ends the command before any job is deleted.
+        for job_id in sorted(dict.fromkeys(job_ids), key=lambda job_id: _deletable(appliance, job_id)):
             job = appliance.delete_job(job_id)
             click.echo(f"job {job['id']} ({job['kind']}, {job['status']}) deleted")
 
@@ -105,7 +107,8 @@ def jobs_delete(job_ids: tuple[str, ...]) -> None:
 @click.option("--param", "-p", "pairs", multiple=True, metavar="KEY=JSON",
               help="A job parameter, e.g. -p dataset='\"tickets\"' or -p params='{\"epochs\": 3}'; repeat.")
 @click.option("--priority", type=click.IntRange(*jobspec.PRIORITY), default=0, show_default=True)
-@click.option("--follow", is_flag=True, help="Show progress until the job ends (needs the daemon).")
+@click.option("--follow", is_flag=True,
+              help="Show progress until the job ends; exit 1 unless it finished (needs the daemon).")
 def jobs_submit(kind: str, pairs: tuple[str, ...], priority: int, follow: bool) -> None:
     """Queue a job for the daemon.
 
@@ -115,10 +118,16 @@ def jobs_submit(kind: str, pairs: tuple[str, ...], priority: int, follow: bool) 
     """
     spec = jobspec.parse(kind, dict(_pair(pair) for pair in pairs))  # refused here, before anything is sent
     with connected() as appliance:
+        if follow and not isinstance(appliance, Remote):
+            raise DaemonError("--follow follows a job the daemon runs, and no daemon is running: nothing was queued",
+                              hint="start it ('systemctl start appliance' or 'appliance daemon'), or leave out "
+                                   "--follow to queue the job for its next start; 'appliance train' and 'appliance "
+                                   "optimize' run here without one")
         job = appliance.submit(spec, priority)
         click.echo(f"job {job['id']} queued ({kind}, priority {priority})")
-        if follow and isinstance(appliance, Remote):
-            follow_job(appliance.api, job["id"])
+        if follow:
+            result = result_of(appliance.api, job)
+            click.echo(f"job {job['id']} finished: {json.dumps(result)}")
 
 
 def run_job(api: client.Client, spec: jobspec.Spec) -> dict[str, Any]:
@@ -203,6 +212,13 @@ def foreground(store: Store, label: str, state: dict[str, Any] | None = None,
     checkpoint and stop on SIGTERM or Ctrl-C."""
     with progress_bar(label) as bar:
         yield Foreground(store, bar, state, stoppable)
+
+
+def _deletable(appliance: Appliance, job_id: str) -> bool:
+    try:
+        return appliance.job(job_id)["status"] not in jobs.ACTIVE
+    except JobNotFound:
+        return False
 
 
 def _pair(pair: str) -> tuple[str, Any]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
 from appliance import store
-from appliance.cli.base import cli, json_option, load_settings, opened_store, print_json
+from appliance.cli.base import cli, json_option, load_settings, opened_store, passphrase_from, print_json
+from appliance.core.errors import StoreError
 from appliance.store import audit, lifecycle
 
 
@@ -21,11 +21,7 @@ def keys_group() -> None:
 @click.option("--passphrase", "use_passphrase", is_flag=True, help="Derive the key from a passphrase instead of a key file.")
 def keys_init(use_passphrase: bool) -> None:
     """Create the master key (a 0600 key file by default) and the store."""
-    passphrase = None
-    if use_passphrase:
-        passphrase = os.environ.get("APPLIANCE_PASSPHRASE") or click.prompt(
-            "New passphrase", hide_input=True, confirmation_prompt=True
-        )
+    passphrase = passphrase_from("APPLIANCE_PASSPHRASE", "New passphrase", confirm=True) if use_passphrase else None
     settings = load_settings()
     with lifecycle.init(settings, passphrase) as opened:
         click.echo(f"master key {opened.master.fingerprint} from {opened.master.source}")
@@ -36,19 +32,34 @@ def keys_init(use_passphrase: bool) -> None:
 @click.option(
     "--new-key-file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the new key here (needed when the key comes from a systemd credential).",
+    help="Only for a key from a systemd credential, which the appliance cannot rewrite: write the new key to this "
+         "new file (in a folder that exists), then install it as the credential.",
 )
 def keys_rotate(new_key_file: Path | None) -> None:
     """Replace the master key; every data key is re-wrapped, no payload re-encrypted."""
     with opened_store() as opened:
+        if new_key_file is not None:
+            _check_new_key_file(opened.master.source, new_key_file)
         new_passphrase = None
         if opened.master.source == "passphrase":
-            new_passphrase = os.environ.get("APPLIANCE_NEW_PASSPHRASE") or click.prompt(
-                "New passphrase", hide_input=True, confirmation_prompt=True
-            )
+            new_passphrase = passphrase_from("APPLIANCE_NEW_PASSPHRASE", "New passphrase", confirm=True)
         result = lifecycle.rotate(opened, new_passphrase=new_passphrase, new_key_file=new_key_file)
     click.echo(f"rotated master key {result.old_fingerprint} -> {result.new_fingerprint}")
     click.echo(f"re-wrapped {result.rewrapped} data keys; the new key is at {result.new_key_at}")
+    if new_key_file is not None:
+        click.echo("only it opens the store now: install it as the credential master.key (over the file "
+                   "LoadCredential= names, and keys.file if that names another) before the service starts again")
+
+
+def _check_new_key_file(source: str, path: Path) -> None:
+    """A new key goes elsewhere only from a credential: a key file or passphrase is replaced where the appliance
+    reads it, and a key written anywhere else would leave every later command with a key that no longer opens."""
+    if not source.startswith("systemd credential"):
+        raise StoreError(f"--new-key-file is only for a master key from a systemd credential; this one is from the"
+                         f" {source}", hint="leave out --new-key-file: the rotation then replaces the key where the"
+                         " appliance reads it, so later commands find it")
+    if not path.parent.is_dir():
+        raise click.BadParameter(f"the folder {path.parent} does not exist", param_hint="--new-key-file")
 
 
 @keys_group.command("status")

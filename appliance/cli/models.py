@@ -4,13 +4,12 @@ verifying and importing one."""
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from appliance.cli.base import alias, ask, cli, json_option, print_json, say_trust, yes_option
+from appliance.cli.base import alias, ask, cli, json_option, passphrase_from, print_json, say_trust, yes_option
 from appliance.cli.connect import connected
 from appliance.core.text import whole_number
 from appliance.operations.jobspec import ExportJob
@@ -199,14 +198,11 @@ def _opening(data: bytes, identity: Path | None) -> dict[str, str | None]:
         return {"identity": None, "passphrase": None}
     if identity is not None:
         return {"identity": identity.read_text(), "passphrase": None}
-    return {"identity": None, "passphrase": os.environ.get(PASSPHRASE_ENV) or click.prompt("Passphrase",
-                                                                                        hide_input=True)}
+    return {"identity": None, "passphrase": passphrase_from(PASSPHRASE_ENV, "Passphrase")}
 
 
 def _new_passphrase() -> str:
-    given = os.environ.get(PASSPHRASE_ENV)
-    return given if given is not None else click.prompt("Passphrase for the archive", hide_input=True,
-                                                        confirmation_prompt=True)
+    return passphrase_from(PASSPHRASE_ENV, "Passphrase for the archive", confirm=True)
 
 
 def show_version(version: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ from appliance import inference, pixels, registry, words
 from appliance.core import archive, clock
 from appliance.core.errors import ArtifactError, RegistryError
 from appliance.data import datasets
-from appliance.store import Store, anchor, audit, blobs, signed
+from appliance.store import Store, anchor, audit, blobs, keys, signed
 from appliance.train import runs
 
 FORMAT = "appliance-model-export/1"
@@ -46,7 +46,7 @@ Format = Literal["onnx", "openvino", "hf"]
 FORMATS: tuple[Format, ...] = ("onnx", "openvino", "hf")
 Protection = Literal["passphrase", "recipient", "plaintext"]
 AGE_MAGIC = b"age-encryption.org/v1\n"
-MIN_PASSPHRASE = 12  # characters; age stretches it with scrypt
+MIN_PASSPHRASE = keys.MIN_PASSPHRASE  # characters; age stretches it with scrypt
 TORCH = "torch"  # the variant every version holds: the trained bundle (operations.pipeline.TORCH)
 FP32 = "fp32"  # an imported version's own IR, where it came without torch weights (operations.imports)
 FOREIGN_FILES = ("appliance.json",)  # the bundle's own manifest: its facts go to the card instead

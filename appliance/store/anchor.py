@@ -110,6 +110,12 @@ def read_head(path: Path) -> Head | None:
         return Head("?", -1, "?", "", "")
 
 
+def signed_checkpoint(path: Path) -> Head | None:
+    """The head a checkpoint file holds if the key it names signed it; None for a file that is no checkpoint."""
+    head = read_head(path)
+    return head if head is not None and head.is_signed_by(head.public_key) else None
+
+
 def _write_json_atomically(path: Path, data: dict) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.unlink(missing_ok=True)

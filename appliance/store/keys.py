@@ -36,6 +36,7 @@ KEY_BYTES = 32
 NONCE_BYTES = 12
 CREDENTIAL_NAME = "master.key"
 SCRYPT_PARAMS = {"n": 2**15, "r": 8, "p": 1}
+MIN_PASSPHRASE = 12  # characters of a new master passphrase, or an export archive's; scrypt stretches either
 _SECRET_AAD = b"appliance/store-secret"
 
 
@@ -162,9 +163,23 @@ def write_key_file(path: Path, material: bytes) -> None:
 
 
 def from_passphrase(db: sqlite_utils.Database, passphrase: str) -> MasterKey:
-    """Stretch a passphrase with the store's scrypt salt (a new salt on a new store)."""
+    """Stretch a passphrase with the store's scrypt salt (a new salt on a new store, whose passphrase must be long
+    enough; an older store's opens whatever its length)."""
     row = db.execute("SELECT value FROM meta WHERE key = 'kdf'").fetchone()
-    return stretch(passphrase, json.loads(row[0]) if row else new_kdf_params())
+    return stretch(passphrase, json.loads(row[0])) if row else new_passphrase_key(passphrase)
+
+
+def new_passphrase_key(passphrase: str) -> MasterKey:
+    """A new master key from a passphrase, under a new salt."""
+    check_new_passphrase(passphrase)
+    return stretch(passphrase, new_kdf_params())
+
+
+def check_new_passphrase(passphrase: str) -> None:
+    """StoreError for a new master passphrase under MIN_PASSPHRASE characters."""
+    if len(passphrase) < MIN_PASSPHRASE:
+        raise StoreError(f"the new master passphrase is shorter than {MIN_PASSPHRASE} characters",
+                         hint="choose a longer one (APPLIANCE_PASSPHRASE, or at the prompt); nothing was changed")
 
 
 def new_kdf_params() -> dict[str, Any]:

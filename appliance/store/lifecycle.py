@@ -21,6 +21,8 @@ from appliance.store import db as store_db
 
 def init(settings: Settings, passphrase: str | None = None) -> Store:
     """Create the master key (a 0600 key file, or a passphrase) and the store it opens."""
+    if passphrase is not None:
+        keys.check_new_passphrase(passphrase)  # a short one is refused before anything is made
     database = store_pkg.connect(settings)
     try:
         if keys.is_initialised(database):
@@ -57,8 +59,8 @@ def rotate(store: Store, *, new_passphrase: str | None = None, new_key_file: Pat
     pending: Path | None = None
     kdf_params = None
     if new_passphrase is not None:
-        kdf_params = keys.new_kdf_params()
-        new = keys.stretch(new_passphrase, kdf_params)
+        new = keys.new_passphrase_key(new_passphrase)
+        kdf_params = new.kdf_params
         where = "passphrase"
     elif new_key_file is not None or not old.source.startswith("key file"):
         if new_key_file is None:

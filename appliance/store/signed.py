@@ -93,8 +93,8 @@ def vouched(key: str, store_id: str | None, public_key: str | None, checkpoint: 
                         hint="it was not signed by the appliance you trust")
         vouchers.append("the public key given")
     if checkpoint is not None:
-        head = anchor.read_head(checkpoint)
-        if head is None or not head.is_signed_by(head.public_key):
+        head = anchor.signed_checkpoint(checkpoint)
+        if head is None:
             raise error(f"{checkpoint} is not a signed audit checkpoint",
                         hint="give a file written by 'appliance audit checkpoint'")
         if head.public_key != key or head.store_id != store_id:

@@ -199,3 +199,24 @@ def test_cli_export_writes_every_record_as_a_json_line(logged: Settings, tmp_pat
     assert lines[3]["details"] == {"n": 2}
     listed = json.loads(run_cli("audit", "list", "--json", "--action", "audit.export", check=True).stdout)
     assert listed[-1]["object"] == str(out)
+
+
+def test_cli_verify_says_a_file_is_no_checkpoint_rather_than_crying_tamper(logged: Settings, tmp_path: Path) -> None:
+    (tmp_path / "empty.csv").write_text("")
+    result = run_cli("audit", "verify", "--checkpoint", str(tmp_path / "empty.csv"))
+    assert result.returncode == 2
+    assert "is not a signed audit checkpoint" in result.stderr and "TAMPERED" not in result.stderr
+    with store.open(logged) as reopened:
+        assert alerts.open_count(reopened) == 0 and audit.verify(reopened).ok
+
+
+@pytest.mark.parametrize("command", ["export", "checkpoint"])
+def test_cli_export_into_a_missing_folder_names_it_and_writes_nothing(logged: Settings, tmp_path: Path,
+                                                                      command: str) -> None:
+    target = tmp_path / "missing" / "audit.out"
+    result = run_cli("audit", command, "-o", str(target))
+    assert result.returncode == 1 and "internal error" not in result.stderr
+    assert f"cannot create {target}: No such file or directory; name a new file in a folder that exists" in result.stderr
+    assert not target.parent.exists()
+    with store.open(logged) as reopened:
+        assert audit.rows(reopened, action="audit.export") == []

@@ -6,6 +6,8 @@ import base64
 import hashlib
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,58 @@ def test_cli_key_commands_round_trip() -> None:
     rotated = run_cli("keys", "rotate", check=True)
     assert "re-wrapped 0 data keys" in rotated.stdout
     assert "keys.rotate" in run_cli("audit", "list", check=True).stdout
+
+
+def _cli_without_a_terminal(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The command run from a script: stdin is no terminal, so nothing can be typed unseen."""
+    return subprocess.run([sys.executable, "-m", "appliance", *args], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=300, check=False)
+
+
+def test_a_rotation_writes_no_key_where_the_store_would_not_look_for_it(settings: Settings, tmp_path: Path) -> None:
+    run_cli("keys", "init", check=True)
+    elsewhere = run_cli("keys", "rotate", "--new-key-file", str(tmp_path / "new.key"))
+    assert elsewhere.returncode == 1 and "only for a master key from a systemd credential" in elsewhere.stderr
+    assert "leave out --new-key-file" in elsewhere.stderr and not (tmp_path / "new.key").exists()
+    assert '"opens_store": true' in run_cli("keys", "status", "--json", check=True).stdout  # nobody locked out
+
+    credentials = tmp_path / "creds"
+    credentials.mkdir()
+    (credentials / "master.key").write_bytes(settings.key_file.read_bytes())
+    from_credential = {"CREDENTIALS_DIRECTORY": str(credentials)}
+    missing = run_cli("keys", "rotate", "--new-key-file", str(tmp_path / "no" / "new.key"), env=from_credential)
+    assert missing.returncode == 2 and f"the folder {tmp_path / 'no'} does not exist" in missing.stderr
+    assert not (tmp_path / "no").exists()
+    rotated = run_cli("keys", "rotate", "--new-key-file", str(tmp_path / "new.key"), env=from_credential, check=True)
+    assert "install it as the credential master.key" in rotated.stdout
+    (credentials / "master.key").write_bytes((tmp_path / "new.key").read_bytes())
+    assert run_cli("keys", "status", env=from_credential).returncode == 0
+
+
+def test_a_passphrase_with_no_terminal_to_type_it_at_names_the_variable_that_gives_it(settings: Settings) -> None:
+    asked = _cli_without_a_terminal("keys", "init", "--passphrase")
+    assert asked.returncode == 2 and "no terminal to ask for the passphrase at: set APPLIANCE_PASSPHRASE" in asked.stderr
+    assert "GetPassWarning" not in asked.stderr
+
+    lifecycle.init(settings, passphrase="correct horse battery staple").close()  # the refusal made no store
+    rotating = _cli_without_a_terminal("keys", "rotate", APPLIANCE_PASSPHRASE="correct horse battery staple")
+    assert rotating.returncode == 2 and "set APPLIANCE_NEW_PASSPHRASE" in rotating.stderr
+
+
+def test_a_new_master_passphrase_is_as_long_as_an_exports_and_an_older_short_one_still_opens(
+    settings: Settings,
+) -> None:
+    short = run_cli("keys", "init", "--passphrase", env={"APPLIANCE_PASSPHRASE": "a"})
+    assert short.returncode == 1 and "the new master passphrase is shorter than 12 characters" in short.stderr
+
+    assert not settings.db_path.exists()  # the refusal made no store
+    database = store.connect(settings)  # a store made before the minimum: its salt kept, its passphrase short
+    keys.save_kdf_params(database, keys.new_kdf_params())
+    database.conn.close()
+    store.open(settings, "short").close()
+    older = {"APPLIANCE_PASSPHRASE": "short"}
+    assert run_cli("keys", "status", env=older).returncode == 0
+    refused = run_cli("keys", "rotate", env={**older, "APPLIANCE_NEW_PASSPHRASE": "still short"})
+    assert refused.returncode == 1 and "shorter than 12 characters" in refused.stderr
+    run_cli("keys", "rotate", env={**older, "APPLIANCE_NEW_PASSPHRASE": "correct horse battery"}, check=True)
+    assert run_cli("keys", "status", env={"APPLIANCE_PASSPHRASE": "correct horse battery"}).returncode == 0
