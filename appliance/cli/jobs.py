@@ -114,7 +114,7 @@ def jobs_submit(kind: str, pairs: tuple[str, ...], priority: int, follow: bool) 
 
     Each parameter is checked here, before anything is queued: a wrong or unknown one is refused with what the
     kind takes. 'source' is a file's name in daemon.import_dir and 'base' a model folder's name in
-    train.base_models_dir, never paths.
+    train.base_models_dir, never paths; the dataset or model version a job names is looked up when it runs.
     """
     spec = jobspec.parse(kind, dict(_pair(pair) for pair in pairs))  # refused here, before anything is sent
     with connected() as appliance:
