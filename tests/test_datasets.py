@@ -450,7 +450,10 @@ def test_the_cli_imports_lists_and_shows(tmp_path: Path) -> None:
     imported = run_cli("data", "import", str(path), "--name", "tickets", "--seed", "3", check=True)
     assert "imported as tickets:1" in imported.stdout
     assert "billing" in imported.stdout and "warning: dropped 1 duplicate" in imported.stdout
-    assert "already stored as tickets:1" in run_cli("data", "import", str(path), "--name", "tickets").stdout
+    again = run_cli("data", "import", str(path), "--name", "tickets", "--seed", "3", "--residency", "burst-allowed").stdout
+    assert "already stored as tickets:1" in again and "--seed" not in again  # the seed it was stored with
+    assert ("note: --residency burst-allowed is not used: the version keeps local-only; 'appliance data residency"
+            " tickets:1 burst-allowed' changes it") in again
 
     listed = json.loads(run_cli("data", "list", "--json", check=True).stdout)
     assert [(v["ref"], v["examples"]) for v in listed] == [("tickets:1", len(ROWS))]

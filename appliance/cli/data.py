@@ -51,7 +51,22 @@ def data_import(
         ref, unchanged = appliance.import_data(path, options)
         version = appliance.dataset(ref)
     click.echo(f"{'unchanged, already stored as' if unchanged else 'imported as'} {version['ref']}")
+    if unchanged:
+        _say_options_kept(version, options)
     _describe(version)
+
+
+def _say_options_kept(version: dict[str, Any], options: dict[str, Any]) -> None:
+    """The same content is the version it already is, split and residency included: say which options given on the
+    command line that leaves aside, and how to get what they asked for."""
+    source = click.get_current_context().get_parameter_source
+    kept = {"validation_fraction": version["split"]["validation_fraction"], "seed": version["split"]["seed"],
+            "residency": version["residency"]}
+    for name, value in kept.items():
+        if source(name) is click.core.ParameterSource.COMMANDLINE and options[name] != value:
+            how = (f"'appliance data residency {version['ref']} {options[name]}' changes it" if name == "residency"
+                   else "a version's split is fixed when it is stored: import the file under another name for another")
+            click.echo(f"  note: --{name.replace('_', '-')} {options[name]} is not used: the version keeps {value}; {how}")
 
 
 @data_group.command("residency")
