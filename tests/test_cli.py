@@ -131,3 +131,11 @@ def test_a_store_whose_key_is_gone_is_told_to_get_that_key_back() -> None:
     assert result.returncode == 1 and "no master key" in result.stderr
     assert "this store's key was made before: put its key file back" in result.stderr
     assert "keys init" not in result.stderr  # which would refuse: the store has a key
+
+
+def test_an_error_shows_what_the_user_typed_bounded_and_without_a_terminals_controls() -> None:
+    run_cli("keys", "init", check=True)
+    for typed in ("x\x1b]0;owned\x07y", "a" * 10_000):
+        refused = run_cli("deploy", f"{typed}:1")
+        assert refused.returncode == 1 and "\x1b" not in refused.stderr and "\x07" not in refused.stderr
+        assert len(refused.stderr) < 2_000, refused.stderr[:200]

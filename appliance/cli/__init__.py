@@ -42,6 +42,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
 )
 from appliance.cli.base import cli
 from appliance.core.errors import ApplianceError
+from appliance.core.text import printable
 from appliance.store import db as store_db
 
 __all__ = ["cli", "main"]
@@ -86,10 +87,16 @@ _PATH_HINTS = {
 
 
 def _report(exc: ApplianceError) -> NoReturn:
-    click.echo(f"error: {exc.message}", err=True)
+    click.echo(f"error: {_shown(exc.message)}", err=True)
     if exc.hint:
-        click.echo(f"  hint: {exc.hint}", err=True)
+        click.echo(f"  hint: {_shown(exc.hint)}", err=True)
     sys.exit(1)
+
+
+def _shown(text: str, longest: int = 500) -> str:
+    """A message as a terminal may show it: what a user typed into it (a name, a ref) can hold escape sequences or
+    run to thousands of characters, so each line is printable and bounded."""
+    return "\n".join(printable(line if len(line) <= longest else line[:longest] + "...") for line in text.split("\n"))
 
 
 def _internal(exc: BaseException) -> NoReturn:
