@@ -139,3 +139,11 @@ def test_an_error_shows_what_the_user_typed_bounded_and_without_a_terminals_cont
         refused = run_cli("deploy", f"{typed}:1")
         assert refused.returncode == 1 and "\x1b" not in refused.stderr and "\x07" not in refused.stderr
         assert len(refused.stderr) < 2_000, refused.stderr[:200]
+
+
+@pytest.mark.parametrize("option", [("stop", "--timeout"), ("train", "--data", "x", "--max-minutes"),
+                                    ("deploy", "m:1", "--canary")])
+def test_nan_and_inf_are_no_numbers_an_option_takes(option: tuple[str, ...]) -> None:
+    for value in ("nan", "inf"):
+        refused = run_cli(*option, value)
+        assert refused.returncode == 2 and f"Invalid value for '{option[-1]}'" in refused.stderr, refused.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -45,6 +46,17 @@ def load_settings() -> config.Settings:
     return config.load(click.get_current_context().find_root().obj)
 
 
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, which lets 'nan' through every bound (no comparison with it is true), and 'inf' past a
+    missing one; neither is a setting anyone means."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def schema_option(model: type[BaseModel], field: str, *decls: str, **attrs: Any) -> Callable[[Callable], Callable]:
     """A click option for a field of a typed schema: its choices or range and its default are the schema's, so
     the command line takes what a job through the daemon takes."""
@@ -54,7 +66,7 @@ def schema_option(model: type[BaseModel], field: str, *decls: str, **attrs: Any)
         attrs["type"] = click.Choice(get_args(kind))
     else:
         limits = schema.bounds(info)
-        attrs["type"] = (click.IntRange if kind is int else click.FloatRange)(
+        attrs["type"] = (click.IntRange if kind is int else FiniteRange)(
             limits.low, limits.high, min_open=limits.low_open, max_open=limits.high_open)
     if not info.is_required() and info.default is not None and "default" not in attrs:
         attrs.update(default=info.default, show_default=True)

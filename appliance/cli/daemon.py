@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from appliance.cli.base import cli, load_settings, log_as_service, log_format_option
+from appliance.cli.base import FiniteRange, cli, load_settings, log_as_service, log_format_option
 from appliance.core.config import Settings
 from appliance.core.errors import DaemonError
 from appliance.daemon import client
@@ -26,7 +26,7 @@ def daemon(log_format: str) -> None:
 
 
 @cli.command("stop")
-@click.option("--timeout", type=click.FloatRange(1), default=120, show_default=True,
+@click.option("--timeout", type=FiniteRange(1), default=120, show_default=True,
               help="Seconds to wait for the running job to checkpoint and the daemon to exit.")
 def stop(timeout: float) -> None:
     """Stop a daemon started by hand or by quickstart (under systemd: 'systemctl stop appliance')."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from appliance.cli.base import alias, ask, cli, json_option, print_json, yes_option
+from appliance.cli.base import FiniteRange, alias, ask, cli, json_option, print_json, yes_option
 from appliance.cli.connect import connected
 from appliance.data import datasets
 
@@ -25,7 +25,7 @@ def data_group() -> None:
 @click.option("--label-column", default="label", show_default=True, help="Column or field of the label.")
 @click.option(
     "--validation-fraction",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=FiniteRange(0, 1, min_open=True, max_open=True),
     default=0.2,
     show_default=True,
     help="Share of each class held out for validation.",

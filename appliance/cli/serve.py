@@ -11,6 +11,7 @@ import click
 
 from appliance import registry
 from appliance.cli.base import (
+    FiniteRange,
     cli,
     json_option,
     load_settings,
@@ -66,7 +67,7 @@ def _listening(host: str, port: int) -> socket.socket:
 
 @cli.command("deploy")
 @click.argument("ref", metavar="MODEL[:VERSION]")
-@click.option("--canary", "percent", type=click.FloatRange(0, 100, min_open=True),
+@click.option("--canary", "percent", type=FiniteRange(0, 100, min_open=True),
               help="Send this share of traffic (percent) to the version; production keeps the rest.")
 def deploy(ref: str, percent: float | None) -> None:
     """Make a version serve (the newest if none is named): all traffic, or a canary share."""
