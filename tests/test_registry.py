@@ -85,8 +85,10 @@ def test_deploy_moves_production_and_rollback_walks_back(opened: Store, run_id: 
     assert registry.get(opened, "tickets").version == 1
     with pytest.raises(RegistryError, match="no earlier version"):
         registry.rollback(opened, "tickets")
+    with pytest.raises(RegistryError, match="no model named 'tickest'"):  # not "has no earlier version"
+        registry.rollback(opened, "tickest")
     outcomes = [(r["action"], r["outcome"]) for r in audit.rows(opened, action="model.rollback")]
-    assert outcomes == [("model.rollback", "ok")] * 2 + [("model.rollback", "failed")]
+    assert outcomes == [("model.rollback", "ok")] * 2 + [("model.rollback", "failed")] * 2
 
 
 def test_unknown_models_versions_and_aliases_are_named(opened: Store, run_id: str) -> None:

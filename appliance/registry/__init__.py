@@ -171,6 +171,7 @@ def rollback(store: Store, model: str, alias: str = "production", actor: str | N
     """Undo the last move of alias: it points where it pointed before; returns that version."""
     _check_alias(alias)
     with audit.operation(store, "model.rollback", f"{model}@{alias}", actor=actor) as details:
+        _newest(store, model)  # VersionNotFound for a model that does not exist
         stack = _history(store, model, alias)
         if len(stack) < 2:
             raise RegistryError(
