@@ -166,6 +166,9 @@ def test_the_cli_imports_a_labelled_csv_all_or_nothing(opened: Store, tmp_path: 
     assert "tickets:1" in shown and "50.0% of 2" in shown and "tickets: 2 labels not trained on yet" in shown
     with pytest.raises(DatasetError, match="no column 'prediction_id'"):
         feedback.read_csv(tmp_path / "tickets.csv")
+    (tmp_path / "empty.csv").write_text("prediction_id,label\n")
+    with pytest.raises(DatasetError, match="empty.csv holds no labels"):
+        feedback.read_csv(tmp_path / "empty.csv")
 
 
 def test_an_erasure_request_reaches_served_texts_and_their_feedback(opened: Store, tmp_path: Path) -> None:

@@ -655,8 +655,8 @@ def _csv_rows(
         raise DatasetError(
             f"{name} line {header_line}: no column {' or '.join(repr(column[:80]) for column in missing)}"
             f" among the header's {counted(len(header), 'column')}",
-            hint="name the columns with --text-column and --label-column;"
-            " the first line must name the columns, separated by commas, semicolons or tabs",
+            hint="the first line must name the columns, separated by commas, semicolons or tabs (a dataset's text and"
+            " label columns may have other names, given with --text-column and --label-column)",
         )
     for start, row in records:
         if len(row) == len(header):

@@ -199,6 +199,9 @@ def read_csv(path: Path) -> list[tuple[str, str]]:
         raise DatasetError("\n".join([f"{path.name}: {len(problems)} problems", *problems[:MAX_SHOWN]])
                            if len(problems) > 1 else problems[0], hint="fix the file and import it again;"
                                                                        " nothing was stored")
+    if not pairs:
+        raise DatasetError(f"{path.name} holds no labels", hint="under the header prediction_id,label, a line per"
+                                                                " prediction: its id as the server answered, its label")
     return pairs
 
 
