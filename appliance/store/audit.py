@@ -246,7 +246,7 @@ def parse_since(text: str) -> datetime:
 
     Raises ValueError with a message that says what is accepted.
     """
-    relative = re.fullmatch(r"([0-9]{1,9})([mhd])", text.strip())
+    relative = re.fullmatch(r"([0-9]{1,18})([mhd])", text.strip())
     if relative:
         amount, unit = int(relative[1]), relative[2]
         try:

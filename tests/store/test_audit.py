@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -220,3 +221,10 @@ def test_cli_export_into_a_missing_folder_names_it_and_writes_nothing(logged: Se
     assert not target.parent.exists()
     with store.open(logged) as reopened:
         assert audit.rows(reopened, action="audit.export") == []
+
+
+@pytest.mark.parametrize(("since", "says"), [("99999999999d", "reaches back before the year 1"),
+                                             ("soon", "is neither a date (2026-11-01) nor an age")])
+def test_a_moment_that_cannot_be_is_named_as_such(since: str, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"{since!r} {says}")):
+        audit.parse_since(since)
