@@ -197,3 +197,9 @@ def test_the_last_version_of_a_run_takes_the_runs_weights_with_it(opened: Store,
     registry.delete(opened, "tickets:1")
     assert runs.get(opened, run_id).model_blob is None and not blobs.exists(opened, weights)
     assert runs.get(opened, run_id).status == "finished"  # the run and its curve stay
+
+
+@pytest.mark.parametrize("version", ["9" * 19, "-1", "\u00b2"])
+def test_a_version_that_is_no_version_number_says_what_one_is(opened: Store, version: str) -> None:
+    with pytest.raises(RegistryError, match=r"the version must be a version number \(digits, at most 18\)"):
+        registry.get(opened, f"tickets:{version}")

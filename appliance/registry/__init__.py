@@ -386,5 +386,6 @@ def _check_alias(alias: str) -> None:
 
 def _int(text: str, ref: str) -> int:
     if (number := whole_number(text)) is None:
-        raise RegistryError(f"{ref!r}: the version must be a number", hint="write MODEL, MODEL:VERSION or MODEL@ALIAS")
+        raise RegistryError(f"{ref[:80]!r}: the version must be a version number (digits, at most 18)",
+                            hint="write MODEL, MODEL:VERSION or MODEL@ALIAS")
     return number
