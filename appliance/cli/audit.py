@@ -131,15 +131,22 @@ def audit_export(fmt: str, output: Path | None) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
 def audit_checkpoint(output: Path | None) -> None:
     """Export the signed head of the chain, to keep somewhere the appliance cannot write."""
-    with opened_store() as opened:
-        head = audit.checkpoint(opened)
+    target = _new_private(output) if output is not None else None  # made before the checkpoint is on the record
+    try:
+        with opened_store() as opened:
+            head = audit.checkpoint(opened)
+    except BaseException:
+        if target is not None and output is not None:
+            target.close()
+            output.unlink()
+        raise
     text = json.dumps(head.__dict__, indent=2) + "\n"
-    if output is None:
+    if target is None:
         click.echo(text, nl=False)
-    else:
-        with _new_private(output) as f:
-            f.write(text)
-        click.echo(f"checkpoint of record {head.seq} written to {output}", err=True)
+        return
+    with target:
+        target.write(text)
+    click.echo(f"checkpoint of record {head.seq} written to {output}", err=True)
 
 
 def _new_private(path: Path) -> TextIO:
