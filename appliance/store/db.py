@@ -21,6 +21,8 @@ import sqlite_utils
 from appliance.core.errors import BackupError, StoreDamaged, StoreError
 
 log = logging.getLogger(__name__)
+RESTORE_HINT = ("keep appliance.db as evidence, stop the daemon and restore the newest good backup ('appliance backup"
+                " list', 'appliance backup verify FILE', 'appliance backup restore FILE')")  # what a damaged store needs
 
 BUSY_TIMEOUT_MS = 30_000
 WAL_BOUND_BYTES = 512 << 20  # past this the writing connection folds the WAL in itself
@@ -180,9 +182,7 @@ def backup(db: sqlite_utils.Database, target: Path, progress: Callable[[int, int
         # push a good one out of those kept).
         if problems := integrity_problems(dest):
             raise BackupError(f"the store is damaged, so a copy of it would be too: {'; '.join(problems[:3])}",
-                              hint="keep appliance.db as evidence, stop the daemon and restore the newest good backup"
-                                   " ('appliance backup list', 'appliance backup verify FILE', 'appliance backup"
-                                   " restore FILE')")
+                              hint=RESTORE_HINT)
     finally:
         dest.close()
     fsync(target)  # durable before the caller renames it into place
@@ -193,9 +193,7 @@ def damage_of(exc: sqlite3.DatabaseError) -> StoreDamaged | None:
     error (a bug, not the file)."""
     if getattr(exc, "sqlite_errorcode", None) not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
         return None
-    return StoreDamaged(f"the store's database file is damaged ({exc})",
-                        hint="stop the daemon, keep appliance.db as evidence and restore the newest good backup"
-                             " ('appliance doctor', 'appliance backup list', 'appliance backup restore FILE')")
+    return StoreDamaged(f"the store's database file is damaged ({exc})", hint=RESTORE_HINT)
 
 
 def integrity_problems(conn: sqlite3.Connection) -> list[str]:
