@@ -51,6 +51,7 @@ def test_config_file_can_come_from_the_environment(monkeypatch: pytest.MonkeyPat
         ("state_dir = [1, 2]\n", "'state_dir' in {path} must be a path"),
         ("[keys]\nfiel = 'x'\n", "unknown key 'keys.fiel' in {path}"),
         ("state_dir = \n", "{path} is not valid TOML"),
+        ("[serve]\nhost = ''\n", "'serve.host' in {path} is empty"),  # an empty text is no host, not a type error
     ],
 )
 def test_invalid_config_names_the_key_and_the_file(tmp_path: Path, text: str, expected: str) -> None:

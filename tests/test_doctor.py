@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from appliance import registry, store
 from appliance.core import config
 from appliance.daemon import doctor
 from appliance.data import datasets
-from appliance.store import audit, blobs, keys, lifecycle
+from appliance.store import audit, backups, blobs, keys, lifecycle
 from tests.conftest import model_trained_on, run_cli, write_tickets
 
 
@@ -44,8 +45,8 @@ def test_a_sound_appliance_passes_every_check(initialised: config.Settings) -> N
     result = run_cli("doctor")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert [line.split()[0] for line in lines if line and not line.startswith(("all", " "))] == ["ok"] * 8
-    assert "all 8 checks passed" in result.stdout
+    assert [line.split()[0] for line in lines if line and not line.startswith(("all", " "))] == ["ok"] * 9
+    assert "all 9 checks passed" in result.stdout
     found = _by_name(doctor.run(initialised))
     assert "opens store" in found["master key"].detail and "mode 0600" in found["master key"].detail
     assert found["audit log"].detail.startswith("2 records")
@@ -59,7 +60,7 @@ def test_a_key_file_others_can_read_fails_with_the_fix(initialised: config.Setti
     failing = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
     assert failing == [f"FAIL  master key      key file {initialised.key_file} is readable by group or others (mode 0644)"]
     assert f"fix: run 'chmod 600 {initialised.key_file}'" in result.stdout
-    assert "skip  audit log" in result.stdout and "1 of 8 checks failed" in result.stdout
+    assert "skip  audit log" in result.stdout and "1 of 9 checks failed" in result.stdout
     assert "Traceback" not in result.stderr
 
 
@@ -129,12 +130,54 @@ def test_a_privileged_port_fails_because_the_service_has_no_capabilities(initial
     assert check.status is doctor.Status.FAIL and "1024" in (check.hint or "")
 
 
+def _scheduled(settings: config.Settings, every_hours: float) -> config.Settings:
+    return dataclasses.replace(settings, backup=dataclasses.replace(settings.backup, every_hours=every_hours))
+
+
+def test_backups_that_fall_behind_their_schedule_are_a_warning_with_the_way_on(initialised: config.Settings) -> None:
+    hourly = _scheduled(initialised, 1)
+    assert _by_name(doctor.run(hourly))["backups"].status is doctor.Status.OK  # a new store has none yet
+    every_instant = _scheduled(initialised, 0.0001)  # two of its periods (0.72 s) pass before the check
+    time.sleep(1)
+    behind = _by_name(doctor.run(every_instant))["backups"]
+    assert behind.status is doctor.Status.WARN and "no backup in" in behind.detail
+    assert "every 0.0001 hours: is it running?" in (behind.hint or "")
+    with store.open(initialised) as opened:
+        backups.create(opened)
+    assert _by_name(doctor.run(hourly))["backups"].status is doctor.Status.OK
+    time.sleep(1)
+    stale = _by_name(doctor.run(every_instant))["backups"]
+    assert stale.status is doctor.Status.WARN and stale.detail.startswith("the newest of 1 in")
+    unscheduled = _by_name(doctor.run(_scheduled(every_instant, 0)))["backups"]
+    assert unscheduled.status is doctor.Status.OK  # a week may pass between backups taken by hand
+
+
+def test_a_backup_directory_that_cannot_hold_backups_is_named(initialised: config.Settings, tmp_path: Path) -> None:
+    initialised.backup_dir.parent.mkdir(parents=True, exist_ok=True)
+    initialised.backup_dir.write_text("not a folder")
+    check = _by_name(doctor.run(initialised))["backups"]
+    assert check.status is doctor.Status.WARN
+    assert check.detail == f"the backup directory {initialised.backup_dir} is a file, not a folder"
+    listed = run_cli("backup", "list")
+    assert listed.returncode == 1 and "is a file, not a folder" in listed.stderr and "no backups yet" not in listed.stdout
+
+
+def test_a_newest_backup_that_cannot_be_read_is_named(initialised: config.Settings) -> None:
+    with store.open(initialised) as opened:
+        taken, _ = backups.create(opened)
+    taken.path.write_bytes(b"\0" * 4096)
+    check = _by_name(doctor.run(initialised))["backups"]
+    assert check.status is doctor.Status.WARN and taken.path.name in check.detail and "cannot be read" in check.detail
+    assert f"appliance backup verify {taken.path}" in (check.hint or "")
+
+
 def test_json_output_for_other_tools(initialised: config.Settings) -> None:
     result = run_cli("doctor", "--json")
     assert result.returncode == 0
     parsed = json.loads(result.stdout)
     assert [item["name"] for item in parsed] == ["hardware", "training plan", "master key", "store", "audit log",
-                                                 "served models", "inference port", "disk space"]
+                                                 "served models", "backups", "inference port",
+                                                 "disk space"]
     assert {item["status"] for item in parsed} == {"ok"}
 
 

@@ -164,6 +164,8 @@ def test_the_cli_imports_a_labelled_csv_all_or_nothing(opened: Store, tmp_path: 
     assert "2 labels stored (tickets 2)" in run_cli("feedback", "import", str(good), check=True).stdout
     shown = run_cli("feedback", "show", check=True).stdout
     assert "tickets:1" in shown and "50.0% of 2" in shown and "tickets: 2 labels not trained on yet" in shown
+    mistyped = run_cli("feedback", "show", "tickts")  # not "no feedback yet", which would send the user looking
+    assert mistyped.returncode == 1 and "no model named 'tickts'" in mistyped.stderr
     with pytest.raises(DatasetError, match="no column 'prediction_id'"):
         feedback.read_csv(tmp_path / "tickets.csv")
     (tmp_path / "empty.csv").write_text("prediction_id,label\n")

@@ -136,7 +136,7 @@ def installed(bundle: Path, signing_key: Path, workspace: Path) -> Iterator[Inst
     site = Installed(workspace / "site", _unpack(bundle, workspace / "usb"), signing_key)
     result = site.install(None, "--pubkey", str(signing_key.with_suffix(".pub")))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "all 8 checks passed" in result.stdout  # install.sh ends with the doctor
+    assert "all 9 checks passed" in result.stdout  # install.sh ends with the doctor
     assert "systemctl enable appliance.service" in result.stdout  # what it leaves to do where systemd runs
     yield site
     shutil.rmtree(site.socket_dir)
@@ -162,7 +162,7 @@ def test_the_installed_copy_runs_offline_and_owns_what_it_should(installed: Inst
 
     assert installed.cli("version").stdout.startswith("appliance 0.1.0")
     doctor = installed.cli("doctor")
-    assert doctor.returncode == 0 and "all 8 checks passed" in doctor.stdout
+    assert doctor.returncode == 0 and "all 9 checks passed" in doctor.stdout
     layout = installed.root / "opt/appliance"
     assert installed.current().startswith("releases/0.1.0-") and not (layout / "previous").exists()
     assert stat.S_IMODE(installed.master_key.stat().st_mode) == 0o600 and installed.master_key.stat().st_uid == 0

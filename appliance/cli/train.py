@@ -108,13 +108,13 @@ def train(
     """
     if (dataset is None) == (resume_run is None):
         raise click.UsageError("give either --data NAME for a new run or --resume RUN")
-    if resume_run and (burst or fallback or base or deploy or distill):
+    if resume_run is not None and (burst or fallback or base or deploy or distill):
         raise click.UsageError("--resume continues a run as it started: it takes no --burst, --fallback, --base, "
                                "--deploy or --distill (optimise and deploy the version it registers afterwards)")
     if distill and not deploy:
         raise click.UsageError("--distill shapes the optimisation that --deploy runs: add --deploy (auto, now, canary "
                                "or never), or distil a registered version with 'appliance optimize MODEL --distill'")
-    if resume_run:
+    if resume_run is not None:
         job = {"resume": resume_run, "name": model_name}
     else:
         values = {"mode": mode, "contrastive_pairs": contrastive_pairs, "epochs": epochs, "learning_rate": lr, "batch_size": batch_size,

@@ -62,7 +62,7 @@ def tune_group(ctx: click.Context, dataset: str | None, budget: str | None, base
     if resume_study is not None and (dataset or budget or base or space_file):
         raise click.UsageError("--resume continues a search as it started: it takes no --data, --budget, --base "
                                "or --space")
-    if resume_study:
+    if resume_study is not None:
         job: dict[str, Any] = {"resume": resume_study, "name": model_name, "deploy": deploy}
     else:
         job = {"dataset": dataset, "budget_s": parse_budget(budget or ""), "metric": metric, "sampler": sampler,

@@ -497,6 +497,9 @@ def _coerce(key: str, value: Any, *, where: str) -> Any:
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)) and value != "":
         return value
     names = {Path: "path", str: "text", int: "whole number", float: "number", bool: "true or false"}
+    if value == "":
+        raise ConfigError(f"'{key}' in {where} is empty",
+                          hint=f"set a {names[kind]}, or leave the setting out for its default")
     raise ConfigError(f"'{key}' in {where} must be a {names[kind]}, got {value!r}")
 
 

@@ -1,7 +1,7 @@
 """Checks that this appliance can run, each a pass or a fail with how to fix it.
 
 run() looks at the hardware and the training plan it implies, the master key, the store,
-the audit chain, every deployed model (decrypted and hashed), the ports and the free disk space, and returns one Check per finding for
+the audit chain, every deployed model (decrypted and hashed), the backups, the ports and the free disk space, and returns one Check per finding for
 the CLI (`appliance doctor`), the installer and the TUI to show. It changes nothing: the
 store is opened read-only, so root can examine a service's store without taking its
 files over.
@@ -14,24 +14,27 @@ import errno
 import os
 import shutil
 import socket
+import sqlite3
 import stat
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 
 from appliance import registry, store
-from appliance.core import hardware
+from appliance.core import clock, hardware, text
 from appliance.core.config import Settings
-from appliance.core.errors import ApplianceError, StoreError
+from appliance.core.errors import ApplianceError, BackupError, StoreError
 from appliance.daemon import client
-from appliance.store import audit, blobs, keys, migrations, space
+from appliance.store import audit, backups, blobs, keys, migrations, space
 from appliance.store import db as store_db
 
 GiB = 2**30
 DISK_FAIL_BYTES = 2 * GiB  # below this a checkpoint or an optimised model may not fit
 DISK_WARN_BYTES = 10 * GiB
 FULL_WARN_DAYS = 7  # warn when the store's growth fills the disk sooner
+UNSCHEDULED_BACKUP_DAYS = 7  # with no schedule, warn when the newest backup (or a store without one) is older
 
 
 class Status(enum.Enum):
@@ -56,8 +59,8 @@ class Check:
 def run(settings: Settings, passphrase: str | None = None) -> list[Check]:
     """Every check, in the order an operator would fix them."""
     found = hardware.detect()
-    return [_hardware(found), _plan(settings, found), *_key_and_store(settings, passphrase), *_ports(settings),
-            _disk(settings)]
+    return [_hardware(found), _plan(settings, found), *_key_and_store(settings, passphrase), _backups(settings),
+            *_ports(settings), _disk(settings)]
 
 
 def failed(checks: list[Check]) -> bool:
@@ -191,6 +194,53 @@ def _integrity(settings: Settings) -> Check:
     upgrade = f", upgraded to {migrations.LATEST} at the next start" if version < migrations.LATEST else ""
     return Check("store", Status.OK, f"{settings.db_path} ({size / 2**20:.1f} MiB): integrity ok, schema"
                  f" {version}{upgrade}")
+
+
+# -- backups ------------------------------------------------------------------------------
+
+
+def _backups(settings: Settings) -> Check:
+    """Whether a backup to restore exists, and is as recent as the schedule promises: a backup directory that
+    became a file or a schedule that stopped shows here before the day it is needed. Read without the key."""
+    if not settings.db_path.exists():
+        return Check("backups", Status.SKIP, "not checked: no store yet")
+    every_h = settings.backup.every_hours
+    allowed = timedelta(hours=2 * every_h) if every_h else timedelta(days=UNSCHEDULED_BACKUP_DAYS)
+    schedule = (f"the daemon takes one every {every_h:g} hours: is it running? 'appliance alerts' shows a backup"
+                " that failed" if every_h else "none is scheduled (backup.every_hours is 0): 'appliance backup now'"
+                " takes one; set backup.every_hours for the daemon to take them")
+    try:
+        found = backups.list_backups(settings)
+    except BackupError as exc:
+        return Check("backups", Status.WARN, exc.message, exc.hint)
+    if not found:
+        age = _store_age(settings)
+        if age is not None and age > allowed:
+            return Check("backups", Status.WARN, f"no backup in {settings.backup_dir}, and the store is"
+                         f" {text.duration(age.total_seconds())} old", schedule)
+        return Check("backups", Status.OK, f"none yet in {settings.backup_dir}; the store is new")
+    newest = found[0]
+    if newest.problem is not None:
+        return Check("backups", Status.WARN, f"the newest backup, {newest.path.name}, cannot be read: {newest.problem}",
+                     f"'appliance backup verify {newest.path}' checks it; 'appliance backup now' takes a new one")
+    age = clock.now() - newest.created_at
+    detail = f"the newest of {len(found)} in {settings.backup_dir} is {text.duration(age.total_seconds())} old"
+    return Check("backups", Status.WARN if age > allowed else Status.OK, detail, schedule if age > allowed else None)
+
+
+def _store_age(settings: Settings) -> timedelta | None:
+    """Since the store's first audit record (its creation); None if that cannot be read."""
+    try:
+        database = store_db.connect_read_only(settings.db_path)
+    except StoreError:
+        return None
+    try:
+        row = database.execute("SELECT ts FROM audit ORDER BY seq LIMIT 1").fetchone()
+    except sqlite3.DatabaseError:
+        return None
+    finally:
+        database.conn.close()
+    return clock.age(row[0]) if row else None
 
 
 # -- ports and disk -----------------------------------------------------------------------

@@ -141,7 +141,7 @@ def get(store: Store, ref: str) -> ModelVersion:
         if version is None:
             raise VersionNotFound(f"model {model} has no {alias} alias", hint=f"'appliance models show {model}'")
     else:
-        version = _alias_version(store, model, "production") or _newest(store, model)
+        version = _alias_version(store, model, "production") or newest(store, model)
     return _load(store, model, version)
 
 
@@ -171,7 +171,7 @@ def rollback(store: Store, model: str, alias: str = "production", actor: str | N
     """Undo the last move of alias: it points where it pointed before; returns that version."""
     _check_alias(alias)
     with audit.operation(store, "model.rollback", f"{model}@{alias}", actor=actor) as details:
-        _newest(store, model)  # VersionNotFound for a model that does not exist
+        newest(store, model)  # VersionNotFound for a model that does not exist
         stack = _history(store, model, alias)
         if len(stack) < 2:
             raise RegistryError(
@@ -186,7 +186,7 @@ def rollback(store: Store, model: str, alias: str = "production", actor: str | N
 
 def deploy(store: Store, ref: str, canary_percent: float | None = None, actor: str | None = None) -> ModelVersion:
     """Serve a version: as production (any canary ends), or as a candidate taking canary_percent of traffic."""
-    version = get(store, ref if ":" in ref or "@" in ref else f"{ref}:{_newest(store, ref)}")
+    version = get(store, ref if ":" in ref or "@" in ref else f"{ref}:{newest(store, ref)}")
     version.serving_variant()  # refuses a version the server could not load
     if canary_percent is None:
         with audit.operation(store, "model.deploy", version.ref, actor=actor):
@@ -343,7 +343,8 @@ def _alias_version(store: Store, model: str, alias: str) -> int | None:
     return row[0] if row else None
 
 
-def _newest(store: Store, model: str) -> int:
+def newest(store: Store, model: str) -> int:
+    """The model's highest version number; VersionNotFound when no version of it exists."""
     row = store.db.execute("SELECT MAX(version) FROM model_versions WHERE model = ?", (model,)).fetchone()
     if row[0] is None:
         raise VersionNotFound(f"no model named {model[:80]!r}", hint="'appliance models list' shows the models")
@@ -361,7 +362,7 @@ def _load(store: Store, model: str, version: int) -> ModelVersion:
         if deleted:
             raise VersionNotFound(f"{model}:{version} was deleted on {deleted[0][:19]} by {deleted[1]}",
                                   hint=f"'appliance models list' shows the versions of {model} kept")
-        _newest(store, model)  # names the model if it does not exist at all
+        newest(store, model)  # names the model if it does not exist at all
         raise VersionNotFound(f"model {model} has no version {version}", hint=f"'appliance models show {model}'")
     variants = {
         name: Variant(name, fmt, blob_id, size, json.loads(metrics))

@@ -246,7 +246,10 @@ def quality(store: Store, model: str | None = None) -> list[dict[str, Any]]:
 
 
 def report(store: Store, model: str | None = None) -> list[dict[str, Any]]:
-    """quality(), each entry with the labels of its model not trained on yet (`feedback show`, the control API)."""
+    """quality(), each entry with the labels of its model not trained on yet (`feedback show`, the control API);
+    VersionNotFound for a model that does not exist, rather than no feedback."""
+    if model is not None:
+        registry.newest(store, model)
     return [{**entry, "unused_labels": unused(store, entry["model"])} for entry in quality(store, model)]
 
 

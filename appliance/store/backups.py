@@ -125,6 +125,9 @@ def list_backups(settings: Settings) -> list[Backup]:
 def _files(settings: Settings) -> list[Path]:
     """The backup files, newest first (their names hold the time they were taken)."""
     directory = settings.backup_dir
+    if directory.exists() and not directory.is_dir():
+        raise BackupError(f"the backup directory {directory} is a file, not a folder",
+                          hint="set backup.dir to a folder, or move that file away")
     found = [path for path in directory.glob("appliance-*.db") if NAME.fullmatch(path.name)]
     return sorted(found, key=lambda path: path.name, reverse=True)
 

@@ -105,6 +105,9 @@ def test_train_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) -
     assert nowhere.returncode == 1 and f"the base model folder {tmp_path / 'nowhere'} does not exist" in nowhere.stderr
     assert "Repo id" not in nowhere.stderr  # the hub's words for a name it would look up: none here
     assert run_cli("train").returncode == 2
+    for command in ("train", "tune"):  # an empty id is named as such, not taken as no --resume at all
+        empty = run_cli(command, "--resume", "")
+        assert empty.returncode == 1 and 'resume: "" is not text of 1 to 200 characters' in empty.stderr
 
 
 @pytest.fixture(params=["text", "image"])
