@@ -161,6 +161,19 @@ def test_a_call_without_a_valid_token_is_refused_before_its_body_is_read(daemon:
     assert broken.status_code == 401 and broken.json()["type"] == "Unauthenticated"
 
 
+def test_an_upload_that_cannot_be_taken_is_refused_before_its_body_is_read(daemon: Daemon) -> None:
+    """A wrong file type, or a model for a dataset that does not exist: said at once, not after gigabytes."""
+    auth = f"Authorization: Bearer {daemon.settings.cli_token_path.read_text().strip()}"
+    for path, words in [("/v1/datasets?name=big&filename=big.pdf", b"big.pdf is not a CSV or JSONL file"),
+                        ("/v1/models:import?name=m&dataset=nowhere&filename=m.onnx", b"no dataset 'nowhere'")]:
+        with _half_sent(daemon, f"POST {path} HTTP/1.1\r\n{auth}") as upload:
+            answer = upload.recv(65536)
+        assert answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 404 ")) and words in answer, answer
+    with store.open(daemon.settings) as opened:
+        refusals = [(row["action"], row["outcome"]) for row in audit.rows(opened) if row["action"].endswith(".import")]
+    assert refusals == [("dataset.import", "failed"), ("model.import", "failed")]
+
+
 def test_one_upload_is_taken_at_a_time_and_another_meanwhile_is_told_to_come_again(daemon: Daemon) -> None:
     token = daemon.settings.cli_token_path.read_text().strip()
     head = f"POST /v1/datasets?name=big&filename=big.csv HTTP/1.1\r\nAuthorization: Bearer {token}"

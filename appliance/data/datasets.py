@@ -217,13 +217,10 @@ def import_data(
     what the file holds. A text over max_text_chars never refuses the file: it is cut to its first and last
     max_text_chars / 2 characters, or with long_texts="skip" left out, and the version's warnings say which lines.
     """
+    check_request(store, source, name=name, task=task, validation_fraction=validation_fraction,
+                  residency=residency, long_texts=long_texts, actor=actor)
     details: dict[str, Any] = {"source": source.origin, "task": task, "residency": residency}
     try:
-        _check_request(source, name, task, validation_fraction)
-        _check_residency(residency)
-        if long_texts not in LONG_TEXTS:
-            raise DatasetError(f"unknown handling of long texts {long_texts[:40]!r}",
-                               hint=f"use {' or '.join(LONG_TEXTS)}")
         examples, warnings = _read(source, task, (text_column, label_column), (max_text_chars, long_texts),
                                    min_per_class, progress)
         if task == TEXT and (note := _window_note([str(e.content) for e in examples], store.settings.base_model,
@@ -454,8 +451,23 @@ def _window_note(texts: list[str], base_dir: Path, seed: int) -> str | None:
                                     if more > DEFAULT_WINDOW else ""))
 
 
+def check_request(store: Store, source: sources.Source, *, name: str, task: str = TEXT,
+                  validation_fraction: float = 0.2, residency: str = LOCAL_ONLY, long_texts: str = "truncate",
+                  actor: str | None = None) -> None:
+    """Refuse an import that cannot work before anything is read: the daemon checks an upload's name and options
+    before it receives the body. Audited as a refused import."""
+    try:
+        _check_request(source, name, task, validation_fraction)
+        _check_residency(residency)
+        if long_texts not in LONG_TEXTS:
+            raise DatasetError(f"unknown handling of long texts {long_texts[:40]!r}",
+                               hint=f"use {' or '.join(LONG_TEXTS)}")
+    except (DatasetError, ConfinementError):
+        with audit.operation(store, ACTION, name, actor=actor, source=source.origin, task=task, residency=residency):
+            raise
+
+
 def _check_request(source: sources.Source, name: str, task: str, validation_fraction: float) -> None:
-    """Refuse arguments that cannot work before reading anything."""
     schema.check_name(name, "dataset", DatasetError)
     if task not in TASKS:
         raise DatasetError(f"unknown task {task[:80]!r}", hint=f"use one of: {', '.join(TASKS)}")

@@ -93,14 +93,10 @@ def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str,
     (refusals too). The store is borrowed (lend) only to read the dataset and to write the result, so a daemon
     serves other calls while the model is converted and measured."""
     report = progress or (lambda done, total, label: None)
+    data = check_request(lend, source, name=name, dataset=dataset, task=task, actor=actor)
     details: dict[str, Any] = {"source": source.origin[:300], "dataset": dataset}
     try:
-        registry.check_name(name)
         with lend() as store:
-            data = datasets.get(store, dataset)
-            if task is not None and task != data.task:
-                raise RegistryError(f"the model's task is given as {task}, and {data.ref}'s is {data.task}",
-                                    hint=f"measure it on a dataset for {task}")
             held = pipeline.held_out(datasets.load(store, data))
         report(0, 4, "read the model")
         incoming = read(source, memory_limit())
@@ -133,6 +129,24 @@ def import_model(lend: Lend, source: sources.Source, *, name: str, dataset: str,
         recorded.update(version=version.ref, run=run_id, accuracy=scores["accuracy"])
     report(4, 4, f"imported as {version.ref}")
     return version
+
+
+def check_request(lend: Lend, source: sources.Source, *, name: str, dataset: str, task: str | None = None,
+                  actor: str | None = None) -> datasets.DatasetVersion:
+    """The dataset a model named `name` is measured on, checked before any of the model is read (the daemon checks
+    an upload's request before it receives the body); a refusal is audited as a refused import."""
+    try:
+        registry.check_name(name)
+        with lend() as store:
+            data = datasets.get(store, dataset)
+        if task is not None and task != data.task:
+            raise RegistryError(f"the model's task is given as {task}, and {data.ref}'s is {data.task}",
+                                hint=f"measure it on a dataset for {task}")
+    except (RegistryError, DatasetError):
+        with lend() as store, audit.operation(store, ACTION, name, actor=actor, source=source.origin[:300],
+                                              dataset=dataset):
+            raise
+    return data
 
 
 def memory_limit() -> int:

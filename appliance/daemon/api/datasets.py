@@ -84,9 +84,12 @@ async def upload_dataset(
 ) -> dict[str, Any]:
     """Check and store the file in the body (a folder of images as a tar); an unchanged file answers with
     the version it already is. The daemon reads nothing but the bytes sent."""
+    folder = options.task == datasets.IMAGE
+    announced = sources.Upload(options.filename, b"", folder=folder)  # its name and shape, before a byte of it
+    await asyncio.to_thread(_check, shared, announced, options, user)
     async with received(request) as data:
-        source = sources.Upload(options.filename, data, folder=options.task == datasets.IMAGE)
-        return await asyncio.to_thread(_import, shared, source, options, user)
+        return await asyncio.to_thread(_import, shared, sources.Upload(options.filename, data, folder=folder), options,
+                                       user)
 
 
 @router.post("/v1/datasets/import-dir", status_code=201)
@@ -107,6 +110,13 @@ def delete_dataset(ref: str, user: Admin, shared: Shared) -> list[dict[str, Any]
     """Delete the content of a dataset (every version of a name, or name:version); the rows stay for lineage."""
     with shared.use() as store:
         return [version.summary() for version in operations.delete_dataset(store, ref, actor=actor(user))]
+
+
+def _check(shared: SharedStore, source: sources.Source, options: ImportOptions, user: users.User) -> None:
+    with shared.use() as store:
+        datasets.check_request(store, source, name=options.name, task=options.task,
+                               validation_fraction=options.validation_fraction, residency=options.residency,
+                               long_texts=options.long_texts, actor=actor(user))
 
 
 def _import(shared: SharedStore, source: sources.Source, options: ImportOptions, user: users.User) -> dict[str, Any]:

@@ -70,6 +70,11 @@ async def upload_model(request: Request, user: Operator, options: Annotated[Mode
                        shared: Shared) -> dict[str, Any]:
     """Check the model in the body, measure it on the dataset and store it as a new version; the daemon reads
     nothing but the bytes sent."""
+    from appliance.operations import imports  # torch and OpenVINO load for an import only
+
+    announced = sources.Upload(options.filename, b"", folder=False)  # its name, before a byte of it is read
+    await asyncio.to_thread(imports.check_request, shared.use, announced, name=options.name, dataset=options.dataset,
+                            task=options.task, actor=actor(user))
     async with received(request) as data:
         return await asyncio.to_thread(_import, shared, sources.Upload(options.filename, data, folder=False), options,
                                        user)
