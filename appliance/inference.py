@@ -23,6 +23,7 @@ import openvino as ov
 from appliance import pixels, words
 from appliance.core import archive, hardware, scoring
 from appliance.core.errors import ArtifactError, OptimizeError
+from appliance.core.text import counted
 from appliance.data.datasets import IMAGE
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what words.Words.of reads
@@ -71,14 +72,45 @@ class Servable:
 
 
 def read_openvino(artifact: Artifact) -> ov.Model:
-    """The IR as an ov.Model, read from bytes (weights as a uint8 tensor)."""
+    """The IR as an ov.Model, read from bytes (weights as a uint8 tensor). Only an IR: given other bytes, OpenVINO
+    reads ONNX and other formats from the same call, and an ONNX graph may name any file on this machine for its
+    weights (read_onnx())."""
+    if not artifact.xml.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"<"):
+        raise ArtifactError("the graph is not an OpenVINO IR, which is XML")
     weights = ov.Tensor(np.frombuffer(artifact.weights, dtype=np.uint8))
     return _core().read_model(model=artifact.xml, weights=weights)
 
 
 def read_onnx(graph: bytes) -> ov.Model:
-    """An ONNX graph that holds its weights, as an ov.Model, read from bytes."""
+    """An ONNX graph that holds its weights, as an ov.Model, read from bytes. A graph whose tensors name files for
+    their data is refused before OpenVINO sees it: it would read those paths on this machine (the master key, a
+    token) into the weights, for the model's answers to give away."""
+    if outside := _external_tensors(graph):
+        raise ArtifactError(f"the ONNX graph keeps the data of {counted(outside, 'tensor')} in files outside it,"
+                            " which are not read")
     return _core().read_model(model=graph)
+
+
+def _external_tensors(graph: bytes) -> int:
+    """How many tensors of an ONNX graph name a file for their data, wherever they are (initializers, sparse ones,
+    attributes, subgraphs, functions): every message of the graph is looked at."""
+    import onnx
+    from google.protobuf.message import DecodeError, Message
+
+    try:
+        pending: list[Any] = [onnx.load_model_from_string(graph)]
+    except DecodeError as exc:
+        raise ArtifactError(f"not a readable ONNX graph ({exc})") from exc
+    found = 0
+    while pending:
+        message = pending.pop()
+        if isinstance(message, onnx.TensorProto) and (message.data_location == onnx.TensorProto.EXTERNAL
+                                                      or len(message.external_data)):
+            found += 1
+        for field, value in message.ListFields():
+            if field.type == field.TYPE_MESSAGE:
+                pending.extend([value] if isinstance(value, Message) else value)
+    return found
 
 
 def compile_openvino(

@@ -195,8 +195,11 @@ def test_a_changed_cut_or_foreign_archive_is_refused_saying_what(opened: Store, 
     sealed = exchange.protect(exported.archive, passphrase="correct horse")
     with pytest.raises(RegistryError, match="is encrypted"):
         exchange.verify(sealed)
-    with pytest.raises(RegistryError, match="cannot be decrypted"):
+    with pytest.raises(RegistryError, match="cannot be decrypted: it was not exported to this identity or passphrase"):
         exchange.verify(sealed, passphrase="wrong horse")
+    for cut in (sealed[: len(sealed) // 2], sealed[:60]):  # in the payload, in the header: not a wrong passphrase
+        with pytest.raises(RegistryError, match="the archive is damaged or cut short"):
+            exchange.verify(cut, passphrase="correct horse")
     assert exchange.verify(sealed, passphrase="correct horse").sha256 == exported.sha256
     with pytest.raises(RegistryError, match="is not an age X25519 recipient"):
         exchange.protect(exported.archive, recipient="age1nonsense")

@@ -18,7 +18,7 @@ import pytest
 
 from appliance import inference, pixels, registry
 from appliance.core import archive
-from appliance.core.errors import RegistryError
+from appliance.core.errors import ArtifactError, RegistryError
 from appliance.data import datasets, sources
 from appliance.operations import imports, pipeline
 from appliance.registry import exchange
@@ -211,6 +211,36 @@ def onnx_folder(folder: Path, graph: bytes, hf: Path, labels: list[str]) -> Path
     (folder / "config.json").write_text(json.dumps({"id2label": dict(enumerate(labels))}))
     shutil.copy(hf / "tokenizer.json", folder / "tokenizer.json")
     return folder
+
+
+def test_a_graph_that_names_a_file_anywhere_in_it_is_refused_before_openvino_reads_one(tmp_path: Path) -> None:
+    """External data can sit in any tensor: an initializer, a sparse one, a node's attribute, a subgraph's."""
+    from onnx import TensorProto, helper
+
+    def external(name: str) -> TensorProto:
+        tensor = TensorProto(name=name, data_type=TensorProto.UINT8, dims=[16], data_location=TensorProto.EXTERNAL)
+        tensor.external_data.add(key="location", value=str(tmp_path / "secret.bin"))
+        return tensor
+
+    def model(graph: Any) -> bytes:
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+    indices = helper.make_tensor("indices", TensorProto.INT64, [16], list(range(16)))
+    branch = helper.make_graph([], "branch", [], [], initializer=[external("in_branch")])
+    graphs = {
+        "sparse": helper.make_graph([], "g", [], [], sparse_initializer=[
+            helper.make_sparse_tensor(external("values"), indices, [16])]),
+        "attribute": helper.make_graph([helper.make_node("Constant", [], ["c"], value=external("value"))], "g", [], []),
+        "subgraph": helper.make_graph([helper.make_node("If", ["cond"], ["out"], then_branch=branch,
+                                                        else_branch=branch)], "g", [], []),
+    }
+    for graph in graphs.values():
+        with pytest.raises(ArtifactError, match="keeps the data of [12] tensors? in files outside it"):
+            inference.read_onnx(model(graph))
+    with pytest.raises(ArtifactError, match="not a readable ONNX graph"):
+        inference.read_onnx(b"\xff" * 64)
+    with pytest.raises(ArtifactError, match="is not an OpenVINO IR"):  # ONNX bytes read as an IR would be read as ONNX
+        inference.read_openvino(inference.Artifact(model(graphs["sparse"]), b""))
 
 
 def test_bad_models_are_refused_saying_what_and_how_to_fix_with_nothing_stored(

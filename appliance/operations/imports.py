@@ -482,12 +482,11 @@ def _read_onnx(files: dict[str, bytes]) -> Any:
     if len(graphs) != 1:
         raise RegistryError(f"expected one ONNX graph, found {len(graphs)}: {', '.join(sorted(graphs)[:5])}",
                             hint="import a folder with the classifier's model.onnx only")
-    if any(name.endswith((".onnx_data", ".onnx.data")) for name in files):
-        raise RegistryError("the ONNX graph keeps its weights in a separate file, which is not read",
-                            hint="save the graph with its weights inside (onnx.save(model, path,"
-                                 " save_as_external_data=False))")
     try:
         return inference.read_onnx(files[graphs[0]])
+    except ArtifactError as exc:
+        raise RegistryError(f"{graphs[0]}: {exc.message}", hint="save the graph with its weights inside (onnx.save("
+                            "model, path, save_as_external_data=False))") from exc
     except RuntimeError as exc:
         raise RegistryError(f"{graphs[0]} is not a readable ONNX graph: {_said(exc)}",
                             hint="it may be cut short: copy it again") from exc
@@ -503,6 +502,9 @@ def _read_ir(files: dict[str, bytes]) -> Any:
         raise RegistryError(f"{graphs[0]} comes without its weights {weights}", hint="copy both files")
     try:
         return inference.read_openvino(inference.Artifact(files[graphs[0]], files[weights]))
+    except ArtifactError as exc:
+        raise RegistryError(f"{graphs[0]}: {exc.message}", hint="give the .xml and .bin that ovc or optimum-intel"
+                            " wrote") from exc
     except RuntimeError as exc:
         raise RegistryError(f"{graphs[0]} is not a readable OpenVINO IR: {_said(exc)}",
                             hint="it may be cut short: copy it again") from exc

@@ -211,11 +211,20 @@ def decrypt(data: bytes, identity: str | None, passphrase: str | None) -> bytes:
             return pyrage.decrypt(data, [pyrage.x25519.Identity.from_str(_identity_line(identity))])
         if passphrase is not None:
             return pyrage.passphrase.decrypt(data, passphrase)
-    except (pyrage.DecryptError, pyrage.IdentityError) as exc:
-        raise RegistryError(f"the archive cannot be decrypted: {exc}",
-                            hint="give the identity or passphrase it was exported to") from exc
+    except pyrage.IdentityError as exc:
+        raise RegistryError(f"the identity file cannot be read: {exc}", hint="give a file that age-keygen wrote") from exc
+    except pyrage.DecryptError as exc:
+        # age says which part failed: the header, which the key or passphrase opens, or the payload after it
+        if str(exc) in _WRONG_KEY:
+            raise RegistryError("the archive cannot be decrypted: it was not exported to this identity or passphrase",
+                                hint="give the identity or passphrase it was exported to") from exc
+        raise RegistryError(f"the archive is damaged or cut short ({exc})",
+                            hint="copy it again from where it was exported, or export it again") from exc
     raise RegistryError("the archive is encrypted (age)", hint="give the identity file it was exported to "
                         "(--identity), or its passphrase")
+
+
+_WRONG_KEY = ("Decryption failed", "No matching keys found")  # pyrage's words when no stanza of the header opens
 
 
 def _identity_line(text: str) -> str:
