@@ -460,3 +460,32 @@ def test_serving_slower_than_its_objective_holds_jobs_back(opened: store.Store, 
         assert jobs.get(opened, job.id).status == "queued" and supervisor.running is None
     finally:
         supervisor.close()
+
+
+def test_a_job_deleted_while_its_process_exits_frees_the_supervisor(opened: store.Store) -> None:
+    """The job records its end, a client deletes it at once, its process is still on its way out: the supervisor
+    lets the process go, keeps nothing of the job, and runs the next one (it used to look the job up forever)."""
+    import subprocess
+
+    from appliance.daemon import supervisor as service
+    from appliance.serve.metrics import Metrics
+    from appliance.store import events
+
+    quick = dataclasses.replace(opened.settings.daemon, stop_timeout_s=0.0)
+    supervisor = service.Supervisor(dataclasses.replace(opened.settings, daemon=quick), None, Metrics())
+    try:
+        job = jobs.submit(opened, jobspec.TrainJob(dataset="tickets"))
+        owner = jobs.claim(opened, job.id)
+        assert owner is not None
+        jobs.finish(opened, job.id, owner, {})
+        exiting = subprocess.Popen(["sleep", "60"], text=True)
+        supervisor.running = service.Running(jobs.get(opened, job.id), owner, exiting)
+        jobs.delete(opened, job.id, actor="user:alice")
+        supervisor.running.lines.put("a last line, after the job's end")
+        supervisor.tick()  # still running: given its stop time (none here), then killed
+        exiting.wait(10)
+        supervisor.tick()
+        assert supervisor.running is None and supervisor.describe()["running_job"] is None
+        assert [event.kind for event in events.after(opened, 0, job.id)] == []
+    finally:
+        supervisor.close()

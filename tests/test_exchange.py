@@ -261,3 +261,20 @@ def test_an_admin_exports_through_the_daemon_and_the_archive_is_handed_over_once
     with daemon.api() as api:
         twice = api.get(f"/v1/exports/{exported.id}")
     assert twice.status_code == 400 and "downloaded already" in twice.text
+
+    with daemon.api() as api:
+        waiting = api.post("/v1/jobs", json=export).json()["id"]
+    assert daemon.ended(waiting)["status"] == "finished"
+    with daemon.api(operator) as api:  # its archive waits for an admin: an operator neither cancels nor deletes it
+        assert api.delete(f"/v1/jobs/{waiting}").status_code == 403
+        assert api.post(f"/v1/jobs/{waiting}/cancel").status_code == 403
+    with daemon.api() as api:
+        assert api.get(f"/v1/jobs/{waiting}").json()["status"] == "finished"
+        assert api.delete(f"/v1/jobs/{waiting}").status_code == 200
+    daemon.stop()  # which writes the count of refusals repeated within their window
+    with store.open(daemon.settings) as opened:
+        deleted = json.loads(audit.rows(opened, action="job.delete")[-1]["details"])
+        refusals = [json.loads(row["details"]) for row in audit.rows(opened, action="api.refused")
+                    if row["actor"] == "user:ops"]
+    assert deleted["archive"] == "deleted, never downloaded"
+    assert sum(refusal.get("repeated", 1) for refusal in refusals) == 3  # on the record, the repeats as a count

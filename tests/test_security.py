@@ -210,6 +210,18 @@ def test_a_flood_of_bad_tokens_leaves_a_count_not_a_row_each(daemon: Daemon) -> 
     assert sum(json.loads(row["details"]).get("repeated", 1) for row in refused) == 300
 
 
+def test_a_caller_over_tcp_cannot_name_its_own_address(daemon: Daemon) -> None:
+    """X-Forwarded-For from each request: a source made up each time would be a row each, and a lie on the record."""
+    remote = f"https://127.0.0.1:{daemon.settings.daemon.tcp_port}"
+    with httpx.Client(verify=False, base_url=remote) as tcp:
+        for n in range(50):
+            assert tcp.get("/v1/jobs", headers={"X-Forwarded-For": f"10.0.0.{n}"}).status_code == 401
+    daemon.stop()
+    with store.open(daemon.settings) as opened:
+        sources = {json.loads(row["details"])["source"] for row in audit.rows(opened, action="api.refused")}
+    assert sources == {"127.0.0.1"}
+
+
 def _half_sent(daemon: Daemon, head: str) -> socket.socket:
     """A request on the control socket whose head says a body of 100,000 bytes, of which one comes."""
     connection = socket.socket(socket.AF_UNIX)

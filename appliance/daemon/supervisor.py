@@ -28,11 +28,12 @@ from typing import Any
 
 from appliance import registry, store
 from appliance.core import clock, config, sdnotify
-from appliance.core.errors import ApplianceError
+from appliance.core.errors import ApplianceError, JobNotFound
 from appliance.operations import autopilot, jobs
 from appliance.operations.worker import EXIT_STOPPED
 from appliance.registry import usage
 from appliance.serve.metrics import Metrics, quantile_s
+from appliance.store import events
 
 log = logging.getLogger("appliance.daemon")
 
@@ -149,15 +150,25 @@ class Supervisor:
             code, cpu_s = ended
             if running.pump is not None:
                 running.pump.join(PUMP_DRAIN_S)  # the pipe is at its end: the last lines are on their way
-            self._record_lines(running)
-            self._ended(running, code)
-            jobs.exited(self._store, running.job.id, code)
+            try:
+                self._record_lines(running)
+                self._ended(running, code)
+                jobs.exited(self._store, running.job.id, code)
+                usage.record_job(self._store, jobs.get(self._store, running.job.id), cpu_s,
+                                 time.monotonic() - running.started)
+            except JobNotFound:  # deleted once it had recorded its end: what its last moments wrote goes too
+                events.forget(self._store, "job", running.job.id)
             self.running = None
             sdnotify.notify(STATUS="idle")
-            usage.record_job(self._store, jobs.get(self._store, running.job.id), cpu_s,
-                             time.monotonic() - running.started)
             return
-        job = jobs.get(self._store, running.job.id)
+        try:
+            job = jobs.get(self._store, running.job.id)
+        except JobNotFound:  # deleted once it had recorded its end, while its process exits: it has the stop time
+            running.stopping = running.stopping or "deleted"
+            running.signalled_at = running.signalled_at or time.monotonic()
+            if time.monotonic() - running.signalled_at > self.settings.daemon.stop_timeout_s:
+                running.process.kill()
+            return
         if running.stopping is None:
             waiting = jobs.next_queued(self._store)
             if job.cancel_requested:

@@ -65,6 +65,13 @@ class Job:
         return shown
 
     @property
+    def role(self) -> str:
+        """Who may submit it, and so cancel or delete it: an export, whose archive waits in the store for an admin
+        to take, is an admin's (a kind this release does not know, too)."""
+        kind = jobspec.SPECS.get(self.kind)
+        return kind.role if kind is not None else "admin"
+
+    @property
     def spec(self) -> jobspec.Spec:
         """The parameters, typed; JobError if a row written by an older appliance no longer passes."""
         return jobspec.parse(self.kind, self.params)
@@ -280,9 +287,10 @@ def delete(store: Store, job_id: str, actor: str | None = None) -> Job:
                            hint=f"cancel it first ('appliance jobs cancel {job.id}'), then delete it")
         events.forget(store, "job", job.id)
         store.db.execute("DELETE FROM jobs WHERE id = ?", (job.id,))
-        if (archive := (job.result or {}).get("archive_blob")) and blobs.exists(store, archive):
-            blobs.delete(store, archive)  # an export nobody downloaded
         details.update(kind=job.kind, status=job.status)
+        if (archive := (job.result or {}).get("archive_blob")) and blobs.exists(store, archive):
+            blobs.delete(store, archive)
+            details["archive"] = "deleted, never downloaded"
     return job
 
 

@@ -449,11 +449,13 @@ class Uploads:
 def hardened_options(serve: ServeSettings, uploads: Uploads | None = None) -> dict[str, Any]:
     """The uvicorn options that bound what one client can hold, for every server of the appliance that faces one:
     the time to send a request's head and its body (longer for `uploads`' paths), idle keep-alive, and connections
-    at once."""
+    at once. The address a request came from is the connection's: uvicorn would otherwise take a client's
+    X-Forwarded-For from 127.0.0.1, and the audit trail and the counts of refusals per source would name whatever
+    it wrote."""
     protocol = type("TimedHttp", (_TimedHttp,), {"header_timeout_s": serve.header_timeout_s,
                                                  "body_timeout_s": serve.body_timeout_s, "uploads": uploads})
     # uvicorn counts the connection asking among the open ones, so one more lets max_connections be served.
-    return {"http": protocol, "limit_concurrency": serve.max_connections + 1,
+    return {"http": protocol, "limit_concurrency": serve.max_connections + 1, "proxy_headers": False,
             "timeout_keep_alive": min(5.0, serve.header_timeout_s)}
 
 

@@ -41,15 +41,19 @@ def job_logs(job_id: str, _user: Viewer, shared: Shared) -> list[str]:
 
 
 @router.post("/v1/jobs/{job_id}/cancel")
-def cancel(job_id: str, user: Operator, shared: Shared) -> dict[str, Any]:
+def cancel(job_id: str, user: Operator, shared: Shared, request: Request) -> dict[str, Any]:
+    """Cancel a queued job, or ask a running one to stop; a job only its submitter's role may cancel (an export)."""
     with shared.use() as store:
+        shared.require(store, user, jobs.get(store, job_id).role, request)
         return jobs.cancel(store, job_id, actor=actor(user)).shown()
 
 
 @router.delete("/v1/jobs/{job_id}")
-def delete(job_id: str, user: Operator, shared: Shared) -> dict[str, Any]:
-    """Forget an ended job, its record and its log; what it made and its audit records stay."""
+def delete(job_id: str, user: Operator, shared: Shared, request: Request) -> dict[str, Any]:
+    """Forget an ended job, its record and its log; what it made and its audit records stay. An export's archive
+    not yet taken goes with it, so only an admin deletes an export job."""
     with shared.use() as store:
+        shared.require(store, user, jobs.get(store, job_id).role, request)
         return jobs.delete(store, job_id, actor=actor(user)).shown()
 
 
