@@ -217,6 +217,8 @@ def test_a_viewer_cannot_deploy_and_the_refusal_is_audited(daemon: Daemon) -> No
         ("GET", "/v1/jobs/nope", None, 404, "no job"),
         ("POST", "/v1/jobs/nope/cancel", None, 404, "no job"),
         ("POST", "/v1/models/nope/deploy", {}, 404, "no model named 'nope'"),
+        ("POST", "/v1/models/nope/deploy", {"version": 10**30}, 400, "version: Input should be less than or"),
+        ("GET", "/v1/events?after=100000000000000000000", None, 400, "after: Input should be less than or equal"),
     ],
 )
 def test_malformed_calls_get_a_4xx_and_change_nothing(
@@ -489,3 +491,27 @@ def test_a_job_deleted_while_its_process_exits_frees_the_supervisor(opened: stor
         assert [event.kind for event in events.after(opened, 0, job.id)] == []
     finally:
         supervisor.close()
+
+
+def test_the_hardware_is_detected_by_one_child_however_many_ask_at_once(daemon: Daemon) -> None:
+    """Each detection loads torch in a child process: a viewer asking many times at once starts one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psutil
+
+    def detecting() -> int:
+        children = psutil.Process(daemon.process.pid).children()
+        return sum("hw" in child.cmdline() for child in children if child.is_running())
+
+    with store.open(daemon.settings) as opened:
+        viewer = users.add(opened, "watcher", "viewer")[1]
+    with daemon.api(viewer) as api, ThreadPoolExecutor(6) as pool:
+        asked = [pool.submit(api.get, "/v1/hardware") for _ in range(6)]
+        most = 0
+        while not all(answer.done() for answer in asked):
+            with contextlib.suppress(psutil.Error):
+                most = max(most, detecting())
+            time.sleep(0.05)
+        reports = [answer.result() for answer in asked]
+    assert [report.status_code for report in reports] == [200] * 6
+    assert most == 1 and len({report.text for report in reports}) == 1

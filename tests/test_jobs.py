@@ -91,6 +91,8 @@ def test_cancel_ends_a_queued_job_and_asks_a_running_one_to_stop(opened: Store) 
         ("train", {"dataset": "x", "params": {"lora": 1}}, "params.lora: 1 is not true or false"),
         ("train", {"dataset": "x", "params": {"warmup_ratio": float("nan")}}, "warmup_ratio: NaN is not a number"),
         ("train", {"dataset": "x", "params": 3}, "params: 3 is not an object of what the training takes: epochs"),
+        ("train", {"dataset": "x", "params": {"max_minutes": 1e308}},  # a job that would fail later, on an overflow
+         "params.max_minutes: 1e+308 is not a number above 0 and at most 10080"),
         ("train", {"dataset": 7}, "dataset: 7 is not text of 1 to 200 characters"),
         ("train", {"dataset": "x" * 201}, 'dataset: "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…'),
         ("train", {"dataset": "x", "device": "gpu"}, 'device: "gpu" is not one of "cpu", "cuda"'),

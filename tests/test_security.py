@@ -231,6 +231,18 @@ def _half_sent(daemon: Daemon, head: str) -> socket.socket:
     return connection
 
 
+def _answer(connection: socket.socket) -> bytes:
+    """A whole HTTP answer, head and body, however the socket hands it over."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += connection.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += connection.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
 def test_a_call_without_a_valid_token_is_refused_before_its_body_is_read(daemon: Daemon) -> None:
     # FastAPI reads and parses a body before it resolves a route's dependencies: the token is checked before that.
     with _half_sent(daemon, "POST /v1/jobs HTTP/1.1\r\nContent-Type: application/json") as slow:
@@ -246,7 +258,7 @@ def test_an_upload_that_cannot_be_taken_is_refused_before_its_body_is_read(daemo
     for path, words in [("/v1/datasets?name=big&filename=big.pdf", b"big.pdf is not a CSV or JSONL file"),
                         ("/v1/models:import?name=m&dataset=nowhere&filename=m.onnx", b"no dataset 'nowhere'")]:
         with _half_sent(daemon, f"POST {path} HTTP/1.1\r\n{auth}") as upload:
-            answer = upload.recv(65536)
+            answer = _answer(upload)
         assert answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 404 ")) and words in answer, answer
     with store.open(daemon.settings) as opened:
         refusals = [(row["action"], row["outcome"]) for row in audit.rows(opened) if row["action"].endswith(".import")]
@@ -277,14 +289,36 @@ def test_checks_of_the_audit_log_asked_without_a_pause_walk_it_once(daemon: Daem
 
 
 @pytest.mark.parametrize("daemon", [{"APPLIANCE_SERVE_BODY_TIMEOUT_S": "2"}], indirect=True)
-def test_only_an_upload_may_take_long_to_arrive(daemon: Daemon) -> None:
+def test_only_an_upload_may_take_long_to_arrive_and_only_while_it_keeps_coming(daemon: Daemon) -> None:
+    """A body has serve.body_timeout_s; an upload longer, while it pauses no longer and keeps UPLOAD_MIN_RATE: the
+    one upload taken at a time is not held by a client that trickles or stops."""
     auth = f"Authorization: Bearer {daemon.settings.cli_token_path.read_text().strip()}"
+    upload_head = f"POST /v1/datasets?name=big&filename=big.csv HTTP/1.1\r\n{auth}"
     with _half_sent(daemon, f"POST /v1/jobs HTTP/1.1\r\n{auth}\r\nContent-Type: application/json") as json_body, \
-            _half_sent(daemon, f"POST /v1/datasets?name=big&filename=big.csv HTTP/1.1\r\n{auth}") as upload:
+            _half_sent(daemon, upload_head) as upload:
+        upload.settimeout(0.5)
+        for _ in range(8):  # 10 KiB a half second, beyond the body timeout, of the 100,000 bytes: still taken in
+            upload.sendall(b"x" * 10 * 1024)
+            with pytest.raises(TimeoutError):
+                upload.recv(4096)
         assert json_body.recv(4096).startswith(b"HTTP/1.1 408 ")  # after serve.body_timeout_s
-        upload.settimeout(3)
-        with pytest.raises(TimeoutError):
-            upload.recv(4096)  # still taken in: an upload has an hour
+    with _half_sent(daemon, upload_head) as stopped:
+        answer = _answer(stopped)
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"the upload sent nothing for 2 s" in answer
+    with _half_sent(daemon, upload_head) as trickle:
+        trickle.settimeout(0.5)
+        for _ in range(20):
+            try:
+                answer = _answer(trickle)
+                break
+            except TimeoutError:
+                trickle.sendall(b"x" * 4)
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"KiB/s, under the 16 KiB/s an upload keeps" in answer, answer
+    with _half_sent(daemon, upload_head):
+        pass  # and a client that goes away mid-upload
+    daemon.wait(lambda: daemon.upload(daemon.settings.state_dir.parent / "tickets.csv", name="tickets"
+                                      ).status_code == 201, 10, "the slot was not given back")
+    assert "Traceback" not in (daemon.settings.state_dir / "daemon.log").read_text()
 
 
 def test_a_daemon_whose_audit_log_is_cut_under_it_stops_and_will_not_start_again(daemon: Daemon) -> None:

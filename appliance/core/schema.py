@@ -25,6 +25,7 @@ from appliance.core.errors import ApplianceError, JobError
 SHOWN_CHARS = 60
 SHOWN_PROBLEMS = 5
 EXPLAINED = "explained"  # the type of a refusal already put in words
+SQLITE_MAX_INT = 2**63 - 1  # the largest whole number SQLite holds: a sequence number or id past it is none
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a dataset's or a model's name
 NAME_RULE = "up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 

@@ -17,6 +17,7 @@ from typing import Literal
 
 from appliance.core import clock
 from appliance.core.errors import AlertNotFound
+from appliance.core.schema import SQLITE_MAX_INT
 from appliance.store import Store, audit, events
 from appliance.store.db import transaction
 
@@ -82,7 +83,7 @@ def open_count(store: Store) -> int:
 
 def get(store: Store, alert_id: int) -> Alert:
     row = (store.db.execute(f"SELECT {_COLUMNS} FROM alerts WHERE id = ?", (alert_id,)).fetchone()
-           if 0 < alert_id < 2**63 else None)  # SQLite holds no id beyond: none of them is an alert
+           if 0 < alert_id <= SQLITE_MAX_INT else None)
     if row is None:
         raise AlertNotFound(f"no alert {alert_id}", hint="'appliance alerts --all' lists them")
     return Alert(*row)

@@ -72,7 +72,8 @@ class TrainParams(Strict):
     checkpoint_every: int | None = Field(None, ge=1, le=1_000_000, description="also checkpoint every this many"
                                          " optimizer steps")
     seed: int = Field(13, ge=0, le=2**32 - 1)
-    max_minutes: float | None = Field(None, gt=0, description="stop after this long with the best so far")
+    max_minutes: float | None = Field(None, gt=0, le=7 * 24 * 60,
+                                      description="stop after this long (at most a week) with the best so far")
 
     @model_validator(mode="before")
     @classmethod

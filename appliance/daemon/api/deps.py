@@ -14,11 +14,12 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Query, Request
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from appliance.access import users
 from appliance.core import config
-from appliance.core.errors import AuthError, BadRequest, DaemonError, Overloaded
+from appliance.core.errors import AuthError, BadRequest, DaemonError, Overloaded, RequestTimeout
 from appliance.core.text import printable
 from appliance.serve.runtime import Runtime
 from appliance.serve.web import error_response
@@ -30,6 +31,8 @@ READ_AUDIT_S = 600.0
 REFUSALS_WINDOW_S = 60.0  # refusals of one source and caller are written once, then counted for this long
 REFUSALS_TRACKED = 10_000  # sources and callers tracked at once; more are counted together
 UPLOADS_AT_ONCE = 1  # uploads received and stored at once: each is spooled whole, up to daemon.max_upload_mb
+UPLOAD_MIN_RATE = 16 * 1024  # bytes a second an upload averages, from 2 * serve.body_timeout_s on: a trickle (or
+# pauses longer than serve.body_timeout_s) would hold the one upload there is for the hour an upload may take
 
 
 class SharedStore:
@@ -226,7 +229,7 @@ async def received(request: Request) -> AsyncIterator[spool.Spool]:
         with spool.Spool(shared.store.settings.state_dir) as body:
             try:
                 arrived = bytearray()
-                async for chunk in request.stream():
+                async for chunk in _kept_up(request, shared.store.settings.serve.body_timeout_s):
                     arrived += chunk
                     if len(arrived) >= spool.PIECE:
                         await asyncio.to_thread(body.write, bytes(arrived))
@@ -240,3 +243,28 @@ async def received(request: Request) -> AsyncIterator[spool.Spool]:
             yield body
     finally:
         shared.uploads -= 1
+
+
+async def _kept_up(request: Request, pause_s: float) -> AsyncIterator[bytes]:
+    """The body's chunks, as long as none is more than pause_s late and, from 2 * pause_s on, they average
+    UPLOAD_MIN_RATE; else RequestTimeout (408), as for a client that went away."""
+    chunks, started, received_bytes = request.stream().__aiter__(), time.monotonic(), 0
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(chunks), pause_s)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise RequestTimeout(f"the upload sent nothing for {pause_s:g} s (serve.body_timeout_s)",
+                                 hint="send it again without pausing") from None
+        except ClientDisconnect:
+            raise RequestTimeout("the upload did not arrive in full: the connection closed",
+                                 hint="send it again") from None
+        received_bytes += len(chunk)
+        elapsed_s = time.monotonic() - started
+        if elapsed_s > 2 * pause_s and received_bytes < UPLOAD_MIN_RATE * elapsed_s:
+            raise RequestTimeout(f"the upload came at {received_bytes / elapsed_s / 1024:.1f} KiB/s, under the"
+                                 f" {UPLOAD_MIN_RATE // 1024} KiB/s an upload keeps, as only one is taken at a time",
+                                 hint="send it over a faster link, or put the file in daemon.import_dir and import it"
+                                      " by name")
+        yield chunk

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from appliance.core.errors import RateLimited
+from appliance.core.schema import SQLITE_MAX_INT
 from appliance.daemon.api.deps import Shared, Viewer
 from appliance.store import events
 
@@ -23,7 +24,7 @@ router = APIRouter()
 
 @router.get("/v1/events", response_class=StreamingResponse)
 async def event_stream(
-    user: Viewer, shared: Shared, after: Annotated[int, Query(ge=0)] = 0, subject: str | None = None
+    user: Viewer, shared: Shared, after: Annotated[int, Query(ge=0, le=SQLITE_MAX_INT)] = 0, subject: str | None = None
 ) -> StreamingResponse:
     """Server-sent events: job progress, stages and logs, deploys, drift alerts; resume with ?after=SEQ. A user
     may hold STREAMS_PER_USER at once."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from dataclasses import asdict
 from importlib import metadata
 from typing import Any
@@ -51,11 +52,16 @@ def daemon_status(request: Request, _user: Viewer, shared: Shared, settings: Set
 
 @router.get("/v1/hardware")
 def hardware(request: Request, _user: Viewer, settings: Settings) -> dict[str, Any]:
-    """What `appliance hw --json` says: the hardware, the default base model, and the training plan."""
+    """What `appliance hw --json` says: the hardware, the default base model, and the training plan. Detected once,
+    by one child process at a time: callers meanwhile wait for its report."""
     report: dict[str, Any] = request.app.state.hardware
-    if not report:
-        report.update(_detect_hardware(settings))
+    with _detecting:
+        if not report:
+            report.update(_detect_hardware(settings))
     return report
+
+
+_detecting = threading.Lock()  # one detection at a time: each loads torch in a child process
 
 
 def _detect_hardware(settings: config.Settings) -> dict[str, Any]:

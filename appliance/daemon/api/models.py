@@ -32,7 +32,7 @@ router = APIRouter()
 
 
 class DeployRequest(Body):
-    version: int | None = Field(None, ge=1, description="default: the newest version")
+    version: int | None = Field(None, ge=1, le=10**18 - 1, description="default: the newest version")
     canary_percent: float | None = Field(None, gt=0, le=100)
 
 
