@@ -7,12 +7,15 @@ import random
 import shutil
 import sqlite3
 import stat
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from appliance.core import config
-from appliance.store import Store, audit, backups
+from appliance.core.errors import BackupError
+from appliance.store import Store, alerts, audit, backups
 from tests.conftest import run_cli
 from tests.daemon import Daemon
 
@@ -76,6 +79,40 @@ def test_a_damaged_store_makes_no_backup_and_the_good_ones_stay(opened: Store, t
     assert "the store's database file is damaged" in reading.stderr and "appliance backup restore" in reading.stderr
     doctor = run_cli("doctor")
     assert doctor.returncode == 1 and "FAIL  store" in doctor.stdout and "integrity check failed" in doctor.stdout
+
+
+def test_a_store_whose_encrypted_blob_rotted_makes_no_backup_and_the_good_ones_stay(opened: Store,
+                                                                                      tickets: str) -> None:
+    """A flipped bit inside a chunk's ciphertext: SQLite's own check passes, decryption does not."""
+    opened.settings = dataclasses.replace(opened.settings, backup=config.BackupSettings(keep=1))
+    good, _ = backups.create(opened)
+    blob_id = opened.db.execute("SELECT id FROM blobs").fetchone()[0]
+    rowid, data = opened.db.execute("SELECT c.rowid, c.data FROM blob_chunks c JOIN blobs b USING (storage_id)"
+                                    " WHERE b.id = ? AND c.idx = 0", (blob_id,)).fetchone()
+    opened.db.execute("UPDATE blob_chunks SET data = ? WHERE rowid = ?", (bytes([data[0] ^ 1]) + data[1:], rowid))
+    with pytest.raises(BackupError, match=f"the store is damaged, so a copy of it would be too: blobs: blob {blob_id}"):
+        backups.create(opened)
+    assert _names(opened.settings) == [good.path.name]  # kept: the copy of the damage was not, nor pushed it out
+    assert not list(opened.settings.backup_dir.glob("*.partial"))
+    assert [row["outcome"] for row in audit.rows(opened) if row["action"] == "backup.created"] == ["ok"]
+    copied = run_cli("store", "backup", str(opened.settings.state_dir / "copy.db"))
+    assert copied.returncode == 1 and "the store is damaged" in copied.stderr
+    assert not (opened.settings.state_dir / "copy.db").exists()
+
+    scheduled = dataclasses.replace(opened.settings, backup=config.BackupSettings(every_hours=0.0001, keep=1))
+    stop = threading.Event()
+    taker = threading.Thread(target=backups.keep_taking, args=(scheduled, None, stop))
+    taker.start()
+    try:  # a schedule that fails is an alert an operator sees, not only a line in the daemon's log
+        deadline = time.monotonic() + 30
+        while not (raised := alerts.listed(opened)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        taker.join()
+    assert [(alert.source, alert.severity) for alert in raised] == [("backup", "error")]
+    assert f"the scheduled backup failed: the store is damaged, so a copy of it would be too: blobs: blob {blob_id}" \
+        in raised[0].message and "appliance backup list" in raised[0].message
 
 
 def test_a_backup_from_before_a_key_rotation_names_the_key_it_needs(opened: Store, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import click
 
 from appliance.cli.base import cli, json_option, opened_store, print_json, progress_bar
 from appliance.core.hardware import format_bytes
-from appliance.store import lifecycle, space
+from appliance.store import backups, lifecycle, space
 
 
 @cli.group("store")
@@ -61,5 +61,5 @@ def store_compact() -> None:
 def store_backup(path: Path) -> None:
     """Copy the store to PATH while it runs; the copy opens with the same key."""
     with opened_store() as opened, progress_bar("backing up") as progress:
-        size = lifecycle.backup(opened, path, progress)
+        size = backups.copy(opened, path, progress)
     click.echo(f"backup written to {path} ({size / 2**20:.1f} MiB)")

@@ -21,7 +21,7 @@ from appliance.core.schema import SQLITE_MAX_INT
 from appliance.store import Store, audit, events
 from appliance.store.db import transaction
 
-Source = Literal["drift", "job", "autopilot", "audit"]
+Source = Literal["drift", "job", "autopilot", "audit", "backup"]
 Severity = Literal["warning", "error"]
 
 _COLUMNS = "id, source, subject, severity, message, raised_at, last_at, count, acknowledged_at, acknowledged_by"

@@ -19,6 +19,7 @@ is kept aside.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -38,7 +39,7 @@ from appliance import store as store_pkg
 from appliance.core import clock
 from appliance.core.config import Settings
 from appliance.core.errors import BackupError, KeyMismatch, StoreError, TamperDetected
-from appliance.store import Store, anchor, audit, blobs, keys, lifecycle, migrations
+from appliance.store import Store, alerts, anchor, audit, blobs, keys, lifecycle, migrations
 from appliance.store import db as store_db
 
 NAME = re.compile(r"appliance-(\d{8}T\d{6}\.\d{6}Z)\.db")
@@ -101,9 +102,23 @@ def create(store: Store, progress: Progress = lambda done, total: None, *, actor
     """Take a backup into the backup directory, then delete the oldest beyond `backup.keep`."""
     directory = private_dir(store.settings.backup_dir)
     target = directory / f"appliance-{clock.now().strftime(STAMP)}.db"
-    lifecycle.backup(store, target, progress, action="backup.created", actor=actor, scheduled=scheduled,
-                     key_fingerprint=store.master.fingerprint)
+    copy(store, target, progress, action="backup.created", actor=actor, scheduled=scheduled,
+         key_fingerprint=store.master.fingerprint)
     return describe(target), prune(store, actor=actor)
+
+
+def copy(store: Store, target: Path, progress: Progress = lambda done, total: None, **audited: Any) -> int:
+    """lifecycle.backup, the copy verified end to end under the live store's key before it is kept: SQLite's check
+    passes a store whose encrypted blobs rotted on the disk, and such a copy must not pass for a backup, nor push a
+    good one out of those kept. BackupError naming what failed; the copy's size otherwise."""
+
+    def verified(partial: Path) -> None:
+        checked = verify(store.settings, partial, progress=progress, master=store.master)
+        if not checked.ok:
+            raise BackupError(f"the store is damaged, so a copy of it would be too: {'; '.join(checked.problems)}",
+                              hint=store_db.RESTORE_HINT)
+
+    return lifecycle.backup(store, target, progress, check=verified, **audited)
 
 
 def prune(store: Store, *, actor: str | None = None) -> list[Path]:
@@ -170,6 +185,16 @@ def due_in_s(settings: Settings, since: datetime) -> float | None:
     return (due - clock.now()).total_seconds()
 
 
+def _alert_failed(store: Store, exc: Exception) -> None:
+    """A scheduled backup that failed is an operator's business, not only a log line: until one is taken, the last
+    good one ages."""
+    with contextlib.suppress(Exception):  # the store may be what failed
+        alerts.raise_alert(store, "backup", str(store.settings.backup_dir), "error",
+                           f"the scheduled backup failed: {getattr(exc, 'message', exc)}"
+                           + (f" ({exc.hint})" if getattr(exc, "hint", None) else "")
+                           + "; 'appliance backup list' shows the last good one")
+
+
 def private_dir(directory: Path) -> Path:
     """The backup directory, created 0700; one that others may enter is refused."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -183,10 +208,10 @@ def private_dir(directory: Path) -> Path:
 
 
 def verify(settings: Settings, path: Path, passphrase: str | None = None,
-           progress: Progress = lambda done, total: None) -> Verification:
-    """Check a backup end to end, reading only the backup file and the master key.
+           progress: Progress = lambda done, total: None, *, master: keys.MasterKey | None = None) -> Verification:
+    """Check a backup end to end, reading only the backup file and the master key (master, or the configured one).
 
-    A backup the current master key does not open raises KeyMismatch naming the key it needs.
+    A backup the master key does not open raises KeyMismatch naming the key it needs.
     """
     result = Verification(path)
     if not path.is_file():
@@ -197,7 +222,7 @@ def verify(settings: Settings, path: Path, passphrase: str | None = None,
         result.add("sqlite", False, exc.message)
         return result
     try:
-        _check(settings, database, path, passphrase, progress, result)
+        _check(settings, database, path, master or keys.find(settings, database, passphrase), progress, result)
     except sqlite3.DatabaseError as exc:
         result.add("sqlite", False, f"the file is damaged: {exc}")
     finally:
@@ -205,7 +230,7 @@ def verify(settings: Settings, path: Path, passphrase: str | None = None,
     return result
 
 
-def _check(settings: Settings, database: sqlite_utils.Database, path: Path, passphrase: str | None,
+def _check(settings: Settings, database: sqlite_utils.Database, path: Path, master: keys.MasterKey,
            progress: Progress, result: Verification) -> None:
     damage = store_db.integrity_problems(database.conn)
     if not result.add("integrity", not damage, "; ".join(damage) or "ok"):
@@ -218,7 +243,7 @@ def _check(settings: Settings, database: sqlite_utils.Database, path: Path, pass
     if not keys.is_initialised(database):
         result.add("key", False, "the backup holds no store secret")
         return
-    opened = _unlocked(settings, database, path, passphrase)
+    opened = _unlocked(settings, database, path, master)
     result.add("key", True, f"the master key {opened.master.fingerprint} opens the store secret")
     total = database.execute("SELECT COALESCE(SUM(size), 0) FROM blobs").fetchone()[0]
     done, bad = 0, []
@@ -236,9 +261,8 @@ def _check(settings: Settings, database: sqlite_utils.Database, path: Path, pass
     result.add("audit", chain.ok, chain.problem or f"the chain of {chain.records} records is intact")
 
 
-def _unlocked(settings: Settings, database: sqlite_utils.Database, path: Path, passphrase: str | None) -> Store:
-    """The backup as a read-only store under the current master key, or KeyMismatch naming the key it needs."""
-    master = keys.find(settings, database, passphrase)
+def _unlocked(settings: Settings, database: sqlite_utils.Database, path: Path, master: keys.MasterKey) -> Store:
+    """The backup as a read-only store under the master key, or KeyMismatch naming the key it needs."""
     try:
         secret = keys.open_secret(database, master)
     except KeyMismatch:
@@ -336,6 +360,7 @@ def keep_taking(settings: Settings, passphrase: str | None, stop: threading.Even
                     wait = 1.0
                 except Exception as exc:  # noqa: BLE001  a full disk must not stop the daemon: say so, try again later
                     log.error("scheduled backup failed: %s", getattr(exc, "message", exc))
+                    _alert_failed(opened, exc)
                     wait = RETRY_S
             if stop.wait(min(wait, RETRY_S)):  # a manual backup in between moves the next one
                 return

@@ -118,11 +118,13 @@ def info(store: Store) -> dict[str, Any]:
 
 
 def backup(store: Store, target: Path, progress: Callable[[int, int], None] = lambda done, total: None, *,
-           action: str = "store.backup", actor: str | None = None, **details: Any) -> int:
+           check: Callable[[Path], None] = lambda copy: None, action: str = "store.backup", actor: str | None = None,
+           **details: Any) -> int:
     """Copy the live store to target (encrypted as it is) and return its size.
 
-    The copy is made under a temporary name and renamed only once the backup is
-    audited (as action, with details), so a failed backup leaves no file that looks complete.
+    The copy is made under a temporary name, checked (check raises for one that must not be kept), and renamed
+    only once the backup is audited (as action, with details), so a failed backup leaves no file that looks
+    complete.
     """
     target = target.absolute()
     if target.exists():
@@ -132,6 +134,7 @@ def backup(store: Store, target: Path, progress: Callable[[int, int], None] = la
     partial = target.with_name(target.name + ".partial")
     try:
         store_db.backup(store.db, partial, progress)
+        check(partial)
         size = partial.stat().st_size
         audit.record(store, action, str(target), actor=actor, bytes=size, **details)
         os.replace(partial, target)
