@@ -7,6 +7,7 @@ an ApplianceError into a message and an exit code (0 ok, 1 failed, 2 usage).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sqlite3
@@ -41,7 +42,7 @@ from appliance.cli import (  # noqa: F401  registers the command groups
     users,
 )
 from appliance.cli.base import cli
-from appliance.core.errors import ApplianceError
+from appliance.core.errors import ApplianceError, StoreFull
 from appliance.core.text import printable
 from appliance.store import db as store_db
 
@@ -56,8 +57,8 @@ def main() -> None:
         cli.main(prog_name="appliance", standalone_mode=False)
     except ApplianceError as exc:
         _report(exc)
-    except sqlite3.DatabaseError as exc:  # a damaged database file is the disk's doing; any other, a bug
-        _report(damage) if (damage := store_db.damage_of(exc)) is not None else _internal(exc)
+    except sqlite3.DatabaseError as exc:  # a damaged database file or a full disk is the disk's doing; any other, a bug
+        _report(disk) if (disk := store_db.disk_error(exc)) is not None else _internal(exc)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(1)
@@ -65,6 +66,9 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except OSError as exc:  # a path this machine does not let the command use: named, with what to check
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and not os.environ.get("APPLIANCE_DEBUG"):
+            _report(StoreFull(f"no space left on the disk{f' for {exc.filename}' if exc.filename else ''}",
+                              hint=store_db.FULL_HINT))
         if exc.filename is None or os.environ.get("APPLIANCE_DEBUG"):
             _internal(exc)
         click.echo(f"error: cannot use {exc.filename}: {exc.strerror}", err=True)

@@ -8,6 +8,7 @@
      │    ├── TamperDetected      stored bytes or audit records were changed
      │    ├── SchemaTooNew        the database was written by a newer appliance
      │    ├── StoreDamaged        SQLite finds the database file damaged (503)
+     │    ├── StoreFull           the disk has no room for what the store, or a copy of it, writes (503)
      │    ├── BlobNotFound        no blob with that id
      │    ├── BackupError         a backup cannot be made, fails its check, or cannot be restored now
      │    └── AlertNotFound       no alert with that id (404)
@@ -89,6 +90,10 @@ class SchemaTooNew(StoreError):
 
 class StoreDamaged(StoreError):
     """SQLite finds the database file damaged (a failing disk, a copy cut short): only a backup brings it back."""
+
+
+class StoreFull(StoreError):
+    """The disk has no room for what the store, a backup or a restore writes."""
 
 
 class BlobNotFound(StoreError):

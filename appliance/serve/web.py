@@ -51,6 +51,7 @@ from appliance.core.errors import (
     RunNotFound,
     ServeError,
     StoreDamaged,
+    StoreFull,
     StudyNotFound,
     VersionNotFound,
 )
@@ -73,6 +74,7 @@ STATUS: dict[type[ApplianceError], int] = {
     ResidencyRefused: 403,
     AuditDiverged: 503,
     StoreDamaged: 503,
+    StoreFull: 503,
     DaemonError: 503,
     ServeError: 503,  # the model failed on a batch, or too much is queued: a retry may well succeed
     BadRequest: 400,
@@ -154,10 +156,11 @@ async def body_too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
 
 Handler = Callable[[Request, Any], Awaitable[JSONResponse]]
 async def database_error(_request: Request, exc: sqlite3.DatabaseError) -> JSONResponse:
-    """A damaged database file as StoreDamaged (503); any other SQLite error stays a bug (500)."""
-    if (damage := store_db.damage_of(exc)) is None:
+    """A damaged database file, or a full disk, as StoreDamaged or StoreFull (503); any other SQLite error stays a
+    bug (500)."""
+    if (disk := store_db.disk_error(exc)) is None:
         raise exc
-    return error_response(damage)
+    return error_response(disk)
 
 
 EXCEPTION_HANDLERS: dict[type[Exception], Handler] = {

@@ -18,11 +18,14 @@ from pathlib import Path
 
 import sqlite_utils
 
-from appliance.core.errors import BackupError, StoreDamaged, StoreError
+from appliance.core.errors import BackupError, StoreDamaged, StoreError, StoreFull
 
 log = logging.getLogger(__name__)
 RESTORE_HINT = ("keep appliance.db as evidence, stop the daemon and restore the newest good backup ('appliance backup"
                 " list', 'appliance backup verify FILE', 'appliance backup restore FILE')")  # what a damaged store needs
+
+FULL_HINT = ("free space on that disk ('df -h' shows how much; 'appliance store info' what the store holds), then"
+             " try again; nothing half-written was kept")
 
 BUSY_TIMEOUT_MS = 30_000
 WAL_BOUND_BYTES = 512 << 20  # past this the writing connection folds the WAL in itself
@@ -188,12 +191,15 @@ def backup(db: sqlite_utils.Database, target: Path, progress: Callable[[int, int
     fsync(target)  # durable before the caller renames it into place
 
 
-def damage_of(exc: sqlite3.DatabaseError) -> StoreDamaged | None:
-    """What an operator is told when SQLite raised exc because the database file is damaged; None for any other
-    error (a bug, not the file)."""
-    if getattr(exc, "sqlite_errorcode", None) not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-        return None
-    return StoreDamaged(f"the store's database file is damaged ({exc})", hint=RESTORE_HINT)
+def disk_error(exc: sqlite3.DatabaseError) -> StoreDamaged | StoreFull | None:
+    """What an operator is told when SQLite raised exc because of the disk: the database file is damaged, or there
+    is no room to write; None for any other error (a bug, not the disk)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return StoreDamaged(f"the store's database file is damaged ({exc})", hint=RESTORE_HINT)
+    if code == sqlite3.SQLITE_FULL:
+        return StoreFull(f"the disk is full: SQLite could not write ({exc})", hint=FULL_HINT)
+    return None
 
 
 def integrity_problems(conn: sqlite3.Connection) -> list[str]:

@@ -141,4 +141,5 @@ def backup(store: Store, target: Path, progress: Callable[[int, int], None] = la
         keys.fsync_dir(target.parent)
     finally:
         partial.unlink(missing_ok=True)
+        partial.with_name(partial.name + "-journal").unlink(missing_ok=True)  # SQLite's, of a copy cut short
     return size

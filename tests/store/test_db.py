@@ -7,6 +7,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,23 @@ def test_a_store_this_user_may_only_read_is_refused_with_what_to_do(opened: Stor
                             text=True, timeout=120, check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"the database {settings.db_path} cannot be written by this user" in result.stderr
+
+
+def test_a_full_disk_is_named_as_one_not_a_bug(opened: Store, settings: Settings, tmp_path: Path) -> None:
+    """SQLite's 'database or disk is full', and a write the disk refuses, reach the operator as StoreFull."""
+    from appliance.core.errors import StoreFull
+    from appliance.store import db as store_db
+
+    small = sqlite3.connect(tmp_path / "small.db")
+    small.execute("CREATE TABLE t (x BLOB)")
+    small.execute("PRAGMA max_page_count = 3")  # a disk with room for three pages
+    with pytest.raises(sqlite3.DatabaseError) as raised:
+        small.execute("INSERT INTO t VALUES (?)", (os.urandom(65536),))
+    found = store_db.disk_error(raised.value)
+    assert isinstance(found, StoreFull) and "the disk is full" in found.message and "df -h" in (found.hint or "")
+    opened.close()
+    with open("/dev/full", "w") as full:  # a disk with no room at all
+        answer = subprocess.run([sys.executable, "-m", "appliance", "audit", "export"], stdout=full,
+                                stderr=subprocess.PIPE, text=True, check=False)
+    assert answer.returncode == 1 and "error: no space left on the disk" in answer.stderr
+    assert "internal error" not in answer.stderr
