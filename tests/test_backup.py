@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import shutil
 import sqlite3
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance import store
 from appliance.core import config
 from appliance.core.errors import BackupError
 from appliance.store import Store, alerts, audit, backups
@@ -121,13 +123,16 @@ def test_a_backup_from_before_a_key_rotation_names_the_key_it_needs(opened: Stor
     old = opened.master.fingerprint
     made, _ = backups.create(opened)
     opened.close()
-    run_cli("keys", "rotate", check=True)
+    rotated = run_cli("keys", "rotate", check=True).stdout
+    assert "copy the new key off this box now" in rotated
+    assert f"1 backup in {opened.settings.backup_dir} still needs the old key {old}" in rotated  # before it is gone
     new = run_cli("keys", "status", check=True).stdout
 
     verified = run_cli("backup", "verify", str(made.path))
     assert verified.returncode == 1
-    assert f"needs the master key {old}" in verified.stderr and "the current master key is" in verified.stderr
-    assert "nothing was changed" in verified.stderr and "Traceback" not in verified.stderr
+    assert f"needs the master key {old}" in verified.stderr and "the key given is" in verified.stderr
+    assert "--key-file" in verified.stderr and "nothing was changed" in verified.stderr
+    assert "Traceback" not in verified.stderr
     listing = run_cli("backup", "list", check=True).stdout
     assert f"key {old}  (needs another key)" in listing
     current = listing.split("the current master key is ")[1].split()[0]
@@ -137,8 +142,21 @@ def test_a_backup_from_before_a_key_rotation_names_the_key_it_needs(opened: Stor
     assert restored.returncode == 1 and f"needs the master key {old}" in restored.stderr
     assert run_cli("audit", "verify").returncode == 0  # the live store is as it was
 
-    with_old_key = run_cli("backup", "verify", str(made.path), env={"APPLIANCE_KEYS_FILE": str(old_key)})
+    with_old_key = run_cli("backup", "verify", str(made.path), "--key-file", str(old_key))
     assert with_old_key.returncode == 0, with_old_key.stdout + with_old_key.stderr
+
+    # Restored with the key it needs, it is re-wrapped under the appliance's own: every command opens it after.
+    current_key = opened.settings.key_file.read_bytes()
+    back = run_cli("backup", "restore", str(made.path), "--key-file", str(old_key))
+    assert back.returncode == 0, back.stderr
+    assert f"re-wrapped under this appliance's master key {current} (the backup was under {old})" in back.stdout
+    assert opened.settings.key_file.read_bytes() == current_key
+    assert json.loads(run_cli("keys", "status", "--json", check=True).stdout)["opens_store"] is True
+    assert run_cli("audit", "verify").returncode == 0
+    assert run_cli("doctor").returncode == 0
+    with store.open(opened.settings) as reopened:
+        record = json.loads(audit.rows(reopened, action="backup.restored")[-1]["details"])
+    assert record["rewrapped"] == {"from": old, "to": current}
 
 
 @pytest.mark.parametrize("daemon", [{"APPLIANCE_BACKUP_EVERY_HOURS": "0.0003", "APPLIANCE_BACKUP_KEEP": "2"}],

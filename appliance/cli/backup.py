@@ -13,7 +13,7 @@ from appliance.cli.base import cli, json_option, load_settings, opened_store, pr
 from appliance.core import config
 from appliance.core.errors import BackupError, StoreError
 from appliance.daemon import client
-from appliance.store import backups
+from appliance.store import backups, keys
 
 
 @cli.group("backup")
@@ -55,14 +55,21 @@ def backup_list(as_json: bool) -> None:
                    f"{backup.audit_records} audit records  key {key}{note}")
 
 
+KEY_FILE = click.option("--key-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                        help="The key file the backup was taken under, where it is not this appliance's key (the key "
+                             "before a rotation, or the old box's): 'appliance backup list' shows which one each needs.")
+
+
 @backup_group.command("verify")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@KEY_FILE
 @json_option
-def backup_verify(file: Path, as_json: bool) -> None:
+def backup_verify(file: Path, key_file: Path | None, as_json: bool) -> None:
     """Check a backup end to end without touching the store; exit 1 if any check fails."""
     settings = load_settings()
     with progress_bar("decrypting blobs") as progress:
-        result = backups.verify(settings, _find(settings, file), os.environ.get("APPLIANCE_PASSPHRASE"), progress)
+        result = backups.verify(settings, _find(settings, file), os.environ.get("APPLIANCE_PASSPHRASE"), progress,
+                                master=_key(key_file))
     if as_json:
         print_json({"path": str(result.path), "ok": result.ok,
                     "checks": [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in result.checks]})
@@ -76,16 +83,26 @@ def backup_verify(file: Path, as_json: bool) -> None:
 
 @backup_group.command("restore")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-def backup_restore(file: Path) -> None:
-    """Replace the store of a stopped appliance with a backup, checked first; the old one is kept aside."""
+@KEY_FILE
+def backup_restore(file: Path, key_file: Path | None) -> None:
+    """Replace the store of a stopped appliance with a backup, checked first; the old one is kept aside. With
+    --key-file, the restored store is re-wrapped under this appliance's own key, which opens it from then on."""
     settings = load_settings()
     _refuse_while_running(settings)
     with progress_bar("checking the backup") as progress:
-        restored = backups.restore(settings, _find(settings, file), os.environ.get("APPLIANCE_PASSPHRASE"), progress)
+        restored = backups.restore(settings, _find(settings, file), os.environ.get("APPLIANCE_PASSPHRASE"), progress,
+                                   backup_key=_key(key_file))
     click.echo(f"restored {restored.backup.name}: the audit chain now ends at record {restored.audit_records}"
                + (f" (it stood at {restored.abandoned_head} before)" if restored.abandoned_head else ""))
+    if restored.rewrapped:
+        click.echo(f"re-wrapped under this appliance's master key {restored.rewrapped['to']} (the backup was under"
+                   f" {restored.rewrapped['from']})")
     if restored.replaced:
         click.echo(f"the replaced database is kept as {restored.replaced}")
+
+
+def _key(key_file: Path | None) -> keys.MasterKey | None:
+    return None if key_file is None else keys.read_key_file(key_file)
 
 
 def _find(settings: config.Settings, file: Path) -> Path:

@@ -9,7 +9,7 @@ import click
 from appliance import store
 from appliance.cli.base import cli, json_option, load_settings, opened_store, passphrase_from, print_json
 from appliance.core.errors import StoreError
-from appliance.store import audit, lifecycle
+from appliance.store import audit, backups, lifecycle
 
 
 @cli.group("keys")
@@ -49,6 +49,14 @@ def keys_rotate(new_key_file: Path | None) -> None:
     if new_key_file is not None:
         click.echo("only it opens the store now: install it as the credential master.key (over the file "
                    "LoadCredential= names, and keys.file if that names another) before the service starts again")
+    if opened.master.source != "passphrase":
+        click.echo("copy the new key off this box now, as you did the old one: a backup from now on needs it")
+    older = [found for found in backups.list_backups(opened.settings) if found.key_fingerprint == result.old_fingerprint]
+    if older:
+        click.echo(f"{len(older)} backup{'s' * (len(older) != 1)} in {opened.settings.backup_dir} still"
+                   f" need{'s' * (len(older) == 1)} the old key"
+                   f" {result.old_fingerprint}: keep your copy of it while they are kept ('appliance backup restore"
+                   " FILE --key-file OLD' re-wraps one), or take one under the new key now ('appliance backup now')")
 
 
 def _check_new_key_file(source: str, path: Path) -> None:

@@ -41,6 +41,7 @@ from appliance.core.config import Settings
 from appliance.core.errors import BackupError, KeyMismatch, StoreError, TamperDetected
 from appliance.store import Store, alerts, anchor, audit, blobs, keys, lifecycle, migrations
 from appliance.store import db as store_db
+from appliance.store.db import transaction
 
 NAME = re.compile(r"appliance-(\d{8}T\d{6}\.\d{6}Z)\.db")
 STAMP = "%Y%m%dT%H%M%S.%fZ"
@@ -92,6 +93,7 @@ class Restored:
     audit_records: int  # in the restored chain, the restore's own record included
     abandoned_head: int | None  # the live chain's head seq that the restore rewound from
     replaced: Path | None  # where the database it replaced was kept
+    rewrapped: dict[str, str] | None = None  # the fingerprints the store secret moved from and to, if it moved
 
 
 # -- taking and keeping ------------------------------------------------------------
@@ -268,10 +270,11 @@ def _unlocked(settings: Settings, database: sqlite_utils.Database, path: Path, m
     except KeyMismatch:
         needed = keys.stored_fingerprint(database) or "unknown (the backup predates key fingerprints)"
         raise KeyMismatch(
-            f"the backup {path.name} needs the master key {needed}; the current master key is "
-            f"{master.fingerprint} ({master.source}), so it cannot be read",
-            hint="the key was rotated after this backup: give the key it needs (APPLIANCE_KEYS_FILE for a key file, "
-                 "APPLIANCE_PASSPHRASE for a passphrase) or choose a newer backup; nothing was changed",
+            f"the backup {path.name} needs the master key {needed}; the key given is {master.fingerprint}"
+            f" ({master.source}), so it cannot be read",
+            hint="give the key file it was taken under with --key-file (a restore then re-wraps it under this"
+                 " appliance's key), or the passphrase it was taken under as APPLIANCE_PASSPHRASE, exactly as typed"
+                 " then; 'appliance backup list' shows the key each backup needs; nothing was changed",
         ) from None
     store_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
     return Store(database, settings, master, store_id, secret, read_only=True)
@@ -281,10 +284,14 @@ def _unlocked(settings: Settings, database: sqlite_utils.Database, path: Path, m
 
 
 def restore(settings: Settings, path: Path, passphrase: str | None = None, progress: Progress = lambda d, t: None,
-            *, actor: str | None = None) -> Restored:
-    """Replace the database of a stopped appliance with a verified backup; the caller checked that none runs."""
+            *, actor: str | None = None, backup_key: keys.MasterKey | None = None) -> Restored:
+    """Replace the database of a stopped appliance with a verified backup; the caller checked that none runs.
+
+    backup_key: the key the backup was taken under, where it is not the one this appliance is configured with (the
+    key before a rotation, another box's): the restored store is re-wrapped under the configured key, so that it
+    opens as the appliance is set up to open it."""
     path = path.absolute()
-    checked = verify(settings, path, passphrase, progress)
+    checked = verify(settings, path, passphrase, progress, master=backup_key)
     if not checked.ok:
         raise BackupError(f"the backup {path.name} failed its check: {'; '.join(checked.problems)}",
                           hint="nothing was changed; 'appliance backup list' shows the other backups")
@@ -294,6 +301,7 @@ def restore(settings: Settings, path: Path, passphrase: str | None = None, progr
     try:
         staged = dataclasses.replace(settings, state_dir=staging)
         _copy_private(path, staged.db_path)
+        rewrapped = _under_configured_key(staged, backup_key, passphrase) if backup_key is not None else None
         abandoned = anchor.read_head(settings.audit_head_path)
         stamp = clock.now().strftime(STAMP)
         replaced = settings.db_path.with_name(f"{settings.db_path.name}.replaced-{stamp}")
@@ -304,7 +312,7 @@ def restore(settings: Settings, path: Path, passphrase: str | None = None, progr
                 backup_head={"seq": head[0], "hash": head[1]} if head else None,
                 abandoned_head=({"seq": abandoned.seq, "hash": abandoned.hash, "store_id": abandoned.store_id}
                                 if abandoned else None),
-                replaced=str(replaced) if settings.db_path.exists() else None)
+                replaced=str(replaced) if settings.db_path.exists() else None, rewrapped=rewrapped)
             records = restored.db.execute("SELECT MAX(seq) FROM audit").fetchone()[0]
         store_db.fsync(staged.db_path)  # closing folded the WAL in
         kept = _set_aside(settings.db_path, replaced)
@@ -315,7 +323,29 @@ def restore(settings: Settings, path: Path, passphrase: str | None = None, progr
         keys.fsync_dir(settings.state_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Restored(path, records, abandoned.seq if abandoned else None, kept)
+    return Restored(path, records, abandoned.seq if abandoned else None, kept, rewrapped)
+
+
+def _under_configured_key(staged: Settings, backup_key: keys.MasterKey, passphrase: str | None) -> dict[str, str] | None:
+    """Re-wrap a restored copy, which backup_key opens, under the key the appliance is configured with (its
+    credential or key file, else a new salt for its passphrase): what moved, or None where it is that key already."""
+    database = store_db.connect(staged.db_path)
+    try:
+        configured = keys.stored_key(staged)
+        if configured is None and passphrase is None:
+            raise keys.missing(staged, made=True)
+        if configured is not None and configured.fingerprint == backup_key.fingerprint:
+            return None
+        new = configured or keys.new_passphrase_key(passphrase or "")
+        with transaction(database):
+            keys.rewrap_all(database, backup_key, new)
+            if new.kdf_params is not None:
+                keys.save_kdf_params(database, new.kdf_params)
+            else:  # a passphrase store's salt would no longer stretch to its key
+                database.execute("DELETE FROM meta WHERE key = 'kdf'")
+    finally:
+        database.conn.close()
+    return {"from": backup_key.fingerprint, "to": new.fingerprint}
 
 
 def _copy_private(source: Path, target: Path) -> None:
