@@ -8,6 +8,8 @@ import random
 import shutil
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from appliance import store
+from appliance.access import users
 from appliance.core import config
 from appliance.core.errors import BackupError
 from appliance.store import Store, alerts, audit, backups
 from tests.conftest import run_cli
-from tests.daemon import Daemon
+from tests.daemon import Daemon, free_port
 
 
 def _names(settings: config.Settings) -> list[str]:
@@ -56,7 +59,7 @@ def test_verify_passes_then_names_the_blob_chunk_whose_byte_was_flipped(opened: 
     assert "NOT usable" in bad.stdout
 
     before = opened.settings.db_path.read_bytes()
-    refused = run_cli("backup", "restore", str(made.path))
+    refused = run_cli("backup", "restore", str(made.path), "--yes")
     assert refused.returncode == 1 and "failed its check" in refused.stderr and "nothing was changed" in refused.stderr
     assert opened.settings.db_path.read_bytes() == before
 
@@ -81,6 +84,37 @@ def test_a_damaged_store_makes_no_backup_and_the_good_ones_stay(opened: Store, t
     assert "the store's database file is damaged" in reading.stderr and "appliance backup restore" in reading.stderr
     doctor = run_cli("doctor")
     assert doctor.returncode == 1 and "FAIL  store" in doctor.stdout and "integrity check failed" in doctor.stdout
+
+
+def test_a_restore_says_what_it_undoes_and_asks_and_waits_for_a_server_started_by_hand(opened: Store,
+                                                                                       tmp_path: Path) -> None:
+    contractor, _ = users.add(opened, "contractor", "viewer")
+    made, _ = backups.create(opened)
+    users.revoke(opened, contractor.id)  # done after the backup: the restore brings the user back
+    opened.close()
+    unasked = run_cli("backup", "restore", made.path.name)
+    assert unasked.returncode == 2 and "give --yes" in unasked.stderr  # no terminal to confirm at: nothing done
+    assert f"{made.path.name} was taken" in unasked.stdout and "user.revoke 1" in unasked.stdout
+    assert "backup.created" not in unasked.stdout and "a revoked key or user comes back" in unasked.stdout
+    assert not list(opened.settings.state_dir.glob("appliance.db.replaced-*"))
+
+    port = free_port()
+    served = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        answering = {"APPLIANCE_SERVE_PORT": str(port)}
+        deadline = time.monotonic() + 60
+        while "answers on" not in (refused := run_cli("backup", "restore", made.path.name, "--yes",
+                                                      env=answering)).stderr and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert refused.returncode == 1 and f"an appliance server answers on http://127.0.0.1:{port}" in refused.stderr
+    finally:
+        served.terminate()
+        served.wait(30)
+    done = run_cli("backup", "restore", made.path.name, "--yes")
+    assert done.returncode == 0, done.stderr
+    with store.open(opened.settings) as restored:
+        assert users.get(restored, contractor.id).revoked_at is None
 
 
 def test_a_store_whose_encrypted_blob_rotted_makes_no_backup_and_the_good_ones_stay(opened: Store,
@@ -138,7 +172,7 @@ def test_a_backup_from_before_a_key_rotation_names_the_key_it_needs(opened: Stor
     current = listing.split("the current master key is ")[1].split()[0]
     assert current != old and current in new
 
-    restored = run_cli("backup", "restore", str(made.path))
+    restored = run_cli("backup", "restore", str(made.path), "--yes")
     assert restored.returncode == 1 and f"needs the master key {old}" in restored.stderr
     assert run_cli("audit", "verify").returncode == 0  # the live store is as it was
 
@@ -147,7 +181,7 @@ def test_a_backup_from_before_a_key_rotation_names_the_key_it_needs(opened: Stor
 
     # Restored with the key it needs, it is re-wrapped under the appliance's own: every command opens it after.
     current_key = opened.settings.key_file.read_bytes()
-    back = run_cli("backup", "restore", str(made.path), "--key-file", str(old_key))
+    back = run_cli("backup", "restore", str(made.path), "--key-file", str(old_key), "--yes")
     assert back.returncode == 0, back.stderr
     assert f"re-wrapped under this appliance's master key {current} (the backup was under {old})" in back.stdout
     assert opened.settings.key_file.read_bytes() == current_key
@@ -166,14 +200,14 @@ def test_the_daemon_takes_scheduled_backups_and_a_restore_waits_for_it_to_stop(d
     daemon.wait(lambda: _pruned(daemon), 60, "the daemon took no three scheduled backups")
     assert len(_names(settings)) == 2  # kept 2 of them
 
-    refused = daemon.cli("backup", "restore", _names(settings)[0])
+    refused = daemon.cli("backup", "restore", _names(settings)[0], "--yes")
     assert refused.returncode == 1
     assert "the appliance is running" in refused.stderr and "nothing was changed" in refused.stderr
     assert not (settings.state_dir / "restore.partial").exists()
     assert "backup.restored" not in daemon.cli("audit", "list").stdout
 
     daemon.stop()
-    restored = daemon.cli("backup", "restore", _names(settings)[0])
+    restored = daemon.cli("backup", "restore", _names(settings)[0], "--yes")
     assert restored.returncode == 0, restored.stderr
     assert daemon.cli("audit", "verify").returncode == 0
 

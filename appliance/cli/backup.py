@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from appliance import store
-from appliance.cli.base import cli, json_option, load_settings, opened_store, print_json, progress_bar
+from appliance.cli.base import ask, cli, json_option, load_settings, opened_store, print_json, progress_bar
 from appliance.core import config
 from appliance.core.errors import BackupError, StoreError
 from appliance.daemon import client
@@ -84,14 +84,20 @@ def backup_verify(file: Path, key_file: Path | None, as_json: bool) -> None:
 @backup_group.command("restore")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @KEY_FILE
-def backup_restore(file: Path, key_file: Path | None) -> None:
+@click.option("--yes", is_flag=True, help="Restore without asking: what it undoes is still printed.")
+def backup_restore(file: Path, key_file: Path | None, yes: bool) -> None:
     """Replace the store of a stopped appliance with a backup, checked first; the old one is kept aside. With
     --key-file, the restored store is re-wrapped under this appliance's own key, which opens it from then on."""
     settings = load_settings()
     _refuse_while_running(settings)
+
+    def confirmed(undone: backups.Undone) -> None:
+        click.echo(f"\n{_undoing(undone, settings)}")
+        ask("restore it?", yes)
+
     with progress_bar("checking the backup") as progress:
         restored = backups.restore(settings, _find(settings, file), os.environ.get("APPLIANCE_PASSPHRASE"), progress,
-                                   backup_key=_key(key_file))
+                                   backup_key=_key(key_file), confirm=confirmed)
     click.echo(f"restored {restored.backup.name}: the audit chain now ends at record {restored.audit_records}"
                + (f" (it stood at {restored.abandoned_head} before)" if restored.abandoned_head else ""))
     if restored.rewrapped:
@@ -99,6 +105,22 @@ def backup_restore(file: Path, key_file: Path | None) -> None:
                    f" {restored.rewrapped['from']})")
     if restored.replaced:
         click.echo(f"the replaced database is kept as {restored.replaced}")
+
+
+def _undoing(undone: backups.Undone, settings: config.Settings) -> str:
+    """What a restore takes back, for the person to confirm: a revoked key or user comes back with it."""
+    taken = f"{undone.backup.path.name} was taken {undone.backup.created_at:%Y-%m-%d %H:%M} UTC, at audit record" \
+            f" {undone.backup.audit_records}"
+    if not settings.db_path.exists():
+        return f"{taken}; there is no store here yet"
+    if undone.other_store is not None:
+        return (f"{taken}, from another store ({undone.other_store}): everything in {settings.db_path}"
+                f" ({undone.live_records} audit records) is set aside, not merged")
+    if not undone.actions:
+        return f"{taken}; nothing was done in the store since"
+    done = ", ".join(f"{action} {count}" for action, count in undone.actions.items())
+    return (f"{taken}; the store is at record {undone.live_records}. Undone by the restore, done since: {done}"
+            " (a revoked key or user comes back: revoke it again after)")
 
 
 def _key(key_file: Path | None) -> keys.MasterKey | None:
@@ -120,13 +142,18 @@ def _current_fingerprint(settings: config.Settings) -> str | None:
 
 
 def _refuse_while_running(settings: config.Settings) -> None:
-    """A restore under a running daemon would be undone by it, or worse: refuse while one answers or lives."""
+    """A restore under a running daemon would be undone by it, or worse: refuse while one answers or lives, or while
+    a server started on its own (`appliance serve`) answers, which holds the store open as well."""
     pid = _daemon_pid(settings)
     if client.daemon_running(settings) or pid is not None:
         raise BackupError(
             "the appliance is running"
             + (f" (daemon pid {pid})" if pid else f" (it answers on {settings.socket_path})"),
             hint="stop it first ('appliance stop' or 'systemctl stop appliance'), then restore; nothing was changed")
+    if client.inference_answers(settings):
+        raise BackupError(f"an appliance server answers on {settings.inference_url}",
+                          hint="stop it first ('appliance serve' started by hand: Ctrl-C), then restore; nothing was"
+                               " changed")
 
 
 def _daemon_pid(settings: config.Settings) -> int | None:

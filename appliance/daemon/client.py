@@ -41,6 +41,16 @@ def daemon_running(settings: config.Settings) -> bool:
         return False
 
 
+def inference_answers(settings: config.Settings) -> bool:
+    """Whether an appliance's inference server (the daemon's, or `appliance serve` on its own) answers at serve.host
+    and serve.port."""
+    try:
+        with httpx.Client(verify=False, timeout=5) as http:  # our own self-signed certificate, perhaps
+            return http.get(f"{settings.inference_url}/v2/health/live").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 class Client:
     def __init__(self, settings: config.Settings) -> None:
         self._http = _http(settings, _token(settings))

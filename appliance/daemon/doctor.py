@@ -20,8 +20,6 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
-
 from appliance import registry, store
 from appliance.core import clock, hardware, text
 from appliance.core.config import Settings
@@ -268,19 +266,11 @@ def _port(name: str, host: str, port: int, key: str, ours: bool, settings: Setti
             if exc.errno != errno.EADDRINUSE:
                 return Check(name, Status.FAIL, f"cannot listen on {where}: {exc.strerror}",
                              f"set {key.replace('port', 'host')} to an address of this machine")
-            if ours and (key != "serve.port" or _answers_as_inference(settings)):
+            if ours and (key != "serve.port" or client.inference_answers(settings)):
                 return Check(name, Status.OK, f"{where} is in use by the running appliance daemon")
             return Check(name, Status.FAIL, f"{where} is in use by another program",
                          f"stop it ('ss -ltnp' shows which), or set {key} to a free port")
     return Check(name, Status.OK, f"{where} is free")
-
-
-def _answers_as_inference(settings: Settings) -> bool:
-    try:
-        with httpx.Client(verify=False, timeout=5) as http:  # our own self-signed certificate, perhaps
-            return http.get(f"{settings.inference_url}/v2/health/live").status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _disk(settings: Settings) -> Check:

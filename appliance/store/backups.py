@@ -283,18 +283,57 @@ def _unlocked(settings: Settings, database: sqlite_utils.Database, path: Path, m
 # -- restoring -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Undone:
+    """What restoring a backup over the live store takes back, read without a key: to be confirmed first."""
+
+    backup: Backup
+    other_store: str | None  # the backup's store id, where it is not the live store's
+    live_records: int  # the live chain's length
+    actions: dict[str, int]  # audited actions after the backup's last record, by name: undone by the restore
+
+
+def undone_by(settings: Settings, path: Path) -> Undone:
+    """What a restore of the backup at path would undo in the live store (nothing where there is none yet)."""
+    backup = describe(path)
+    if backup.problem is not None:
+        raise BackupError(f"the backup {path.name} cannot be read: {backup.problem}",
+                          hint="'appliance backup list' shows the other backups; nothing was changed")
+    if not settings.db_path.exists():
+        return Undone(backup, None, 0, {})
+    database = store_db.connect_read_only(settings.db_path)
+    try:
+        live_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+        live_records = database.execute("SELECT COALESCE(MAX(seq), 0) FROM audit").fetchone()[0]
+        actions = dict(database.execute(  # the backup's own record comes after the copy: it undoes nothing
+            "SELECT action, COUNT(*) FROM audit WHERE seq > ? AND NOT (action = 'backup.created' AND object = ?)"
+            " GROUP BY action ORDER BY action", (backup.audit_records or 0, str(path.absolute()))).fetchall())
+    finally:
+        database.conn.close()
+    backup_db = store_db.connect_read_only(path)
+    try:
+        backup_id = backup_db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+    finally:
+        backup_db.conn.close()
+    other = backup_id[0] if backup_id and live_id and backup_id[0] != live_id[0] else None
+    return Undone(backup, other, live_records, {} if other else actions)
+
+
 def restore(settings: Settings, path: Path, passphrase: str | None = None, progress: Progress = lambda d, t: None,
-            *, actor: str | None = None, backup_key: keys.MasterKey | None = None) -> Restored:
+            *, actor: str | None = None, backup_key: keys.MasterKey | None = None,
+            confirm: Callable[[Undone], None] = lambda undone: None) -> Restored:
     """Replace the database of a stopped appliance with a verified backup; the caller checked that none runs.
 
     backup_key: the key the backup was taken under, where it is not the one this appliance is configured with (the
     key before a rotation, another box's): the restored store is re-wrapped under the configured key, so that it
-    opens as the appliance is set up to open it."""
+    opens as the appliance is set up to open it. confirm is shown what the restore undoes once the backup passed
+    its check, and raises to change nothing."""
     path = path.absolute()
     checked = verify(settings, path, passphrase, progress, master=backup_key)
     if not checked.ok:
         raise BackupError(f"the backup {path.name} failed its check: {'; '.join(checked.problems)}",
                           hint="nothing was changed; 'appliance backup list' shows the other backups")
+    confirm(undone_by(settings, path))
     staging = settings.state_dir / "restore.partial"
     shutil.rmtree(staging, ignore_errors=True)  # left by a restore that was interrupted
     staging.mkdir(mode=0o700, parents=True)

@@ -55,7 +55,7 @@ def test_backup_destroy_restore_serves_the_same_model_and_the_same_chain(
 
     for suffix in ("", "-wal", "-shm"):  # the disaster
         daemon.settings.db_path.with_name(daemon.settings.db_path.name + suffix).unlink(missing_ok=True)
-    restored = daemon.cli("backup", "restore", backup.name)
+    restored = daemon.cli("backup", "restore", backup.name, "--yes")
     assert restored.returncode == 0, restored.stderr
     verified = daemon.cli("audit", "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
