@@ -67,9 +67,9 @@ KEY_FILE = click.option("--key-file", type=click.Path(exists=True, dir_okay=Fals
 def backup_verify(file: Path, key_file: Path | None, as_json: bool) -> None:
     """Check a backup end to end without touching the store; exit 1 if any check fails."""
     settings = load_settings()
+    passphrase = _passphrase(settings, key_file)
     with progress_bar("decrypting blobs") as progress:
-        result = backups.verify(settings, _find(settings, file), os.environ.get("APPLIANCE_PASSPHRASE"), progress,
-                                master=_key(key_file))
+        result = backups.verify(settings, _find(settings, file), passphrase, progress, master=_key(key_file))
     if as_json:
         print_json({"path": str(result.path), "ok": result.ok,
                     "checks": [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in result.checks]})
@@ -95,9 +95,10 @@ def backup_restore(file: Path, key_file: Path | None, yes: bool) -> None:
         click.echo(f"\n{_undoing(undone, settings)}")
         ask("restore it?", yes)
 
+    passphrase = _passphrase(settings, key_file)
     with progress_bar("checking the backup") as progress:
-        restored = backups.restore(settings, _find(settings, file), os.environ.get("APPLIANCE_PASSPHRASE"), progress,
-                                   backup_key=_key(key_file), confirm=confirmed)
+        restored = backups.restore(settings, _find(settings, file), passphrase, progress, backup_key=_key(key_file),
+                                   confirm=confirmed)
     click.echo(f"restored {restored.backup.name}: the audit chain now ends at record {restored.audit_records}"
                + (f" (it stood at {restored.abandoned_head} before)" if restored.abandoned_head else ""))
     if restored.rewrapped:
@@ -121,6 +122,15 @@ def _undoing(undone: backups.Undone, settings: config.Settings) -> str:
     done = ", ".join(f"{action} {count}" for action, count in undone.actions.items())
     return (f"{taken}; the store is at record {undone.live_records}. Undone by the restore, done since: {done}"
             " (a revoked key or user comes back: revoke it again after)")
+
+
+def _passphrase(settings: config.Settings, key_file: Path | None) -> str | None:
+    """APPLIANCE_PASSPHRASE, or typed unseen at a terminal where no key file or credential is there to open the
+    backup (a passphrase store's): never on the command line."""
+    given = os.environ.get("APPLIANCE_PASSPHRASE")
+    if given is not None or key_file is not None or keys.stored_key(settings) is not None or not sys.stdin.isatty():
+        return given
+    return click.prompt("Passphrase", hide_input=True)
 
 
 def _key(key_file: Path | None) -> keys.MasterKey | None:

@@ -94,7 +94,7 @@ def find(settings: Settings, db: sqlite_utils.Database, passphrase: str | None =
         return stored
     if passphrase is not None:
         return from_passphrase(db, passphrase)
-    raise missing(settings, made=is_initialised(db))
+    raise missing(settings, made=is_initialised(db), passphrase_store=_stretched(db))
 
 
 def stored_key(settings: Settings) -> MasterKey | None:
@@ -108,12 +108,17 @@ def stored_key(settings: Settings) -> MasterKey | None:
     return None
 
 
-def missing(settings: Settings, made: bool) -> KeyMissing:
-    """No key from any source; for a store whose key was made (`made`), the way back is that key, never a new one."""
-    hint = (f"this store's key was made before: put its key file back at {settings.key_file} from where it was backed"
-            " up (or set keys.file to where it is), or set APPLIANCE_PASSPHRASE if it is a passphrase store" if made else
-            "run 'appliance keys init' to create one, or set APPLIANCE_PASSPHRASE for a passphrase store; check"
-            " APPLIANCE_STATE_DIR if a store should be there already")
+def missing(settings: Settings, made: bool, passphrase_store: bool = False) -> KeyMissing:
+    """No key from any source; for a store whose key was made (`made`), the way back is that key, never a new one:
+    for a passphrase store (`passphrase_store`), its passphrase."""
+    if passphrase_store:
+        hint = "this store is opened by a passphrase: set APPLIANCE_PASSPHRASE, or run the command at a terminal"
+    elif made:
+        hint = (f"this store's key was made before: put its key file back at {settings.key_file} from where it was"
+                " backed up (or set keys.file to where it is)")
+    else:
+        hint = ("run 'appliance keys init' to create one, or set APPLIANCE_PASSPHRASE for a passphrase store; check"
+                " APPLIANCE_STATE_DIR if a store should be there already")
     return KeyMissing(f"no master key: no systemd credential, no key file at {settings.key_file}, no passphrase",
                       hint=hint)
 
@@ -160,6 +165,11 @@ def write_key_file(path: Path, material: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(path.parent)
+
+
+def _stretched(db: sqlite_utils.Database) -> bool:
+    """Whether the store's master key is stretched from a passphrase (its salt is kept)."""
+    return "meta" in db.table_names() and db.execute("SELECT 1 FROM meta WHERE key = 'kdf'").fetchone() is not None
 
 
 def from_passphrase(db: sqlite_utils.Database, passphrase: str) -> MasterKey:
@@ -235,9 +245,15 @@ def open_secret(db: sqlite_utils.Database, master: MasterKey) -> bytes:
     try:
         return AESGCM(master.material).decrypt(row[0][:NONCE_BYTES], row[0][NONCE_BYTES:], _SECRET_AAD)
     except InvalidTag as exc:
+        if master.source == "passphrase":
+            raise KeyMismatch("the passphrase does not open this store",
+                              hint="type it as it was set (APPLIANCE_PASSPHRASE, or at the prompt); nothing was"
+                                   " changed") from exc
+        stored = stored_fingerprint(db)
         raise KeyMismatch(
             f"master key does not match this store (key from {master.source})",
-            hint="use the key this store was created with; nothing was changed",
+            hint=f"use the key this store was created with{f' (fingerprint {stored})' if stored else ''}; nothing"
+                 " was changed",
         ) from exc
 
 

@@ -51,6 +51,21 @@ def test_opening_without_any_key_says_how_to_make_one(settings: Settings) -> Non
     assert "appliance keys init" in caught.value.hint
 
 
+def test_a_passphrase_store_asks_for_its_passphrase_and_says_when_it_is_not_the_one(settings: Settings,
+                                                                                      tmp_path: Path) -> None:
+    """Not 'put its key file back', nor 'the key this store was created with': a typo is a typo."""
+    right = {"APPLIANCE_PASSPHRASE": "correct horse battery"}
+    assert run_cli("keys", "init", "--passphrase", env=right).returncode == 0
+    backup = run_cli("backup", "now", env=right)
+    assert backup.returncode == 0, backup.stderr
+    for command in (("store", "info"), ("backup", "verify", next(settings.backup_dir.glob("*.db")).name)):
+        unset = run_cli(*command)
+        assert unset.returncode == 1 and "this store is opened by a passphrase: set APPLIANCE_PASSPHRASE" in unset.stderr
+        typo = run_cli(*command, env={"APPLIANCE_PASSPHRASE": "correct horse batterY"})
+        assert typo.returncode == 1 and "Traceback" not in typo.stderr
+        assert "exactly as typed then" in typo.stderr or "the passphrase does not open this store" in typo.stderr
+
+
 def test_a_group_readable_key_file_is_refused(opened: Store, settings: Settings) -> None:
     opened.close()
     settings.key_file.chmod(0o640)
@@ -81,6 +96,7 @@ def test_a_wrong_key_is_refused_and_nothing_changes(opened: Store, settings: Set
     result = run_cli("audit", "list")
     assert result.returncode == 1
     assert "master key does not match this store" in result.stderr
+    assert f"use the key this store was created with (fingerprint {opened.master.fingerprint})" in result.stderr
     assert "Traceback" not in result.stderr
     with pytest.raises(KeyMismatch):
         store.open(settings)
