@@ -20,6 +20,7 @@ from appliance import store
 from appliance.access import users
 from appliance.core import config
 from appliance.core.errors import BackupError
+from appliance.daemon import doctor
 from appliance.store import Store, alerts, audit, backups
 from tests.conftest import run_cli
 from tests.daemon import Daemon, free_port
@@ -115,6 +116,11 @@ def test_a_restore_says_what_it_undoes_and_asks_and_waits_for_a_server_started_b
     assert done.returncode == 0, done.stderr
     with store.open(opened.settings) as restored:
         assert users.get(restored, contractor.id).revoked_at is None
+    aside = backups.left_aside(opened.settings)  # the replaced store: it holds the revoked user, revoked
+    assert aside and all(".db.replaced-" in path.name for path in aside)
+    [check] = [check for check in doctor.run(opened.settings) if check.name == "backups"]
+    assert check.status is doctor.Status.WARN and all(path.name in check.detail for path in aside)
+    assert "delete them" in (check.hint or "")
 
 
 def test_a_store_whose_encrypted_blob_rotted_makes_no_backup_and_the_good_ones_stay(opened: Store,

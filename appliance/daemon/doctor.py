@@ -211,6 +211,11 @@ def _backups(settings: Settings) -> Check:
         found = backups.list_backups(settings)
     except BackupError as exc:
         return Check("backups", Status.WARN, exc.message, exc.hint)
+    if aside := backups.left_aside(settings):
+        size = sum(path.stat().st_size for path in aside if path.is_file())
+        return Check("backups", Status.WARN, f"restores left {', '.join(path.name for path in aside)} beside the store"
+                     f" ({hardware.format_bytes(size)})", "once the restored store has proved itself, delete them: each"
+                     " holds a store as it was before a restore (keys revoked since included), encrypted as it was")
     if not found:
         age = _store_age(settings)
         if age is not None and age > allowed:

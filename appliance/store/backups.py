@@ -394,6 +394,14 @@ def _copy_private(source: Path, target: Path) -> None:
         os.fsync(dst.fileno())
 
 
+def left_aside(settings: Settings) -> list[Path]:
+    """What restores left beside the store: each database they replaced (with its -wal and -shm), and the staging
+    folder of one that was killed; the next restore clears the latter, the former wait for the operator."""
+    found = sorted(settings.state_dir.glob(f"{settings.db_path.name}.replaced-*"))
+    staging = settings.state_dir / "restore.partial"
+    return found + ([staging] if staging.exists() else [])
+
+
 def _set_aside(database: Path, aside: Path) -> Path | None:
     """Keep the database being replaced, with its -wal and -shm, under another name; None if there was none.
 
