@@ -156,8 +156,8 @@ def record(store: Store, items: Iterable[tuple[str, str]], *, actor: str, source
             continue
         model, version, predicted = prediction
         if allowed is not None and not allowed(model):
-            raise Forbidden(f"this key may not send feedback on model {model!r}",
-                            hint="use a key whose scope includes that model")
+            raise Forbidden(f"this key may not send feedback on prediction {prediction_id}: its model is not in the"
+                            " key's scope", hint="use a key whose scope includes that model")  # not named: not the key's
         labels = known_labels.setdefault((model, version), version_labels(store, model, version))
         if label not in labels:
             problems.append(f"{prediction_id}: {label!r} is not a label of {model}:{version}"

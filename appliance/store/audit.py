@@ -51,19 +51,20 @@ def default_actor() -> str:
 
 @contextmanager
 def operation(
-    store: Store, action: str, object: str, *, actor: str | None = None, **details: Any
+    store: Store, action: str, object: str, *, actor: str | None = None, outcome: str = "ok", **details: Any
 ) -> Iterator[dict[str, Any]]:
     """Run a state change and its audit record as one transaction.
 
     The block may add to the yielded details. If it raises, its changes are rolled
-    back and a record with outcome "failed" and the error is written instead.
+    back and a record with outcome "failed" and the error is written instead; otherwise the record has `outcome`
+    ("failed" for a check that completed and found something wrong).
     """
     actor = actor or default_actor()
     outermost = not store.db.conn.in_transaction
     try:
         with transaction(store.db):
             yield details
-            _append(store, actor, action, object, "ok", details)
+            _append(store, actor, action, object, outcome, details)
     except AuditWriteFailed:
         raise
     except Exception as exc:
@@ -77,9 +78,10 @@ def operation(
         _move_anchor(store)
 
 
-def record(store: Store, action: str, object: str, *, actor: str | None = None, **details: Any) -> None:
-    """Record an action that changed nothing in the database (an export, a backup file)."""
-    with operation(store, action, object, actor=actor, **details):
+def record(store: Store, action: str, object: str, *, actor: str | None = None, outcome: str = "ok",
+           **details: Any) -> None:
+    """Record an action that changed nothing in the database (an export, a backup file, a check)."""
+    with operation(store, action, object, actor=actor, outcome=outcome, **details):
         pass
 
 
@@ -335,7 +337,8 @@ def check(store: Store, checkpoint_file: Path | None = None, actor: str | None =
     (alerts.check_audit() also raises an alert when it fails)."""
     result = verify(store, checkpoint_file)
     if divergence(store) is None:  # a log that diverged from its anchor takes no record, this one neither
-        record(store, "audit.verify", store.store_id, actor=actor, ok=result.ok, first_bad=result.first_bad)
+        record(store, "audit.verify", store.store_id, actor=actor, outcome="ok" if result.ok else "failed",
+               ok=result.ok, first_bad=result.first_bad)
     return result
 
 

@@ -221,6 +221,7 @@ def test_answers_carry_prediction_ids_that_take_true_labels(server: Server) -> N
     assert {name: answer.status_code for name, answer in refusals.items()} == {
         "label": 400, "id": 404, "empty": 400, "scope": 403, "labelling": 403}
     assert "may not send true labels" in refusals["labelling"].json()["error"]
+    assert "tickets" not in refusals["scope"].text  # the model of a prediction out of scope is not named to the key
     assert "--feedback" in refusals["labelling"].json()["hint"]
     assert "'returns' is not a label of tickets:2" in refusals["label"].json()["error"]
     assert 'appliance_feedback_labels{model="tickets",version="2",window="24h"}' in text

@@ -65,7 +65,9 @@ def test_a_check_that_fails_raises_an_alert_until_someone_acknowledges_it(logged
     with store.open(logged) as reopened:
         assert not alerts.check_audit(reopened, actor="user:ops").ok
         (alert,) = alerts.listed(reopened)
+        checks = [row["outcome"] for row in audit.rows(reopened, action="audit.verify")]
     assert (alert.source, alert.severity) == ("audit", "error") and "record 2 was changed" in alert.message
+    assert checks == ["ok", "failed"]  # as `audit list` shows them: a check that found tampering did not pass
 
 
 def test_changing_a_byte_of_an_audit_row_is_detected(logged: Settings) -> None:
