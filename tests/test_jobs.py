@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from appliance import store
-from appliance.core.errors import ConfinementError, JobError, JobNotFound
+from appliance.core.errors import ConfinementError, JobError, JobNotFound, Overloaded
 from appliance.operations import jobs, jobspec, worker
 from appliance.store import Store, audit, events
 from appliance.train.params import TrainParams
@@ -370,3 +370,14 @@ def test_cli_submit_follow_exits_1_when_the_job_fails(daemon: Daemon) -> None:
 ])
 def test_a_progress_report_reads_the_same_in_few_words_on_the_cli_and_the_tui(report: dict, words: str) -> None:
     assert jobs.progress_words(report) == words
+
+
+def test_the_queue_is_bounded_and_a_listing_takes_the_newest(opened: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator's script gone wrong cannot queue jobs without end (each a row and a log)."""
+    monkeypatch.setattr(jobs, "MAX_QUEUED", 3)
+    queued = [_train(opened) for _ in range(3)]
+    with pytest.raises(Overloaded, match="3 jobs are queued already, the most the queue holds"):
+        _train(opened)
+    assert [job.id for job in jobs.list_jobs(opened, limit=2)] == [queued[2].id, queued[1].id]
+    jobs.cancel(opened, queued[0].id)
+    assert _train(opened).status == "queued"  # room again

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from appliance.core import clock
-from appliance.core.errors import ApplianceError, JobError, JobNotFound
+from appliance.core.errors import ApplianceError, JobError, JobNotFound, Overloaded
 from appliance.core.text import duration
 from appliance.data import datasets
 from appliance.operations import jobspec
@@ -28,6 +28,7 @@ from appliance.store.db import transaction
 from appliance.train import runs, studies
 
 ACTIVE = ("queued", "running")
+MAX_QUEUED = 1000  # jobs waiting at once: each is a row and a log to keep, and they run one at a time
 ENDED = ("finished", "failed", "cancelled")
 _COLUMNS = (
     "id, kind, params, priority, status, stage, state, result, error, attempts, owner, pid, heartbeat_at, "
@@ -83,6 +84,10 @@ def submit(store: Store, spec: jobspec.Spec, priority: int = 0, actor: str | Non
     The spec was checked as it was parsed; what it names on disk is checked here, where the settings are.
     """
     jobspec.confine(spec, store)
+    queued = store.db.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()[0]
+    if queued >= MAX_QUEUED:
+        raise Overloaded(f"{queued} jobs are queued already, the most the queue holds",
+                         hint="wait for some to run, or cancel those no longer needed ('appliance jobs list')")
     low, high = jobspec.PRIORITY
     if not low <= priority <= high:
         raise JobError(f"priority: {priority} is not a whole number from {low} to {high}",
@@ -105,10 +110,11 @@ def get(store: Store, job_id: str) -> Job:
     return _job(row)
 
 
-def list_jobs(store: Store, status: str | None = None) -> list[Job]:
-    """Every job (or those with this status), newest first."""
+def list_jobs(store: Store, status: str | None = None, limit: int | None = None) -> list[Job]:
+    """Every job (or those with this status), newest first; the newest `limit` of them where one is given."""
     where, params = ("WHERE status = ?", (status,)) if status else ("", ())
-    return [_job(row) for row in store.db.execute(f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY rowid DESC", params)]
+    return [_job(row) for row in store.db.execute(f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY rowid DESC LIMIT ?",
+                                                  (*params, -1 if limit is None else limit))]
 
 
 def newest(store: Store, kind: str, param: str, value: str) -> Job | None:

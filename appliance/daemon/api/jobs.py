@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from appliance.daemon.api.deps import Admin, Operator, Shared, Viewer, actor
 from appliance.operations import jobs
@@ -16,9 +16,11 @@ router = APIRouter()
 
 
 @router.get("/v1/jobs")
-def list_jobs(_user: Viewer, shared: Shared, status: str | None = None) -> list[dict[str, Any]]:
+def list_jobs(_user: Viewer, shared: Shared, status: str | None = None,
+              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[dict[str, Any]]:
+    """The newest `limit` jobs (or those with this status), newest first."""
     with shared.use() as store:
-        return [job.shown() for job in jobs.list_jobs(store, status)]
+        return [job.shown() for job in jobs.list_jobs(store, status, limit)]
 
 
 @router.post("/v1/jobs", status_code=201)
