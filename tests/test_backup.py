@@ -222,3 +222,13 @@ def _pruned(daemon: Daemon) -> bool:
     with sqlite3.connect(daemon.settings.db_path) as db:
         actions = [row[0] for row in db.execute("SELECT action FROM audit WHERE actor = 'service:backup'")]
     return actions.count("backup.created") >= 3 and "backup.pruned" in actions
+
+
+def test_a_new_box_with_only_a_key_lists_the_backups_that_key_opens(opened: Store, tmp_path: Path) -> None:
+    made, _ = backups.create(opened)
+    opened.close()
+    new_box = {"APPLIANCE_STATE_DIR": str(tmp_path / "new"), "APPLIANCE_BACKUP_DIR": str(made.path.parent),
+               "APPLIANCE_KEYS_FILE": str(opened.settings.key_file)}
+    listed = run_cli("backup", "list", env=new_box, check=True).stdout
+    assert f"the current master key is {made.key_fingerprint}" in listed and "needs another key" not in listed
+    assert not (tmp_path / "new" / "appliance.db").exists()  # listing made no store

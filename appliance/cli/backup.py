@@ -144,11 +144,14 @@ def _find(settings: config.Settings, file: Path) -> Path:
 
 
 def _current_fingerprint(settings: config.Settings) -> str | None:
+    """The fingerprint of the key that opens the store, or on a box with no store yet (about to restore one) of the
+    key it is set up with; None when neither can be told."""
     try:
         with store.open_read_only(settings, os.environ.get("APPLIANCE_PASSPHRASE")) as opened:
             return opened.master.fingerprint
     except StoreError:
-        return None
+        configured = keys.stored_key(settings) if not settings.db_path.exists() else None
+        return configured.fingerprint if configured is not None else None
 
 
 def _refuse_while_running(settings: config.Settings) -> None:
