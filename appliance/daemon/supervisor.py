@@ -154,12 +154,14 @@ class Supervisor:
                 self._record_lines(running)
                 self._ended(running, code)
                 jobs.exited(self._store, running.job.id, code)
-                usage.record_job(self._store, jobs.get(self._store, running.job.id), cpu_s,
-                                 time.monotonic() - running.started)
+                job = jobs.get(self._store, running.job.id)
             except JobNotFound:  # deleted once it had recorded its end: what its last moments wrote goes too
                 events.forget(self._store, "job", running.job.id)
+                job = None
             self.running = None
             sdnotify.notify(STATUS="idle")
+            if job is not None:
+                usage.record_job(self._store, job, cpu_s, time.monotonic() - running.started)
             return
         try:
             job = jobs.get(self._store, running.job.id)
