@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from appliance.daemon.api.deps import Admin, Operator, Shared, Viewer, actor
+from appliance.access import users
+from appliance.core.errors import JobNotFound
+from appliance.daemon.api.deps import Admin, Operator, Shared, SharedStore, Viewer, actor
 from appliance.operations import jobs
 from appliance.operations.jobspec import JobRequest  # one body per kind, told apart by "kind": /openapi.json shows each
+from appliance.store import Store
 from appliance.train import runs, studies
 
 router = APIRouter()
@@ -46,7 +50,7 @@ def job_logs(job_id: str, _user: Viewer, shared: Shared) -> list[str]:
 def cancel(job_id: str, user: Operator, shared: Shared, request: Request) -> dict[str, Any]:
     """Cancel a queued job, or ask a running one to stop; a job only its submitter's role may cancel (an export)."""
     with shared.use() as store:
-        shared.require(store, user, jobs.get(store, job_id).role, request)
+        _require_role_of(store, shared, user, job_id, request)
         return jobs.cancel(store, job_id, actor=actor(user)).shown()
 
 
@@ -55,8 +59,15 @@ def delete(job_id: str, user: Operator, shared: Shared, request: Request) -> dic
     """Forget an ended job, its record and its log; what it made and its audit records stay. An export's archive
     not yet taken goes with it, so only an admin deletes an export job."""
     with shared.use() as store:
-        shared.require(store, user, jobs.get(store, job_id).role, request)
+        _require_role_of(store, shared, user, job_id, request)
         return jobs.delete(store, job_id, actor=actor(user)).shown()
+
+
+def _require_role_of(store: Store, shared: SharedStore, user: users.User, job_id: str, request: Request) -> None:
+    """The job's own role (an export is an admin's), refused and audited as any refusal; an unknown id is left to
+    the call, which refuses it on the record."""
+    with contextlib.suppress(JobNotFound):
+        shared.require(store, user, jobs.get(store, job_id).role, request)
 
 
 @router.get("/v1/exports/{job_id}", response_class=Response,
