@@ -77,7 +77,7 @@ def _unlocked(settings: Settings, unlock: Callable[[sqlite_utils.Database], tupl
     try:
         master, secret = unlock(database)
         keys.note_fingerprint(database, master)  # a store made before the fingerprint was kept
-        store_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
+        store_id = keys.stored_id(database)
     except BaseException:
         database.conn.close()
         raise
@@ -101,7 +101,7 @@ def open_read_only(settings: Settings, passphrase: str | None = None) -> Store:
             raise StoreError(f"the store {settings.db_path} has no master key yet",
                              hint="the daemon sets it up on its first start; 'appliance keys init' does it by hand")
         master, secret = keys.unlock(database, settings, passphrase)
-        store_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
+        store_id = keys.stored_id(database)
     except BaseException:
         database.conn.close()
         raise

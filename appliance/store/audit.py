@@ -51,13 +51,14 @@ def default_actor() -> str:
 
 @contextmanager
 def operation(
-    store: Store, action: str, object: str, *, actor: str | None = None, outcome: str = "ok", **details: Any
+    store: Store, action: str, object: str, outcome: str = "ok", /, *, actor: str | None = None, **details: Any
 ) -> Iterator[dict[str, Any]]:
     """Run a state change and its audit record as one transaction.
 
     The block may add to the yielded details. If it raises, its changes are rolled
     back and a record with outcome "failed" and the error is written instead; otherwise the record has `outcome`
-    ("failed" for a check that completed and found something wrong).
+    ("failed" for a check that completed and found something wrong). The leading parameters are positional only,
+    so that details may use their names (a run's "outcome").
     """
     actor = actor or default_actor()
     outermost = not store.db.conn.in_transaction
@@ -78,10 +79,10 @@ def operation(
         _move_anchor(store)
 
 
-def record(store: Store, action: str, object: str, *, actor: str | None = None, outcome: str = "ok",
+def record(store: Store, action: str, object: str, outcome: str = "ok", /, *, actor: str | None = None,
            **details: Any) -> None:
     """Record an action that changed nothing in the database (an export, a backup file, a check)."""
-    with operation(store, action, object, actor=actor, outcome=outcome, **details):
+    with operation(store, action, object, outcome, actor=actor, **details):
         pass
 
 
@@ -337,8 +338,8 @@ def check(store: Store, checkpoint_file: Path | None = None, actor: str | None =
     (alerts.check_audit() also raises an alert when it fails)."""
     result = verify(store, checkpoint_file)
     if divergence(store) is None:  # a log that diverged from its anchor takes no record, this one neither
-        record(store, "audit.verify", store.store_id, actor=actor, outcome="ok" if result.ok else "failed",
-               ok=result.ok, first_bad=result.first_bad)
+        record(store, "audit.verify", store.store_id, "ok" if result.ok else "failed", actor=actor, ok=result.ok,
+               first_bad=result.first_bad)
     return result
 
 

@@ -61,6 +61,7 @@ class Backup:
     schema_version: int | None = None
     key_fingerprint: str | None = None
     audit_records: int | None = None
+    store_id: str | None = None
     problem: str | None = None
 
     def summary(self) -> dict[str, Any]:
@@ -159,7 +160,7 @@ def describe(path: Path) -> Backup:
     try:
         return dataclasses.replace(
             backup, schema_version=migrations.current_version(database),
-            key_fingerprint=keys.stored_fingerprint(database),
+            key_fingerprint=keys.stored_fingerprint(database), store_id=keys.stored_id(database),
             audit_records=database.execute("SELECT COALESCE(MAX(seq), 0) FROM audit").fetchone()[0])
     except sqlite3.DatabaseError as exc:
         return dataclasses.replace(backup, problem=f"not a readable appliance database: {exc}")
@@ -276,7 +277,7 @@ def _unlocked(settings: Settings, database: sqlite_utils.Database, path: Path, m
                  " appliance's key), or the passphrase it was taken under as APPLIANCE_PASSPHRASE, exactly as typed"
                  " then; 'appliance backup list' shows the key each backup needs; nothing was changed",
         ) from None
-    store_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
+    store_id = keys.stored_id(database)
     return Store(database, settings, master, store_id, secret, read_only=True)
 
 
@@ -303,19 +304,14 @@ def undone_by(settings: Settings, path: Path) -> Undone:
         return Undone(backup, None, 0, {})
     database = store_db.connect_read_only(settings.db_path)
     try:
-        live_id = database.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+        live_id = keys.stored_id(database)
         live_records = database.execute("SELECT COALESCE(MAX(seq), 0) FROM audit").fetchone()[0]
         actions = dict(database.execute(  # the backup's own record comes after the copy: it undoes nothing
             "SELECT action, COUNT(*) FROM audit WHERE seq > ? AND NOT (action = 'backup.created' AND object = ?)"
             " GROUP BY action ORDER BY action", (backup.audit_records or 0, str(path.absolute()))).fetchall())
     finally:
         database.conn.close()
-    backup_db = store_db.connect_read_only(path)
-    try:
-        backup_id = backup_db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
-    finally:
-        backup_db.conn.close()
-    other = backup_id[0] if backup_id and live_id and backup_id[0] != live_id[0] else None
+    other = backup.store_id if backup.store_id and live_id and backup.store_id != live_id else None
     return Undone(backup, other, live_records, {} if other else actions)
 
 

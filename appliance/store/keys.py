@@ -275,6 +275,12 @@ def note_fingerprint(db: sqlite_utils.Database, master: MasterKey) -> None:
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('key_fingerprint', ?)", (master.fingerprint,))
 
 
+def stored_id(db: sqlite_utils.Database) -> str | None:
+    """The store's id, made with its secret (None before)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+    return row[0] if row else None
+
+
 def stored_fingerprint(db: sqlite_utils.Database) -> str | None:
     """The fingerprint of the master key that wrapped this store (None if written before it was kept)."""
     row = db.execute("SELECT value FROM meta WHERE key = 'key_fingerprint'").fetchone()
