@@ -85,6 +85,8 @@ def _check_is_checkpoint(path: Path) -> None:
 def show_verification(result: audit.Verification) -> None:
     if result.ok:
         click.echo(f"audit log OK: {result.records} records, chain and anchored head intact")
+        if result.rewound:
+            click.echo(f"but {result.rewound}: check that this rewind was made on purpose", err=True)
     else:
         click.echo(f"AUDIT LOG TAMPERED: {result.problem}", err=True)
         if result.first_bad is not None:

@@ -84,8 +84,11 @@ def backup_verify(file: Path, key_file: Path | None, as_json: bool) -> None:
 @backup_group.command("restore")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @KEY_FILE
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="An audit checkpoint taken after the backup on the box it came from (its newest): the restore's"
+                   " record says the log it gives up went that far, so the checkpoint is explained from then on.")
 @click.option("--yes", is_flag=True, help="Restore without asking: what it undoes is still printed.")
-def backup_restore(file: Path, key_file: Path | None, yes: bool) -> None:
+def backup_restore(file: Path, key_file: Path | None, checkpoint: Path | None, yes: bool) -> None:
     """Replace the store of a stopped appliance with a backup, checked first; the old one is kept aside. With
     --key-file, the restored store is re-wrapped under this appliance's own key, which opens it from then on."""
     settings = load_settings()
@@ -98,7 +101,7 @@ def backup_restore(file: Path, key_file: Path | None, yes: bool) -> None:
     passphrase = _passphrase(settings, key_file)
     with progress_bar("checking the backup") as progress:
         restored = backups.restore(settings, _find(settings, file), passphrase, progress, backup_key=_key(key_file),
-                                   confirm=confirmed)
+                                   checkpoint=checkpoint, confirm=confirmed)
     click.echo(f"restored {restored.backup.name}: the audit chain now ends at record {restored.audit_records}"
                + (f" (it stood at {restored.abandoned_head} before)" if restored.abandoned_head else ""))
     if restored.rewrapped:

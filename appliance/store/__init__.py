@@ -76,7 +76,7 @@ def _unlocked(settings: Settings, unlock: Callable[[sqlite_utils.Database], tupl
     database = connect(settings)
     try:
         master, secret = unlock(database)
-        keys.note_fingerprint(database, master)  # a store made before the fingerprint was kept
+        keys.note_key(database, master)  # a store made before the fingerprint was kept, or a key file's with a salt
         store_id = keys.stored_id(database)
     except BaseException:
         database.conn.close()

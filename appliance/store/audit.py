@@ -292,6 +292,7 @@ class Verification:
     records: int
     problem: str | None = None
     first_bad: int | None = None
+    rewound: str | None = None  # a checkpoint the log does not reach, and the rewind on record that gave it up
 
 
 def verify(store: Store, checkpoint_file: Path | None = None, *, head_file: bool = True) -> Verification:
@@ -326,11 +327,14 @@ def verify(store: Store, checkpoint_file: Path | None = None, *, head_file: bool
     anchors = [("head file", store.settings.audit_head_path)] if head_file else []
     if checkpoint_file is not None:
         anchors.append(("checkpoint", checkpoint_file))
+    rewound = None
     for name, path in anchors:
         problem = _check_anchor(store, name, path, hashes, previous_seq)
-        if problem:
+        if isinstance(problem, _Rewound):
+            rewound = problem.sentence
+        elif problem:
             return Verification(False, previous_seq, *problem)
-    return Verification(True, previous_seq)
+    return Verification(True, previous_seq, rewound=rewound)
 
 
 def check(store: Store, checkpoint_file: Path | None = None, actor: str | None = None) -> Verification:
@@ -339,7 +343,7 @@ def check(store: Store, checkpoint_file: Path | None = None, actor: str | None =
     result = verify(store, checkpoint_file)
     if divergence(store) is None:  # a log that diverged from its anchor takes no record, this one neither
         record(store, "audit.verify", store.store_id, "ok" if result.ok else "failed", actor=actor, ok=result.ok,
-               first_bad=result.first_bad)
+               first_bad=result.first_bad, **({"rewound": result.rewound} if result.rewound else {}))
     return result
 
 
@@ -358,9 +362,17 @@ def _bad(good: int, first_bad: int, problem: str) -> Verification:
     return Verification(False, good, problem, first_bad)
 
 
+@dataclass(frozen=True)
+class _Rewound:
+    sentence: str
+
+
 def _check_anchor(
     store: Store, name: str, path: Path, hashes: dict[int, str], last: int
-) -> tuple[str, int | None] | None:
+) -> tuple[str, int | None] | _Rewound | None:
+    """None where the anchor vouches for this log; a problem and its first bad record; or, for a checkpoint of
+    records a rewind on record gave up, that rewind named, for whoever holds the checkpoint to judge: someone with
+    the store's secret could write such a record too, so it is never passed over in silence."""
     head = anchor.read_head(path)
     if head is None:
         if name == "head file" and last == 0:
@@ -369,8 +381,9 @@ def _check_anchor(
     if not head.is_signed_by(anchor.public_key(store)) or head.store_id != store.store_id:
         return (f"the {name} {path} is not signed by this store (forged, damaged or from another store)", None)
     if (head.seq > last or hashes.get(head.seq) != head.hash) and name == "checkpoint" and \
-            _lost_in_rewind(store, head.seq):
-        return None  # it vouches for a record a rewind recorded in the log gave up, in the open
+            (rewind := _rewind_that_gave_up(store, head.seq)):
+        return _Rewound(f"the checkpoint vouches for record {head.seq} of a log that {rewind} gave up; the log"
+                        " after that record is not the one it vouched for")
     if head.seq > last:
         return (
             f"the log is truncated: the {name} vouches for record {head.seq}, the log ends at {last}",
@@ -381,13 +394,15 @@ def _check_anchor(
     return None
 
 
-def _lost_in_rewind(store: Store, seq: int) -> bool:
-    """Whether record seq was lost in a rewind the log itself records (an accepted rewind, a restored backup)."""
-    for (details,) in store.db.execute(
-        "SELECT details FROM audit WHERE action IN ('audit.rewind_accepted', 'backup.restored') AND outcome = 'ok'"
+def _rewind_that_gave_up(store: Store, seq: int) -> str | None:
+    """The rewind the log records (an accepted rewind, a restored backup) that gave up record seq, in words: its
+    record, time and actor; None where none did."""
+    for rewind_seq, ts, actor, action, details in store.db.execute(
+        "SELECT seq, ts, actor, action, details FROM audit"
+        " WHERE action IN ('audit.rewind_accepted', 'backup.restored') AND outcome = 'ok' ORDER BY seq"
     ):
         found = json.loads(details)
         kept, abandoned = found.get("log_tail") or found.get("backup_head"), found.get("abandoned_head")
         if abandoned and (kept["seq"] if kept else 0) < seq <= abandoned["seq"]:
-            return True
-    return False
+            return f"the {action} on record {rewind_seq} ({ts}, by {actor})"
+    return None

@@ -316,20 +316,24 @@ def undone_by(settings: Settings, path: Path) -> Undone:
 
 
 def restore(settings: Settings, path: Path, passphrase: str | None = None, progress: Progress = lambda d, t: None,
-            *, actor: str | None = None, backup_key: keys.MasterKey | None = None,
+            *, actor: str | None = None, backup_key: keys.MasterKey | None = None, checkpoint: Path | None = None,
             confirm: Callable[[Undone], None] = lambda undone: None) -> Restored:
     """Replace the database of a stopped appliance with a verified backup; the caller checked that none runs.
 
     backup_key: the key the backup was taken under, where it is not the one this appliance is configured with (the
     key before a rotation, another box's): the restored store is re-wrapped under the configured key, so that it
-    opens as the appliance is set up to open it. confirm is shown what the restore undoes once the backup passed
-    its check, and raises to change nothing."""
+    opens as the appliance is set up to open it. checkpoint: one of the backup's own log taken after it (the old
+    box's newest, on a new box), so that the restore's record says how far the log it gives up went and that
+    checkpoint is explained by it from then on. confirm is shown what the restore undoes once the backup passed its
+    check, and raises to change nothing."""
     path = path.absolute()
     checked = verify(settings, path, passphrase, progress, master=backup_key)
     if not checked.ok:
         raise BackupError(f"the backup {path.name} failed its check: {'; '.join(checked.problems)}",
                           hint="nothing was changed; 'appliance backup list' shows the other backups")
-    confirm(undone_by(settings, path))
+    undone = undone_by(settings, path)
+    given_up = _checkpoint_of(undone.backup, checkpoint) if checkpoint is not None else None
+    confirm(undone)
     staging = settings.state_dir / "restore.partial"
     shutil.rmtree(staging, ignore_errors=True)  # left by a restore that was interrupted
     staging.mkdir(mode=0o700, parents=True)
@@ -342,6 +346,8 @@ def restore(settings: Settings, path: Path, passphrase: str | None = None, progr
         replaced = settings.db_path.with_name(f"{settings.db_path.name}.replaced-{stamp}")
         with store_pkg.open(staged, passphrase) as restored:  # migrates a backup of an older schema
             head = restored.db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+            if given_up is not None and _reaches_further(restored, given_up, abandoned):
+                abandoned = given_up
             audit.record_rewind(  # a rewind by choice: the head moves to this log
                 restored, "backup.restored", str(settings.db_path), actor=actor, backup=str(path),
                 backup_head={"seq": head[0], "hash": head[1]} if head else None,
@@ -374,13 +380,38 @@ def _under_configured_key(staged: Settings, backup_key: keys.MasterKey, passphra
         new = configured or keys.new_passphrase_key(passphrase or "")
         with transaction(database):
             keys.rewrap_all(database, backup_key, new)
-            if new.kdf_params is not None:
-                keys.save_kdf_params(database, new.kdf_params)
-            else:  # a passphrase store's salt would no longer stretch to its key
-                database.execute("DELETE FROM meta WHERE key = 'kdf'")
     finally:
         database.conn.close()
     return {"from": backup_key.fingerprint, "to": new.fingerprint}
+
+
+def _checkpoint_of(backup: Backup, path: Path) -> anchor.Head:
+    """The signed head in path, refused unless it is a checkpoint of the backup's store."""
+    head = anchor.signed_checkpoint(path)
+    if head is None:
+        raise BackupError(f"{path} is not a signed audit checkpoint",
+                          hint="give a file written by 'appliance audit checkpoint'; nothing was changed")
+    if head.store_id != backup.store_id:
+        raise BackupError(f"the checkpoint {path.name} is of another store ({head.store_id}) than the backup's"
+                          f" ({backup.store_id})", hint="give one taken on the box the backup came from, after the"
+                          " backup; nothing was changed")
+    return head
+
+
+def _reaches_further(restored: Store, given_up: anchor.Head, live: anchor.Head | None) -> bool:
+    """Whether the checkpoint, signed by the restored store's key, vouches for more of its log than the backup and
+    this box's head file hold; BackupError for one the backup contradicts (forged, or of a log rewritten since)."""
+    if not given_up.is_signed_by(anchor.public_key(restored)):
+        raise BackupError("the checkpoint is not signed by the backup's store", hint="give one written by 'appliance"
+                          " audit checkpoint' on the box the backup came from; nothing was changed")
+    held = restored.db.execute("SELECT hash FROM audit WHERE seq = ?", (given_up.seq,)).fetchone()
+    if held is not None:
+        if held[0] != given_up.hash:
+            raise BackupError(f"the checkpoint vouches for a record {given_up.seq} other than the backup's",
+                              hint="the backup's log or the checkpoint's was rewritten: check both ('appliance audit"
+                                   " verify --checkpoint' on the box it came from); nothing was changed")
+        return False  # the backup holds what it vouches for: nothing past it is given up
+    return live is None or live.store_id != given_up.store_id or live.seq < given_up.seq
 
 
 def _copy_private(source: Path, target: Path) -> None:

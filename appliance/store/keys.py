@@ -169,14 +169,25 @@ def write_key_file(path: Path, material: bytes) -> None:
 
 def _stretched(db: sqlite_utils.Database) -> bool:
     """Whether the store's master key is stretched from a passphrase (its salt is kept)."""
-    return "meta" in db.table_names() and db.execute("SELECT 1 FROM meta WHERE key = 'kdf'").fetchone() is not None
+    return "meta" in db.table_names() and _kdf_params(db) is not None
+
+
+def _kdf_params(db: sqlite_utils.Database) -> dict[str, Any] | None:
+    row = db.execute("SELECT value FROM meta WHERE key = 'kdf'").fetchone()
+    return json.loads(row[0]) if row else None
 
 
 def from_passphrase(db: sqlite_utils.Database, passphrase: str) -> MasterKey:
     """Stretch a passphrase with the store's scrypt salt (a new salt on a new store, whose passphrase must be long
-    enough; an older store's opens whatever its length)."""
-    row = db.execute("SELECT value FROM meta WHERE key = 'kdf'").fetchone()
-    return stretch(passphrase, json.loads(row[0])) if row else new_passphrase_key(passphrase)
+    enough; an older store's opens whatever its length). A store whose key is no passphrase's is said to be one."""
+    if (params := _kdf_params(db)) is not None:
+        return stretch(passphrase, params)
+    if is_initialised(db):
+        stored = stored_fingerprint(db)
+        raise KeyMismatch("this store is opened by a key file or a systemd credential, not by a passphrase",
+                          hint=f"give the key it was made with{f' (fingerprint {stored})' if stored else ''} and"
+                               " unset APPLIANCE_PASSPHRASE; nothing was changed")
+    return new_passphrase_key(passphrase)
 
 
 def new_passphrase_key(passphrase: str) -> MasterKey:
@@ -199,10 +210,6 @@ def new_kdf_params() -> dict[str, Any]:
 def stretch(passphrase: str, params: dict[str, Any]) -> MasterKey:
     kdf = Scrypt(salt=base64.b64decode(params["salt"]), length=KEY_BYTES, n=params["n"], r=params["r"], p=params["p"])
     return MasterKey(kdf.derive(passphrase.encode()), "passphrase", params)
-
-
-def save_kdf_params(db: sqlite_utils.Database, params: dict[str, Any]) -> None:
-    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('kdf', ?)", (json.dumps(params),))
 
 
 # -- the store secret --------------------------------------------------------------
@@ -262,17 +269,22 @@ def _create_secret(db: sqlite_utils.Database, master: MasterKey) -> bytes:
     with transaction(db):
         db.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?)", (os.urandom(8).hex(),))
         db.execute("INSERT INTO meta (key, value) VALUES ('store_secret', ?)", (wrap(master, secret, _SECRET_AAD),))
-        if master.kdf_params is not None:
-            save_kdf_params(db, master.kdf_params)
-        note_fingerprint(db, master)
+        note_key(db, master)
     return secret
 
 
-def note_fingerprint(db: sqlite_utils.Database, master: MasterKey) -> None:
-    """Keep the fingerprint of the key that wraps the store in meta, so a backup names the key it needs."""
-    if stored_fingerprint(db) != master.fingerprint:
-        with transaction(db):
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('key_fingerprint', ?)", (master.fingerprint,))
+def note_key(db: sqlite_utils.Database, master: MasterKey) -> None:
+    """Keep in meta what names the key that wraps the store: its fingerprint, so that a backup says which key it
+    needs, and its scrypt salt where it is stretched from a passphrase (none otherwise, so that no passphrase is
+    stretched for a store whose key is a file's). Writes only what changed."""
+    if stored_fingerprint(db) == master.fingerprint and _kdf_params(db) == master.kdf_params:
+        return
+    with transaction(db):
+        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('key_fingerprint', ?)", (master.fingerprint,))
+        if master.kdf_params is None:
+            db.execute("DELETE FROM meta WHERE key = 'kdf'")
+        else:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('kdf', ?)", (json.dumps(master.kdf_params),))
 
 
 def stored_id(db: sqlite_utils.Database) -> str | None:
@@ -288,7 +300,8 @@ def stored_fingerprint(db: sqlite_utils.Database) -> str | None:
 
 
 def rewrap_all(db: sqlite_utils.Database, old: MasterKey, new: MasterKey) -> int:
-    """Re-wrap the store secret and every data key under new; caller holds the transaction."""
+    """Re-wrap the store secret and every data key under new, and note new as the store's key; caller holds the
+    transaction."""
     count = 0
     for storage_id, blob_aad, wrapped in list(_wrapped_keys(db)):
         db.execute(
@@ -298,7 +311,7 @@ def rewrap_all(db: sqlite_utils.Database, old: MasterKey, new: MasterKey) -> int
         count += 1
     secret = open_secret(db, old)
     db.execute("UPDATE meta SET value = ? WHERE key = 'store_secret'", (wrap(new, secret, _SECRET_AAD),))
-    note_fingerprint(db, new)
+    note_key(db, new)
     return count
 
 

@@ -57,10 +57,8 @@ def rotate(store: Store, *, new_passphrase: str | None = None, new_key_file: Pat
     """
     old = store.master
     pending: Path | None = None
-    kdf_params = None
     if new_passphrase is not None:
         new = keys.new_passphrase_key(new_passphrase)
-        kdf_params = new.kdf_params
         where = "passphrase"
     elif new_key_file is not None or not old.source.startswith("key file"):
         if new_key_file is None:
@@ -80,8 +78,6 @@ def rotate(store: Store, *, new_passphrase: str | None = None, new_key_file: Pat
 
     with audit.operation(store, "keys.rotate", new.fingerprint, old=old.fingerprint) as details:
         details["rewrapped"] = keys.rewrap_all(store.db, old, new)
-        if kdf_params is not None:
-            keys.save_kdf_params(store.db, kdf_params)
     store.master = new
     if pending is not None:
         os.replace(pending, store.settings.key_file)

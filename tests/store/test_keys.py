@@ -175,6 +175,30 @@ def test_a_passphrase_rotation_takes_the_new_passphrase(settings: Settings) -> N
         store.open(settings, "old pass phrase")
 
 
+def test_a_passphrase_given_to_a_key_files_store_is_told_the_store_takes_a_key(settings: Settings,
+                                                                                tmp_path: Path) -> None:
+    """Not 'type it as it was set': no passphrase ever opened it. Its key file was moved away, say."""
+    run_cli("keys", "init", check=True)
+    settings.key_file.rename(tmp_path / "elsewhere.key")
+    given = run_cli("keys", "status", env={"APPLIANCE_PASSPHRASE": "correct horse battery"})
+    assert given.returncode == 1 and "opened by a key file or a systemd credential, not by a passphrase" in given.stderr
+    assert keys.read_key_file(tmp_path / "elsewhere.key").fingerprint in given.stderr
+
+
+def test_a_store_rotated_from_a_passphrase_to_a_key_no_longer_stretches_a_passphrase(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with lifecycle.init(settings, "old pass phrase") as created:
+        lifecycle.rotate(created, new_key_file=tmp_path / "new.key")
+    with pytest.raises(KeyMismatch, match="not by a passphrase"):
+        store.open(settings, "old pass phrase")
+    with pytest.raises(KeyMissing) as caught:
+        store.open(settings)
+    assert "opened by a passphrase" not in caught.value.hint
+    _install_credential(tmp_path, monkeypatch, (tmp_path / "new.key").read_bytes())
+    store.open(settings).close()
+
+
 def test_a_credential_rotation_writes_the_new_key_where_asked(
     opened: Store, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -243,7 +267,7 @@ def test_a_new_master_passphrase_is_as_long_as_an_exports_and_an_older_short_one
 
     assert not settings.db_path.exists()  # the refusal made no store
     database = store.connect(settings)  # a store made before the minimum: its salt kept, its passphrase short
-    keys.save_kdf_params(database, keys.new_kdf_params())
+    keys.note_key(database, keys.stretch("short", keys.new_kdf_params()))
     database.conn.close()
     store.open(settings, "short").close()
     older = {"APPLIANCE_PASSPHRASE": "short"}

@@ -96,6 +96,28 @@ def test_an_accepted_rewind_is_on_the_record_and_old_checkpoints_are_explained(l
         assert audit.verify(reopened).ok
     assert run_cli("audit", "accept-rewind", "--reason", "again", "--yes").stdout.startswith(
         "the audit log agrees with its head file")
+    held = run_cli("audit", "verify", "--checkpoint", str(checkpoint))
+    assert held.returncode == 0 and "audit log OK" in held.stdout
+    assert "vouches for record 11 of a log that the audit.rewind_accepted on record 7 (" in held.stderr
+
+
+def test_a_checkpoint_a_rewind_passes_over_names_that_rewind_so_a_forged_one_shows(logged: Settings,
+                                                                                  tmp_path: Path) -> None:
+    """Whoever holds the store's secret can write a rewind record as the appliance does: the checkpoint kept off
+    the box is the one thing they cannot rewrite, and what it no longer vouches for is said, never passed over."""
+    with store.open(logged) as reopened:
+        head = audit.checkpoint(reopened)
+    checkpoint = tmp_path / "checkpoint.json"
+    checkpoint.write_text(json.dumps(head.__dict__))
+    _cut_tail(logged, 3)
+    with store.open(logged) as insider:  # a rewind nobody made on purpose, covering every record there will be
+        audit.record_rewind(insider, "audit.rewind_accepted", insider.store_id, actor="admin", reason="routine",
+                            problem="none", log_tail=None, abandoned_head={"seq": 10**9, "hash": "0" * 64})
+    checked = run_cli("audit", "verify", "--checkpoint", str(checkpoint))
+    assert f"vouches for record {head.seq} of a log that the audit.rewind_accepted on record 4" in checked.stderr
+    assert "by admin" in checked.stderr and "check that this rewind was made on purpose" in checked.stderr
+    with store.open(logged) as reopened:
+        assert "audit.rewind_accepted on record 4" in audit.rows(reopened, action="audit.verify")[-1]["details"]
 
 
 def test_a_missing_head_file_stops_writes_to_a_log_that_has_records(logged: Settings) -> None:
