@@ -157,6 +157,14 @@ def test_a_store_whose_encrypted_blob_rotted_makes_no_backup_and_the_good_ones_s
         in raised[0].message and "appliance backup list" in raised[0].message
 
 
+def test_a_scheduled_backup_that_keeps_failing_is_tried_less_often_up_to_the_schedules_period() -> None:
+    """Each try copies and decrypts the whole store: not every five minutes for a damaged one, for days."""
+    daily = 24.0
+    assert [backups.retry_wait_s(n, daily) / 60 for n in range(1, 10)] == [5, 10, 20, 40, 80, 160, 320, 640, 1280]
+    assert backups.retry_wait_s(11, daily) == backups.retry_wait_s(10_000, daily) == daily * 3600
+    assert backups.retry_wait_s(3, 0.0001) == backups.RETRY_S  # a schedule shorter than the first wait keeps it
+
+
 def test_a_backup_from_before_a_key_rotation_names_the_key_it_needs(opened: Store, tmp_path: Path) -> None:
     old_key = tmp_path / "old.key"
     shutil.copy(opened.settings.key_file, old_key)

@@ -45,7 +45,7 @@ from appliance.store.db import transaction
 
 NAME = re.compile(r"appliance-(\d{8}T\d{6}\.\d{6}Z)\.db")
 STAMP = "%Y%m%dT%H%M%S.%fZ"
-RETRY_S = 300.0  # after a failed scheduled backup, the next try
+RETRY_S = 300.0  # after a failed scheduled backup, the first next try; each failure after doubles it
 
 log = logging.getLogger("appliance.backups")
 Progress = Callable[[int, int], None]
@@ -454,17 +454,28 @@ def keep_taking(settings: Settings, passphrase: str | None, stop: threading.Even
     started = clock.now()
     if due_in_s(settings, started) is None:
         return
+    failures, retry_at = 0, started
     with store_pkg.open(settings, passphrase) as opened:
         while True:
-            wait = due_in_s(settings, started) or 0.0
+            wait = max(due_in_s(settings, started) or 0.0, (retry_at - clock.now()).total_seconds())
             if wait <= 0:
                 try:
                     made, pruned = create(opened, actor="service:backup", scheduled=True)
                     log.info("backup %s taken (%d bytes); %d old ones deleted", made.path, made.bytes, len(pruned))
-                    wait = 1.0
+                    failures, wait = 0, 1.0
                 except Exception as exc:  # noqa: BLE001  a full disk must not stop the daemon: say so, try again later
-                    log.error("scheduled backup failed: %s", getattr(exc, "message", exc))
+                    failures += 1
+                    wait = retry_wait_s(failures, settings.backup.every_hours)
+                    retry_at = clock.now() + timedelta(seconds=wait)
+                    log.error("scheduled backup failed: %s; the next try in %.0f minutes",
+                              getattr(exc, "message", exc), wait / 60)
                     _alert_failed(opened, exc)
-                    wait = RETRY_S
             if stop.wait(min(wait, RETRY_S)):  # a manual backup in between moves the next one
                 return
+
+
+def retry_wait_s(failures: int, every_hours: float) -> float:
+    """How long after its failures-th failure in a row a scheduled backup is tried again: RETRY_S, doubled by each
+    failure after the first, at most the schedule's period. Each try copies and decrypts the whole store, so a
+    damaged one is not read end to end every five minutes until someone repairs it; the alert is up at once."""
+    return max(RETRY_S, min(RETRY_S * 2 ** min(failures - 1, 32), every_hours * 3600))
