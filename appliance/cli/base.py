@@ -179,3 +179,4 @@ def progress_bar(label: str) -> Iterator[Callable[..., None]]:
             bar.update(done - bar.pos)
 
         yield update
+        bar.update(bar.length - bar.pos)  # what ended without an error is done: a store with no blobs to read too
