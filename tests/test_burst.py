@@ -29,7 +29,7 @@ from appliance.core import archive, config
 from appliance.core.errors import BurstError, ResidencyRefused
 from appliance.data import datasets
 from appliance.operations import burst, burst_remote, jobs, jobspec, pipeline, worker
-from appliance.store import Store, audit, blobs, lifecycle
+from appliance.store import Store, audit, blobs, keys, lifecycle
 from appliance.train import engine, runs
 from appliance.train.params import TrainParams
 from tests.conftest import run_cli, write_tickets
@@ -228,6 +228,12 @@ def test_a_burst_trains_on_the_cluster_and_brings_the_model_home(
         result = _records(opened, "burst.result")[-1]
         assert result["outcome"] == "ok" and json.loads(result["details"])["trained_on"] == where
         assert all(watcher.submission["key"] not in line for line in watcher.lines)
+        # Nor in any file on the cluster's node after the job: Ray's runtime-env agent logs a job's variables.
+        key = keys.unwrap(opened.master, base64.b64decode(watcher.submission["key"]),
+                          burst._key_aad(watcher.submission["id"]))
+        holding = [path for path in ray_head.tmp.parent.rglob("*") if path.is_file() and not path.is_symlink()
+                   and any(form in path.read_bytes() for form in (key, base64.b64encode(key), key.hex().encode()))]
+        assert not holding, holding
 
         # The compliance report lists it as a transfer off the box, and the run it came back as in the lineage.
         facts = evidence.collect(opened)

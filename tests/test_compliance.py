@@ -30,8 +30,8 @@ class UnreachableCluster:
 
     address = "http://ray-central.example:8265"
 
-    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str]) -> None:
-        assert packages and env  # the sealed payloads and their key were handed over
+    def submit(self, submission_id: str, packages: list[Path], key: bytes) -> None:
+        assert packages and len(key) == 32  # the sealed payloads and their key were handed over
 
     def where(self, submission_id: str) -> str:
         return f"ray://ray-central.example:8265/{submission_id}"

@@ -9,10 +9,12 @@ runtime_env `py_modules` packages of at most PACKAGE_BYTES each (Ray refuses lar
 packages and keeps them in the cluster's GCS), next to the appliance package itself,
 which runs the same training engine there, on the Ray Train workers it asks for
 (burst_remote.py). The key is not in any
-package: it reaches the job as an environment variable of its runtime environment,
-so whoever holds the cluster's token can read it while the job is known to the
-cluster; the job is deleted from the cluster once its result is home (see the README's
-threat model).
+package, nor in the runtime environment (whose variables Ray's runtime-env agent writes
+to its log on the node, to stay there after the job): it reaches the job as an entry of
+the job's metadata, which Ray keeps in memory and hands to the entrypoint alone, which
+takes it out before it joins the cluster and gives it to its workers from memory. Whoever
+holds the cluster's token can read it while the job is known to the cluster; the job is
+deleted from the cluster once its result is home (see the README's threat model).
 
 The remote job prints progress, logs and, at the end, its sealed result (the model
 bundle and the run's record) as log lines; the appliance polls status and logs into
@@ -60,7 +62,7 @@ if TYPE_CHECKING:  # torch loads only where something trains
 
 log = logging.getLogger("appliance.operations.burst")
 
-KEY_ENV = "APPLIANCE_BURST_JOB_KEY"
+KEY_METADATA = "appliance_job_key"  # the job's metadata entry that carries its key
 TOKEN_CREDENTIAL = "burst.token"  # the token's name in $CREDENTIALS_DIRECTORY
 PROGRESS, ERROR = "APPLIANCE-BURST-PROGRESS", "APPLIANCE-BURST-ERROR"
 RESULT, CHECKPOINT = "APPLIANCE-BURST-RESULT", "APPLIANCE-BURST-CHECKPOINT"  # sealed, a chunk per line
@@ -112,7 +114,7 @@ class Backend(Protocol):
 
     address: str
 
-    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str]) -> None: ...
+    def submit(self, submission_id: str, packages: list[Path], key: bytes) -> None: ...
     def status(self, submission_id: str) -> str: ...  # PENDING | RUNNING | SUCCEEDED | FAILED | STOPPED
     def logs(self, submission_id: str) -> str: ...
     def cancel(self, submission_id: str) -> None: ...
@@ -130,15 +132,16 @@ class RayBackend:
         self._python = settings.python
         self._client: Any = None
 
-    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str]) -> None:
+    def submit(self, submission_id: str, packages: list[Path], key: bytes) -> None:
         """The appliance package and the payload packages as py_modules; the job runs appliance.operations.burst_remote,
-        which asks Ray Train for the workers (their CPUs or GPUs): the entrypoint itself needs none."""
+        which asks Ray Train for the workers (their CPUs or GPUs): the entrypoint itself needs none. The key goes in
+        the job's metadata, never its runtime environment (see the module's docstring)."""
         runtime_env = {"py_modules": [str(Path(appliance.__file__).parent), *map(str, packages)],
-                       "excludes": ["__pycache__", "*.pyc"], "env_vars": env}
+                       "excludes": ["__pycache__", "*.pyc"], "env_vars": REMOTE_LOGGING}
         entrypoint = f"{self._python} -m appliance.operations.burst_remote {submission_id} {len(packages)}"
         self._call("submit the job", lambda client: client.submit_job(
             entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, entrypoint_num_cpus=0,
-            metadata={"submitted_by": "appliance"}))
+            metadata={"submitted_by": "appliance", KEY_METADATA: base64.b64encode(key).decode()}))
 
     def status(self, submission_id: str) -> str:
         return str(self._call("read the job's status", lambda client: client.get_job_status(submission_id).value))
@@ -356,7 +359,7 @@ def submit(store: Store, backend: Backend, request: Request, watcher: Watcher) -
                      base_model=hashlib.sha256(base).hexdigest(), base_model_path=str(request.base_dir),
                      base_model_bytes=len(base), sealed_bytes=sent, job=request.job_id)
         with audit.operation(store, "burst.submit", submission_id, actor=request.actor, cluster=backend.address):
-            backend.submit(submission_id, packages, {KEY_ENV: base64.b64encode(key).decode(), **REMOTE_LOGGING})
+            backend.submit(submission_id, packages, key)
     watcher.log(f"burst: submitted {version.ref} as Ray job {submission_id} to {backend.address} "
                 f"({(sent / 2**20):.1f} MiB sealed)")
     return submission

@@ -1,10 +1,11 @@
 """A burst job on the Ray cluster: `python -m appliance.operations.burst_remote SUBMISSION_ID PACKAGES`.
 
 Ray runs this as the job's entrypoint, with this package and the sealed payload packages on its path (runtime_env
-py_modules) and the per-job key in its environment, which the job's every process gets from Ray. The entrypoint
-opens the manifest and asks Ray Train for the workers it names (params.workers, one by default; a GPU each where
-the device is cuda): a TorchTrainer whose workers Ray places and joins in one torch process group. Each worker
-takes the key out of its environment before anything else starts, opens the payloads in memory and adopts the
+py_modules) and the per-job key in the job's metadata, which Ray hands to the entrypoint alone (in the job config
+of its environment). The entrypoint takes the key out of that before it joins the cluster, opens the manifest and
+asks Ray Train for the workers it names (params.workers, one by default; a GPU each where the device is cuda): a
+TorchTrainer whose workers Ray places and joins in one torch process group. Each worker asks the job's small actor
+for the key (memory to memory, never a file or an environment), opens the payloads in memory and adopts the
 dataset into a scratch store (a temporary directory whose key exists only in that process; the base model is
 reached through memfds), so no plaintext of the dataset, the base model or the trained model is written to a
 node's disk. Rank 0 runs the same training engine as the appliance as the lead of that group (train/parallel.py),
@@ -46,17 +47,28 @@ RESTARTS = 2  # times Ray Train starts the workers again after one dies, each fr
 
 
 def main(argv: list[str]) -> int:
-    key = base64.b64decode(os.environ.pop(burst.KEY_ENV, ""))  # no child process of this one inherits it
+    key = _take_key()
     submission_id, count = argv[0], int(argv[1])
     print(f"appliance {Path(burst.__file__).parent} on {os.uname().nodename}, job {submission_id}", flush=True)
     try:
         manifest = _open(key, submission_id, count, "manifest")[0]
-        sealed = _fit(submission_id, count, manifest)
+        sealed = _fit(submission_id, count, manifest, key)
     except ApplianceError as exc:
         print(f"{burst.ERROR} {exc.message}", flush=True)
         return 1
     _print_sealed(burst.RESULT, sealed)
     return 0
+
+
+def _take_key() -> bytes:
+    """The job's key, out of the job config Ray put in this process's environment, which is written back without
+    it: ray.init() registers that config with the cluster, and no child process of this one inherits the key."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    job_config = json.loads(os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR) or "{}")
+    key = base64.b64decode((job_config.get("metadata") or {}).pop(burst.KEY_METADATA, ""))
+    os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR] = json.dumps(job_config)
+    return key
 
 
 def _print_sealed(marker: str, chunks: list[bytes]) -> None:
@@ -65,7 +77,7 @@ def _print_sealed(marker: str, chunks: list[bytes]) -> None:
     sys.stdout.flush()
 
 
-def _fit(submission_id: str, count: int, manifest: dict[str, Any]) -> list[bytes]:
+def _fit(submission_id: str, count: int, manifest: dict[str, Any], key: bytes) -> list[bytes]:
     """Ray Train's run of the workers; the sealed result chunks that rank 0 left in the mailbox."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -77,7 +89,7 @@ def _fit(submission_id: str, count: int, manifest: dict[str, Any]) -> list[bytes
     if has < workers:  # Ray Train would wait for them without end
         raise BurstError(f"{workers} training workers were asked for, a {unit} each, but the Ray cluster has"
                          f" {has:g}: ask for {int(has)} or fewer (--workers), or add nodes to the cluster")
-    mailbox = ray.remote(num_cpus=0)(Mailbox).remote()
+    mailbox = ray.remote(num_cpus=0)(Mailbox).remote(key)
     with scratch.folder("appliance-burst-run-") as storage:  # Ray Train's own records
         trainer = TorchTrainer(
             _worker, train_loop_config={"submission": submission_id, "packages": count, "mailbox": mailbox},
@@ -95,12 +107,16 @@ def _fit(submission_id: str, count: int, manifest: dict[str, Any]) -> list[bytes
 
 
 class Mailbox:
-    """Where rank 0 leaves the sealed result, and each sealed checkpoint, for the entrypoint (a Ray actor: one in
-    each job, outliving the workers)."""
+    """Where the workers find the job's key, and rank 0 leaves the sealed result and each sealed checkpoint for the
+    entrypoint (a Ray actor: one in each job, outliving the workers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: bytes) -> None:
+        self._key = key
         self._sealed: list[bytes] = []
         self._checkpoint: list[bytes] = []
+
+    def job_key(self) -> bytes:
+        return self._key
 
     def put(self, sealed: list[bytes]) -> None:
         self._sealed = sealed
@@ -122,7 +138,7 @@ def _worker(settings: dict[str, Any]) -> None:
 
     from appliance.train import engine, parallel
 
-    key = base64.b64decode(os.environ.pop(burst.KEY_ENV, ""))
+    key = ray.get(settings["mailbox"].job_key.remote())
     context = ray.train.get_context()
     group = parallel.Group(context.get_world_rank(), context.get_world_size(), context.get_local_rank())
     try:

@@ -119,12 +119,27 @@ def connect(path: Path) -> sqlite_utils.Database:
             conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         for pragma in PRAGMAS:
             conn.execute(pragma)
+        _temporary_files_beside(conn, path.parent)
     except sqlite3.DatabaseError as exc:
         raise StoreError(
             f"cannot open the database {path}: {exc}",
             hint="check the path and its permissions; restore from a backup if the file is damaged",
         ) from exc
     return sqlite_utils.Database(conn)
+
+
+_temporary_folder_chosen = threading.Lock()
+
+
+def _temporary_files_beside(conn: sqlite3.Connection, folder: Path) -> None:
+    """SQLite's temporary files (a statement's journal, a large sort, VACUUM's copy of the whole store) in the
+    store's own private folder, not /var/tmp: they hold its pages, and compaction's copy needs that disk's room.
+    The setting is the process's, safe to change only while no other thread uses SQLite, so it is made once, at the
+    process's first connection (a later store's folder that is gone: SQLite falls back to /var/tmp)."""
+    if not _temporary_folder_chosen.acquire(blocking=False):
+        return
+    quoted = str(folder.absolute()).replace("'", "''")
+    conn.execute(f"PRAGMA temp_store_directory = '{quoted}'")
 
 
 def connect_read_only(path: Path) -> sqlite_utils.Database:

@@ -28,6 +28,17 @@ def test_pragmas_hold_on_every_open(opened: Store, settings: Settings) -> None:
         assert db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
 
 
+def test_sqlites_temporary_files_go_beside_the_store_not_to_var_tmp(opened: Store, settings: Settings) -> None:
+    """A statement's journal or VACUUM's copy holds the store's pages: in its private folder, on its disk. In a
+    process of its own, as every command and the daemon are (the setting is the process's first store's)."""
+    opened.close()
+    script = ("import sys; from appliance import store; from appliance.core import config\n"
+              "with store.open(config.load()) as s:\n"
+              "    print(s.db.execute('PRAGMA temp_store_directory').fetchone()[0])")
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert shown.stdout.strip() == str(settings.state_dir.absolute())
+
+
 def test_a_transaction_is_all_or_nothing_and_nests(opened: Store) -> None:
     db = opened.db
     with pytest.raises(RuntimeError), transaction(db):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import json
@@ -371,7 +370,7 @@ def test_an_image_set_is_read_a_file_at_a_time_from_the_encrypted_store(opened: 
     gone = next(iter(before_erasing)), digest_of["new"]  # rows 0 and 500: the first photo and the one added last
     assert contents(erased) == {digest: label for digest, label in before_erasing.items() if digest not in gone}
     shipped = sorted(backend.kept.glob("*/dataset.*"), key=lambda path: path.name)
-    key = base64.b64decode(backend.env[burst.KEY_ENV])
+    key = backend.key
     assert burst.unseal(key, "dataset", [path.read_bytes() for path in shipped]) == blobs.read(opened,
                                                                                              erased.blob_id)
 
@@ -392,12 +391,12 @@ class _KeepingBackend:
     address = "http://127.0.0.1:1"
 
     def __init__(self, folder: Path) -> None:
-        self.kept, self.env = folder, {}
+        self.kept, self.key = folder, b""
 
-    def submit(self, submission_id: str, packages: list[Path], env: dict[str, str]) -> None:
+    def submit(self, submission_id: str, packages: list[Path], key: bytes) -> None:
         for package in packages:
             shutil.copytree(package, self.kept / package.name)
-        self.env = env
+        self.key = key
 
     def where(self, submission_id: str) -> str:
         return f"{self.address}/{submission_id}"
