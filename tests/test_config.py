@@ -52,6 +52,9 @@ def test_config_file_can_come_from_the_environment(monkeypatch: pytest.MonkeyPat
         ("[keys]\nfiel = 'x'\n", "unknown key 'keys.fiel' in {path}"),
         ("state_dir = \n", "{path} is not valid TOML"),
         ("[serve]\nhost = ''\n", "'serve.host' in {path} is empty"),  # an empty text is no host, not a type error
+        # A date a million days ahead broke the hourly clean-up with an OverflowError; a negative one kept nothing.
+        ("[serve]\nkeep_predictions_days = 1000000\n", "'serve.keep_predictions_days' in {path} or the environment is 1000000.0"),
+        ("[serve]\nkeep_predictions_days = -1\n", "it must be from 0 to 3650"),
     ],
 )
 def test_invalid_config_names_the_key_and_the_file(tmp_path: Path, text: str, expected: str) -> None:

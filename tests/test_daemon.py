@@ -25,6 +25,7 @@ from appliance.daemon.api import events as events_api
 from appliance.operations import jobs, jobspec
 from appliance.store import audit, events
 from appliance.train import runs
+from tests.conftest import run_cli
 from tests.daemon import TINY, Daemon, alive, submit
 
 pytestmark = pytest.mark.slow
@@ -515,3 +516,13 @@ def test_the_hardware_is_detected_by_one_child_however_many_ask_at_once(daemon: 
         reports = [answer.result() for answer in asked]
     assert [report.status_code for report in reports] == [200] * 6
     assert most == 1 and len({report.text for report in reports}) == 1
+
+
+def test_a_socket_setting_that_names_a_file_leaves_the_file_alone(tmp_path: Path) -> None:
+    """A mistyped daemon.socket naming the config file deleted it: only a stale socket is replaced."""
+    run_cli("keys", "init", check=True)
+    kept = tmp_path / "appliance.toml"
+    kept.write_text("# the configuration\n")
+    started = run_cli("daemon", env={"APPLIANCE_DAEMON_SOCKET": str(kept)})
+    assert started.returncode == 1 and "which is not a socket: the daemon will not replace it" in started.stderr
+    assert kept.read_text() == "# the configuration\n"

@@ -113,3 +113,20 @@ def test_an_operator_reads_everything_through_the_daemon_and_only_an_admin_delet
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "appliance", *args], env=env, capture_output=True, text=True,
                           timeout=120, check=False)
+
+
+def test_a_name_typed_for_the_daemon_is_one_segment_of_its_path_never_another_route(daemon: Daemon,
+                                                                                   tmp_path: Path) -> None:
+    """'no-such/../tickets' deleted tickets, and a job id ending in '../models/tickets/rollback?' rolled a model
+    back: the request's path was built from what was typed."""
+    write_tickets(tmp_path / "tickets.csv")
+    assert daemon.cli("data", "import", str(tmp_path / "tickets.csv"), "--name", "tickets").returncode == 0
+    for typed in ("no-such/../tickets", ".."):
+        climbing = daemon.cli("data", "delete", "--yes", typed)
+        assert climbing.returncode == 1 and "cannot name anything the appliance keeps" in climbing.stderr
+    assert "tickets:1" in daemon.cli("data", "list").stdout
+    queried = daemon.cli("jobs", "cancel", "x?rollback")
+    assert queried.returncode == 1 and "no job with id 'x?rollback'" in queried.stderr, queried.stderr
+    not_utf8 = daemon.cli("data", "show", "x\udcff")  # the byte 0xff, as a Latin-1 terminal sends it
+    assert not_utf8.returncode == 2 and "is not UTF-8 text" in not_utf8.stderr and "internal" not in not_utf8.stderr
+    assert "dataset.delete" not in daemon.cli("audit", "list").stdout

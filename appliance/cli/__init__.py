@@ -59,9 +59,15 @@ def main() -> None:
         _report(exc)
     except sqlite3.DatabaseError as exc:  # a damaged database file or a full disk is the disk's doing; any other, a bug
         _report(disk) if (disk := store_db.disk_error(exc)) is not None else _internal(exc)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:  # a question answered no, or Ctrl-C (click's Abort from KeyboardInterrupt)
         click.echo("aborted", err=True)
-        sys.exit(1)
+        sys.exit(130 if isinstance(exc.__cause__, KeyboardInterrupt) else 1)
+    except UnicodeEncodeError as exc:  # bytes typed in a terminal not set to UTF-8 reach Python as surrogates
+        if "surrogates not allowed" not in str(exc) or os.environ.get("APPLIANCE_DEBUG"):
+            _internal(exc)
+        click.echo("error: a value given is not UTF-8 text", err=True)
+        click.echo("  hint: type it again in a terminal set to UTF-8 ('locale' shows the setting)", err=True)
+        sys.exit(2)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -92,25 +92,25 @@ class Remote:
         return self.api.get("/v1/datasets")
 
     def dataset(self, ref: str) -> dict[str, Any]:
-        return self.api.get(f"/v1/datasets/{ref}/detail")
+        return self.api.get(client.path("/v1/datasets/{}/detail", ref))
 
     def models(self) -> list[dict[str, Any]]:
         return self.api.get("/v1/models")
 
     def model(self, ref: str) -> dict[str, Any]:
-        return self.api.get(f"/v1/models/{ref}")
+        return self.api.get(client.path("/v1/models/{}", ref))
 
     def runs(self) -> list[dict[str, Any]]:
         return self.api.get("/v1/runs")
 
     def run_detail(self, run_id: str) -> dict[str, Any]:
-        return self.api.get(f"/v1/runs/{run_id}")
+        return self.api.get(client.path("/v1/runs/{}", run_id))
 
     def studies(self) -> list[dict[str, Any]]:
         return self.api.get("/v1/studies")
 
     def study(self, study_id: str) -> dict[str, Any]:
-        return self.api.get(f"/v1/studies/{study_id}")
+        return self.api.get(client.path("/v1/studies/{}", study_id))
 
     def usage(self, since: str | None, by: str | None) -> list[dict[str, Any]]:
         return self.api.get("/v1/usage", since=since, by=by)
@@ -124,28 +124,28 @@ class Remote:
 
     def set_residency(self, ref: str, residency: str) -> list[str]:
         return [f"{version['name']}:{version['version']}"
-                for version in self.api.post(f"/v1/datasets/{ref}/residency", {"residency": residency})]
+                for version in self.api.post(client.path("/v1/datasets/{}/residency", ref), {"residency": residency})]
 
     def delete_dataset(self, ref: str) -> list[str]:
-        return [version["ref"] for version in self.api.delete(f"/v1/datasets/{ref}/content")]
+        return [version["ref"] for version in self.api.delete(client.path("/v1/datasets/{}/content", ref))]
 
     def delete_model(self, ref: str) -> str:
         model, _, number = ref.partition(":")
-        answer = self.api.delete(f"/v1/models/{model}/versions/{number}")
+        answer = self.api.delete(client.path("/v1/models/{}/versions/{}", model, number))
         return f"{answer['model']}:{answer['version']}"
 
     def delete_job(self, job_id: str) -> dict[str, Any]:
-        return self.api.delete(f"/v1/jobs/{job_id}")
+        return self.api.delete(client.path("/v1/jobs/{}", job_id))
 
     def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]:
         model, _, number = ref.partition(":")
         version = whole_number(number)
         body = {"canary_percent": canary_percent} | ({"version": version} if version is not None else {})
-        answer = self.api.post(f"/v1/models/{model}/deploy", body)
+        answer = self.api.post(client.path("/v1/models/{}/deploy", model), body)
         return answer["model"], f"{answer['model']}:{answer['version']}"
 
     def rollback(self, model: str) -> operations.Rollback:
-        answer = self.api.post(f"/v1/models/{model}/rollback")
+        answer = self.api.post(client.path("/v1/models/{}/rollback", model))
         return operations.Rollback(model, "canary" in answer, answer.get("production"))
 
     def record_feedback(self, pairs: list[tuple[str, str]], source: str) -> dict[str, Any]:
@@ -159,22 +159,22 @@ class Remote:
         return self.api.get("/v1/jobs", status=status)
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self.api.get(f"/v1/jobs/{job_id}")
+        return self.api.get(client.path("/v1/jobs/{}", job_id))
 
     def job_logs(self, job_id: str) -> list[str]:
-        return self.api.get(f"/v1/jobs/{job_id}/logs")
+        return self.api.get(client.path("/v1/jobs/{}/logs", job_id))
 
     def submit(self, spec: jobspec.Spec, priority: int) -> dict[str, Any]:
         return self.api.post("/v1/jobs", spec.body(priority))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self.api.post(f"/v1/jobs/{job_id}/cancel")
+        return self.api.post(client.path("/v1/jobs/{}/cancel", job_id))
 
     def alerts(self, *, acknowledged: bool) -> list[dict[str, Any]]:
         return self.api.get("/v1/alerts", all=acknowledged)
 
     def acknowledge(self, alert_id: int) -> dict[str, Any]:
-        return self.api.post(f"/v1/alerts/{alert_id}/acknowledge")
+        return self.api.post(client.path("/v1/alerts/{}/acknowledge", alert_id))
 
     def run(self, spec: jobspec.Spec, label: str, base: Path | None = None) -> dict[str, Any]:
         """The spec as a job the daemon runs, followed to its end; a base folder goes by its name in
@@ -192,7 +192,7 @@ class Remote:
 
         job = self.api.post("/v1/jobs", spec.body())
         result_of(self.api, job)
-        return self.api.download(f"/v1/exports/{job['id']}")
+        return self.api.download(client.path("/v1/exports/{}", job['id']))
 
 
 class Local:

@@ -162,7 +162,7 @@ def follow_job(api: client.Client, job_id: str) -> dict[str, Any]:
                 click.echo(data["line"], err=True)
             elif end.whole_after(event["kind"]):
                 break
-    return api.get(f"/v1/jobs/{job_id}")
+    return api.get(client.path("/v1/jobs/{}", job_id))
 
 
 class Foreground:

@@ -369,6 +369,7 @@ def _check_serve(serve: ServeSettings, path: Path | None) -> None:
         "max_body_bytes": (1024, 2**30), "max_image_body_bytes": (1024, 2**30), "max_instances": (1, 10**5),
         "poll_s": (0.05, 3600),
         "drift_window": (10, 10**7), "drift_threshold": (0, 10), "keep_predictions_mb": (1, 2**24),
+        "keep_predictions_days": (0, 3650),
         "max_text_chars": (16, 10**7), "rate_limit_per_s": (0, 10**7), "rate_limit_burst": (1, 10**8),
         "header_timeout_s": (0.1, 3600), "body_timeout_s": (0.1, 3600), "max_connections": (1, 10**6)})
     if serve.grpc_port == serve.port:

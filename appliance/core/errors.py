@@ -9,6 +9,7 @@
      │    ├── SchemaTooNew        the database was written by a newer appliance
      │    ├── StoreDamaged        SQLite finds the database file damaged (503)
      │    ├── StoreFull           the disk has no room for what the store, or a copy of it, writes (503)
+     │    ├── StoreBusy           another process held the store's write lock longer than a command waits (503)
      │    ├── BlobNotFound        no blob with that id
      │    ├── BackupError         a backup cannot be made, fails its check, or cannot be restored now
      │    └── AlertNotFound       no alert with that id (404)
@@ -94,6 +95,10 @@ class StoreDamaged(StoreError):
 
 class StoreFull(StoreError):
     """The disk has no room for what the store, a backup or a restore writes."""
+
+
+class StoreBusy(StoreError):
+    """Another process held the database's write lock for longer than SQLite waits for it."""
 
 
 class BlobNotFound(StoreError):

@@ -15,6 +15,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote
 
 import httpx
 
@@ -49,6 +50,20 @@ def inference_answers(settings: config.Settings) -> bool:
             return http.get(f"{settings.inference_url}/v2/health/live").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def path(template: str, *values: object) -> str:
+    """A route with each {} filled by a value percent-encoded whole, so that what a person typed is one segment:
+    never a '..' that climbs to another route, nor a '?' that starts a query. A value that cannot be one (a '/'
+    inside, '.' or '..') is refused here, before anything is asked."""
+    segments = []
+    for value in map(str, values):
+        if "/" in value or value in ("", ".", ".."):
+            raise ApplianceError(f"{value!r} cannot name anything the appliance keeps: a name, reference or id has"
+                                 " no '/' and is not empty, '.' or '..'",
+                                 hint="check it: 'appliance data list', 'models list' and 'jobs list' show them")
+        segments.append(quote(value, safe=":@"))
+    return template.format(*segments)
 
 
 class Client:

@@ -207,7 +207,12 @@ def _open_to_group(folder: Path) -> None:
 
 
 def _bind(path: Path) -> socket.socket:
-    """The control socket, mode 0660 from the start; a stale file from a dead daemon is replaced."""
+    """The control socket, mode 0660 from the start; a stale socket from a dead daemon is replaced, anything else
+    at that path (a mistyped setting naming a file) is left alone and refused."""
+    if path.exists() and not stat.S_ISSOCK(path.lstat().st_mode):
+        raise DaemonError(f"daemon.socket names {path}, which is not a socket: the daemon will not replace it",
+                          hint="set daemon.socket (APPLIANCE_DAEMON_SOCKET) to a path of its own, in a folder that"
+                               " exists")
     if path.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

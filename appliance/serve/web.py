@@ -50,6 +50,7 @@ from appliance.core.errors import (
     ResidencyRefused,
     RunNotFound,
     ServeError,
+    StoreBusy,
     StoreDamaged,
     StoreFull,
     StudyNotFound,
@@ -73,6 +74,7 @@ STATUS: dict[type[ApplianceError], int] = {
     Forbidden: 403,
     ResidencyRefused: 403,
     AuditDiverged: 503,
+    StoreBusy: 503,
     StoreDamaged: 503,
     StoreFull: 503,
     DaemonError: 503,
@@ -156,8 +158,8 @@ async def body_too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
 
 Handler = Callable[[Request, Any], Awaitable[JSONResponse]]
 async def database_error(_request: Request, exc: sqlite3.DatabaseError) -> JSONResponse:
-    """A damaged database file, or a full disk, as StoreDamaged or StoreFull (503); any other SQLite error stays a
-    bug (500)."""
+    """A damaged database file, a full disk or a write lock held too long, as StoreDamaged, StoreFull or StoreBusy
+    (503); any other SQLite error stays a bug (500)."""
     if (disk := store_db.disk_error(exc)) is None:
         raise exc
     return error_response(disk)

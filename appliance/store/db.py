@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shutil
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from appliance.core.errors import BackupError, StoreDamaged, StoreError, StoreFull
+from appliance.core.errors import BackupError, StoreBusy, StoreDamaged, StoreError, StoreFull
 
 log = logging.getLogger(__name__)
 RESTORE_HINT = ("keep appliance.db as evidence, stop the daemon and restore the newest good backup ('appliance backup"
@@ -28,6 +29,7 @@ FULL_HINT = ("free space on that disk ('df -h' shows how much; 'appliance store 
              " try again; nothing half-written was kept")
 
 BUSY_TIMEOUT_MS = 30_000
+FULL_BELOW_BYTES = 1 << 20  # a disk with less free is full to SQLite, which needs room for its -wal and -shm
 WAL_BOUND_BYTES = 512 << 20  # past this the writing connection folds the WAL in itself
 
 PRAGMAS = (
@@ -121,6 +123,10 @@ def connect(path: Path) -> sqlite_utils.Database:
             conn.execute(pragma)
         _temporary_files_beside(conn, path.parent)
     except sqlite3.DatabaseError as exc:
+        if _full(path.parent):  # SQLite says only "disk I/O error" then
+            raise StoreFull(f"cannot open the database {path}: its disk is full ({exc})", hint=FULL_HINT) from exc
+        if isinstance(busy := disk_error(exc), StoreBusy):
+            raise busy from exc
         raise StoreError(
             f"cannot open the database {path}: {exc}",
             hint="check the path and its permissions; restore from a backup if the file is damaged",
@@ -161,6 +167,13 @@ def connect_read_only(path: Path) -> sqlite_utils.Database:
     return sqlite_utils.Database(conn)
 
 
+def _full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < FULL_BELOW_BYTES
+    except OSError:
+        return False
+
+
 @contextmanager
 def transaction(db: sqlite_utils.Database) -> Iterator[None]:
     """Run the block as one write transaction; nested calls become savepoints."""
@@ -170,8 +183,9 @@ def transaction(db: sqlite_utils.Database) -> Iterator[None]:
         try:
             yield
         except BaseException:
-            conn.execute("ROLLBACK TO nested")
-            conn.execute("RELEASE nested")
+            if conn.in_transaction:  # see below
+                conn.execute("ROLLBACK TO nested")
+                conn.execute("RELEASE nested")
             raise
         conn.execute("RELEASE nested")
         return
@@ -179,7 +193,8 @@ def transaction(db: sqlite_utils.Database) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite rolled back itself on some errors (a full disk): that error is the one told
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
 
@@ -206,14 +221,19 @@ def backup(db: sqlite_utils.Database, target: Path, progress: Callable[[int, int
     fsync(target)  # durable before the caller renames it into place
 
 
-def disk_error(exc: sqlite3.DatabaseError) -> StoreDamaged | StoreFull | None:
-    """What an operator is told when SQLite raised exc because of the disk: the database file is damaged, or there
-    is no room to write; None for any other error (a bug, not the disk)."""
+def disk_error(exc: sqlite3.DatabaseError) -> StoreError | None:
+    """What an operator is told when SQLite raised exc for a cause outside the appliance: the database file is
+    damaged, there is no room to write, or another process held the write lock too long; None for any other error
+    (a bug)."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
         return StoreDamaged(f"the store's database file is damaged ({exc})", hint=RESTORE_HINT)
     if code == sqlite3.SQLITE_FULL:
         return StoreFull(f"the disk is full: SQLite could not write ({exc})", hint=FULL_HINT)
+    if code == sqlite3.SQLITE_BUSY:
+        return StoreBusy(f"the store is busy: another process held its write lock for {BUSY_TIMEOUT_MS // 1000} s",
+                         hint="try again when it is done: a long import, a compaction, or a program that has the"
+                              " database open ('fuser' on appliance.db names it); nothing was changed")
     return None
 
 

@@ -166,3 +166,35 @@ def test_a_full_disk_is_named_as_one_not_a_bug(opened: Store, settings: Settings
                                 stderr=subprocess.PIPE, text=True, check=False)
     assert answer.returncode == 1 and "error: no space left on the disk" in answer.stderr
     assert "internal error" not in answer.stderr
+
+
+def test_a_transaction_sqlite_rolled_back_itself_reports_the_cause_not_a_failed_rollback(opened: Store) -> None:
+    """On a full disk SQLite ends the transaction itself; ROLLBACK then failed ('no transaction is active') and
+    that hid the full disk behind an internal error."""
+    with pytest.raises(ValueError, match="the cause"), transaction(opened.db):
+        opened.db.execute("INSERT INTO meta (key, value) VALUES ('x', 'y')")
+        opened.db.conn.execute("ROLLBACK")  # as SQLite does on SQLITE_FULL
+        raise ValueError("the cause")
+    with pytest.raises(ValueError, match="the cause"), transaction(opened.db), transaction(opened.db):
+        opened.db.conn.execute("ROLLBACK")
+        raise ValueError("the cause")
+    assert opened.db.execute("SELECT 1 FROM meta WHERE key = 'x'").fetchone() is None
+
+
+def test_a_store_another_process_keeps_locked_is_named_busy_not_a_bug(opened: Store, settings: Settings) -> None:
+    from appliance.core.errors import StoreBusy
+    from appliance.store import db as store_db
+
+    holder = sqlite3.connect(settings.db_path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        waiting = sqlite3.connect(settings.db_path, timeout=0.1)
+        with pytest.raises(sqlite3.OperationalError) as raised:
+            waiting.execute("INSERT INTO meta (key, value) VALUES ('x', 'y')")
+        waiting.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    found = store_db.disk_error(raised.value)
+    assert isinstance(found, StoreBusy) and "another process held its write lock" in found.message
+    assert "nothing was changed" in (found.hint or "")
