@@ -12,6 +12,7 @@ from PIL import Image
 
 from appliance import registry, store
 from appliance.access import users
+from appliance.core import config
 from appliance.core.errors import DatasetError, ErasureError
 from appliance.data import datasets
 from appliance.operations import jobs, jobspec, privacy
@@ -20,6 +21,7 @@ from tests.conftest import model_trained_on, run_cli, write_tickets
 from tests.daemon import Daemon
 
 SUBJECT = "Alice.Moreau@example.com"
+LABEL = "CANARYLABEL9932"  # a subject's identifier used as a label
 
 
 def _tickets_naming_the_subject(path: Path, mentions: int = 3) -> Path:
@@ -29,6 +31,19 @@ def _tickets_naming_the_subject(path: Path, mentions: int = 3) -> Path:
         for n in range(mentions):
             f.write(f'"please call me back at ALICE.MOREAU@example.COM, ticket {n}",billing\n')
     return path
+
+
+def _labelled(path: Path, label: str) -> Path:
+    """A tickets file with two more rows under label."""
+    with path.open("a") as f:
+        f.write(f'"an order that never came",{label}\n"a refund still not paid",{label}\n')
+    return path
+
+
+def _rows_holding(opened: Store, needle: str) -> list[tuple[object, ...]]:
+    """The rows of `datasets` that hold needle, in any case, in any column."""
+    return [row for row in opened.db.execute("SELECT * FROM datasets").fetchall()
+            if needle.casefold() in repr(row).casefold()]
 
 
 def _state(opened: Store) -> dict[str, object]:
@@ -124,6 +139,28 @@ def test_an_image_whose_file_name_holds_the_identifier_is_erased(opened: Store, 
     assert not blobs.exists(opened, old.blob_id)
 
 
+def test_an_image_set_s_warnings_that_name_the_label_stay_in_neither_row(opened: Store, tmp_path: Path) -> None:
+    """A dropped duplicate is named in the version's warnings, label folder and all: the erased row and the
+    replacement, which copies the warnings, keep none that names the subject."""
+    colours = {"cats/1.png": (200, 10, 10), "cats/2.png": (190, 20, 20), f"{LABEL}/a.png": (0, 0, 200),
+               f"{LABEL}/b.png": (0, 10, 180), f"{LABEL}/again.png": (0, 10, 180), "dogs/c.png": (0, 200, 0),
+               "dogs/d.png": (10, 190, 0)}
+    for name, colour in colours.items():
+        (tmp_path / "photos" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4), colour).save(tmp_path / "photos" / name, format="PNG")
+    old = datasets.import_file(opened, tmp_path / "photos", name="pets", task=datasets.IMAGE)
+    assert f"photos/{LABEL}/" in old.warnings[0]
+
+    done = privacy.erase(opened, LABEL.lower())
+
+    assert [(f.source, f.object, f.records) for f in done.findings] == [("dataset metadata", "pets:1", 1),
+                                                                        ("datasets", "pets:1", 2)]
+    assert _rows_holding(opened, LABEL) == []
+    kept = (["cats", "dogs"], {"cats": 2, "dogs": 2}, [])
+    assert [(v.ref, (v.labels, v.counts, v.warnings)) for v in datasets.list_versions(opened)] == [("pets:1", kept),
+                                                                                                ("pets:2", kept)]
+
+
 def test_a_job_on_the_dataset_holds_the_erasure_back_and_short_identifiers_are_refused(
     opened: Store, tmp_path: Path
 ) -> None:
@@ -158,6 +195,52 @@ def test_the_cli_dry_run_then_erases_with_the_identifier_on_stdin(tmp_path: Path
     assert "no records of this subject" in again.stdout
     shown = run_cli("data", "show", "tickets:1")
     assert shown.returncode == 0 and "erased" in shown.stdout
+
+
+def test_a_label_that_is_the_identifier_stays_in_no_dataset_row_nor_in_data_show(
+    settings: config.Settings, tmp_path: Path
+) -> None:
+    """The erased version's row keeps no label or count of the erased rows; the replacement's are counted from the
+    rows kept."""
+    run_cli("keys", "init", check=True)
+    path = _labelled(write_tickets(tmp_path / "t.csv", per_class=10), LABEL)
+    run_cli("data", "import", str(path), "--name", "tickets", check=True)
+    assert LABEL in run_cli("data", "show", "tickets:1", check=True).stdout
+
+    erased = subprocess.run([sys.executable, "-m", "appliance", "privacy", "erase", "--subject", "-", "--yes"],
+                            input=LABEL.lower() + "\n", capture_output=True, text=True, timeout=300, check=False)
+
+    assert erased.returncode == 0 and "erased 2 record(s) in datasets tickets:1" in erased.stdout, erased.stderr
+    for ref in ("tickets:1", "tickets:2"):
+        for shown in (run_cli("data", "show", ref, check=True), run_cli("data", "show", ref, "--json", check=True)):
+            assert LABEL.casefold() not in shown.stdout.casefold()
+    with store.open(settings) as opened:
+        assert _rows_holding(opened, LABEL) == []
+        old, new = datasets.list_versions(opened)
+        kept = datasets.load(opened, new).counts
+        assert old.counts == new.counts == kept and old.labels == new.labels == sorted(kept)
+        assert sum(kept.values()) == new.examples == old.examples - 2
+
+
+def test_a_label_kept_by_a_version_whose_content_is_gone_is_taken_out_of_its_row(opened: Store, tmp_path: Path) -> None:
+    """A version erased by an earlier request, or deleted, has no example left to match, but its row kept its
+    labels: a later request for a label takes it out of them, and lists the models trained on them."""
+    path = _labelled(_tickets_naming_the_subject(tmp_path / "t.csv", mentions=2), LABEL)
+    model = model_trained_on(opened, datasets.import_file(opened, path, name="tickets"), "support")
+    privacy.erase(opened, SUBJECT)  # tickets:1 erased, tickets:2 holds the rest, the label's rows among them
+    datasets.delete(opened, "tickets:2")
+
+    found = privacy.find(opened, LABEL.lower())
+    done = privacy.erase(opened, LABEL.lower())
+
+    assert [(f.source, f.object, f.records) for f in found.findings] == [("dataset metadata", "tickets:1", 1),
+                                                                         ("dataset metadata", "tickets:2", 1)]
+    assert done.affected_models == [model.ref] and _rows_holding(opened, LABEL) == []
+    for version in datasets.list_versions(opened):
+        assert version.labels == sorted(version.counts) == ["billing", "shipping", "technical"]
+    assert privacy.find(opened, LABEL).findings == []
+    assert LABEL.lower() not in json.dumps(audit.rows(opened)).lower()
+    assert audit.verify(opened).ok
 
 
 def test_through_the_daemon_an_admin_erases_under_their_name_and_a_viewer_is_refused(

@@ -981,12 +981,33 @@ def matching_rows(store: Store, version: DatasetVersion, needle: str) -> list[in
             if folded in example.where.casefold() or folded in example.label.casefold()]
 
 
+def matching_metadata(version: DatasetVersion, needle: str) -> list[str]:
+    """What a version's row says in plain text that contains needle, in any case: its warnings (an image set's name
+    the files they drop, label folder and all), and where its content is gone (deleted, or erased by an earlier
+    request) its label names, which no example is left to match. A version that keeps its content names no such
+    label: matching_rows() finds every example of it, and erase_rows() takes it out of the row."""
+    folded = needle.casefold()
+    labels = [] if version.erased_at is None else sorted({*version.labels, *(version.counts or {})})
+    return [entry for entry in [*labels, *version.warnings] if folded in entry.casefold()]
+
+
+def forget(store: Store, version: DatasetVersion, entries: set[str]) -> None:
+    """Take what matching_metadata() found out of a version's row: a label with its count, a warning whole. The
+    caller holds the audited transaction (privacy.erase)."""
+    counts = None if version.counts is None else {label: n for label, n in version.counts.items()
+                                                  if label not in entries}
+    store.db.execute("UPDATE datasets SET labels = ?, counts = ?, warnings = ? WHERE id = ?",
+                     (json.dumps([label for label in version.labels if label not in entries]), json.dumps(counts),
+                      json.dumps([warning for warning in version.warnings if warning not in entries]), version.id))
+
+
 def erase_rows(store: Store, version: DatasetVersion, rows: set[int]) -> DatasetVersion | None:
     """Write version again without rows as the name's next version, then remove the old content.
 
     The old row stays, marked erased and naming its replacement, so runs, studies and the lineage of models
-    still read; its blob (every chunk, and the wrapped data key) is deleted. Returns the replacement, or None
-    when no example is left. The caller holds the audited transaction (privacy.erase).
+    still read; its blob (every chunk, and the wrapped data key) is deleted, and its labels and counts become
+    those of the rows kept (_label_as). Returns the replacement, or None when no example is left. The caller holds
+    the audited transaction (privacy.erase).
     """
     kept = [index for index in range(version.examples) if index not in rows]
     if version.task == IMAGE:  # rewritten a file at a time, as extend() does
@@ -1000,6 +1021,7 @@ def erase_rows(store: Store, version: DatasetVersion, rows: set[int]) -> Dataset
         canonical = _canonical([examples[index] for index in kept])
     replacement = _without(store, version, kept, labels, canonical) if kept else None
     _drop_content(store, version, replaced_by=replacement and replacement.id)
+    _label_as(store, version, labels)
     return replacement
 
 
@@ -1028,6 +1050,14 @@ def _drop_content(store: Store, version: DatasetVersion, *, replaced_by: str | N
         (clock.stamp(), replaced_by, deleted_by, version.id),
     )
     blobs.release(store, version.blob_id)
+
+
+def _label_as(store: Store, version: DatasetVersion, labels: list[str]) -> None:
+    """Let an erased version's row name only the labels of the rows kept, and count only those: the labels and
+    counts it had would keep, in plain text, a label that is the subject's identifier, and say by what each count
+    lost which labels the subject's examples had."""
+    store.db.execute("UPDATE datasets SET labels = ?, counts = ? WHERE id = ?",
+                     (json.dumps(sorted(set(labels))), json.dumps(_counts(labels)), version.id))
 
 
 def _without(store: Store, version: DatasetVersion, kept: list[int], labels: list[str], canonical: Stream

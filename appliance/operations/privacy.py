@@ -2,12 +2,13 @@
 
 An identifier (an email address, a customer id) is matched as a substring, ignoring
 case, in every erasure source. Each source finds what it holds and erases it; the
-sources are a list (SOURCES): dataset examples, and the texts the server answered (kept
-for feedback) with their true labels. Datasets are immutable, so a dataset version with matching examples
+sources are a list (SOURCES): what dataset versions' rows say in plain text (warnings, the label
+names of versions whose content is gone), dataset examples, and the texts the server answered
+(kept for feedback) with their true labels. Datasets are immutable, so a dataset version with matching examples
 is written again without them as the name's next version, and the old version's blob
 (its chunks and wrapped data key) is deleted; its row stays, marked erased, so runs and
-model lineage still read. The models trained on an erased version are listed for
-retraining; their run records stay.
+model lineage still read, and names only the labels (and counts) of the rows kept. The models
+trained on an erased version are listed for retraining; their run records stay.
 
 The whole request is one audited transaction (`privacy.erased`), run with SQLite's
 secure_delete on, so freed pages are overwritten with zeros rather than left holding
@@ -42,7 +43,7 @@ class Finding:
     source: str
     object: str  # e.g. the dataset version's name:version
     records: int
-    ids: tuple[Any, ...] = field(repr=False, default=())  # what the source erases (row indices), never shown
+    ids: tuple[Any, ...] = field(repr=False, default=())  # what the source erases (rows, labels, warnings); never shown
 
     def summary(self) -> dict[str, Any]:
         return {"source": self.source, "object": self.object, "records": self.records}
@@ -80,7 +81,33 @@ class DatasetExamples:
                 "replaced_by": replacement.ref if replacement else None}
 
     def affected_models(self, store: Store, findings: list[Finding]) -> list[str]:
-        return registry.trained_on(store, {datasets.get(store, finding.object).id for finding in findings})
+        return _trained_on(store, findings)
+
+
+class DatasetMetadata:
+    """What the rows of dataset versions say in plain text: warnings (an image set's name the files they drop), and
+    the label names of versions whose content is gone (deleted, or erased by an earlier request), which no example
+    is left to match. It goes before DatasetExamples, so that a replacement copies warnings already without the
+    subject. The models trained on a version whose label is taken out answer with it: they are listed to retrain."""
+
+    name = "dataset metadata"
+
+    def find(self, store: Store, identifier: str) -> list[Finding]:
+        found = []
+        for version in datasets.list_versions(store):
+            entries = datasets.matching_metadata(version, identifier)
+            if entries:
+                found.append(Finding(self.name, version.ref, len(entries), tuple(entries)))
+        return found
+
+    def erase(self, store: Store, finding: Finding) -> dict[str, Any]:
+        version = datasets.get(store, finding.object)
+        datasets.forget(store, version, set(finding.ids))
+        return {"dataset": version.ref, "id": version.id, "entries": finding.records}
+
+    def affected_models(self, store: Store, findings: list[Finding]) -> list[str]:
+        return _trained_on(store, [finding for finding in findings
+                                   if set(finding.ids) & set(datasets.get(store, finding.object).labels)])
 
 
 class ServedTexts:
@@ -103,7 +130,7 @@ class ServedTexts:
         return []
 
 
-SOURCES: list[Source] = [DatasetExamples(), ServedTexts()]
+SOURCES: list[Source] = [DatasetMetadata(), DatasetExamples(), ServedTexts()]
 
 
 @dataclass(frozen=True)
@@ -166,6 +193,11 @@ def _checked(identifier: str) -> str:
 def _affected(store: Store, findings: list[Finding]) -> list[str]:
     return sorted({model for source in SOURCES
                    for model in source.affected_models(store, [f for f in findings if f.source == source.name])})
+
+
+def _trained_on(store: Store, findings: list[Finding]) -> list[str]:
+    """The model versions trained on the dataset versions found."""
+    return registry.trained_on(store, {datasets.get(store, finding.object).id for finding in findings})
 
 
 def _source(name: str) -> Source:
