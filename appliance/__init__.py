@@ -17,3 +17,11 @@ One package per layer, each importing only from those below it (docs/architectur
     daemon/      the service: lifecycle, control API, job supervisor, client, doctor
     cli/         the `appliance` command
 """
+
+import os
+
+# No library phones home from the appliance, the CLI run by hand included: onnxruntime otherwise queues telemetry in
+# ~/.cache/Microsoft (and sends it where it can), and Hugging Face's libraries report their use. Set before any of
+# them is imported, in every process that imports the appliance.
+for _name, _value in (("ORT_DISABLE_TELEMETRY", "1"), ("HF_HUB_DISABLE_TELEMETRY", "1"), ("DO_NOT_TRACK", "1")):
+    os.environ.setdefault(_name, _value)

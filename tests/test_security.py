@@ -368,3 +368,20 @@ def test_import_options_are_bounded_and_a_long_text_is_counted_never_echoed(daem
         shown = api.get("/v1/datasets/tickets/detail").text
     for text in (*(answer.text for answer in refused), imported.text, shown):
         assert "ssn-123" not in text
+
+
+def test_onnxruntime_in_an_appliance_process_keeps_no_telemetry_to_send(tmp_path: Path) -> None:
+    """onnxruntime queues usage events in ~/.cache/Microsoft (and sends them where it can reach) unless told not to:
+    any process that imports the appliance tells it, the CLI run by hand included."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import appliance, onnx, onnx.helper as h\n"
+              "from appliance import inference\n"
+              "graph = h.make_graph([h.make_node('Relu', ['x'], ['y'])], 'g', [h.make_tensor_value_info('x', 1, [1])],"
+              " [h.make_tensor_value_info('y', 1, [1])])\n"
+              "inference.onnx_session(h.make_model(graph, opset_imports=[h.make_opsetid('', 13)]).SerializeToString())")
+    env = {name: value for name, value in os.environ.items() if name != "ORT_DISABLE_TELEMETRY"} | {"HOME": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120, capture_output=True)
+    assert not (tmp_path / ".cache" / "Microsoft").exists(), sorted(tmp_path.rglob("*"))

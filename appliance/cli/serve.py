@@ -24,6 +24,8 @@ from appliance.cli.connect import connected
 from appliance.core.errors import ServeError
 from appliance.core.text import printable, surrogate_at
 
+STDIN_MAX_BYTES = 16 << 20  # the texts `predict -` reads from standard input
+
 
 @cli.command("serve")
 @click.option("--host", help="Address to listen on (default: serve.host, 127.0.0.1).")
@@ -98,7 +100,8 @@ def rollback(model: str) -> None:
 @json_option
 def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
     """Classify texts, or image files for an image model, with a version's chosen variant, in this process: a quick
-    check, no server needed."""
+    check, no server needed. A lone - reads them from standard input, one a line, so that customer texts stay out
+    of the process list and the shell's history."""
     import numpy as np
 
     from appliance import inference, pixels
@@ -108,6 +111,8 @@ def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
         version = registry.get(opened, ref)
         servable = inference.load_ir(blobs.read(opened, version.serving_variant().blob_id))
     images = isinstance(servable.reader, pixels.Pictures)
+    if examples == ("-",):
+        examples = _lines_of_stdin()
     if not images:
         _check_texts(examples)
     inputs = [pixels.load(Path(name)) for name in examples] if images else list(examples)
@@ -120,6 +125,22 @@ def predict(ref: str, examples: tuple[str, ...], as_json: bool) -> None:
         return
     for example, row in zip(examples, rows):
         click.echo(f"{row['label']:<16} {max(row['scores'].values()):.3f}  {printable(example[:60])}")
+
+
+def _lines_of_stdin() -> tuple[str, ...]:
+    """The non-blank lines of standard input, at most STDIN_MAX_BYTES of it."""
+    data = click.get_binary_stream("stdin").read(STDIN_MAX_BYTES + 1)
+    if len(data) > STDIN_MAX_BYTES:
+        raise click.BadParameter(f"standard input holds more than {STDIN_MAX_BYTES >> 20} MiB",
+                                 param_hint="TEXT_OR_IMAGE")
+    try:
+        lines = tuple(line for line in data.decode("utf-8").splitlines() if line.strip())
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"standard input is not UTF-8 text (byte {exc.start + 1})",
+                                 param_hint="TEXT_OR_IMAGE") from None
+    if not lines:
+        raise click.BadParameter("standard input holds no text", param_hint="TEXT_OR_IMAGE")
+    return lines
 
 
 def _check_texts(texts: tuple[str, ...]) -> None:

@@ -6,6 +6,8 @@ import asyncio
 import json
 import re
 import ssl
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -52,6 +54,11 @@ def test_both_apis_answer_what_the_model_predicts_in_process(server: Server) -> 
     # The shell's quick check runs the same variant in its own process.
     shell = json.loads(server.state.cli("predict", "tickets", BILLING, SHIPPING, "--json").stdout)
     assert [p["label"] for p in shell["predictions"]] == ["billing", "shipping"]
+    # Or from standard input, a text a line: customer texts stay out of the process list and the shell's history.
+    piped = subprocess.run([sys.executable, "-m", "appliance", "predict", "tickets", "-", "--json"], check=True,
+                           input=f"{BILLING}\n\n{SHIPPING}\n", capture_output=True, text=True, env=server.state.env,
+                           timeout=300)
+    assert [p["label"] for p in json.loads(piped.stdout)["predictions"]] == ["billing", "shipping"]
     shown = server.state.cli("predict", "tickets", "refund \x1b[2J my invoice").stdout  # a terminal's control
     assert "refund ?[2J my invoice" in shown and "\x1b" not in shown
     for text, problem in (("  ", "text 2 is empty"), ("caf\udcff", "text 2 is not valid UTF-8")):  # b"caf\xff"
