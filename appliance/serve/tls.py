@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import socket
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from cryptography.x509.oid import NameOID
 
 from appliance.core import clock
 from appliance.core.config import Settings
+from appliance.store import keys
 
 VALID_DAYS = 825  # the longest validity browsers and most clients accept
 
@@ -49,10 +49,9 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption()))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Each a new 0600 file renamed into place: never through a link left at that name, never an older file's mode.
+    keys.write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()).decode())
+    keys.write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM).decode())
     return cert_path, key_path

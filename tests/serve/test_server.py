@@ -6,8 +6,10 @@ import asyncio
 import json
 import re
 import ssl
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -360,3 +362,18 @@ def test_tls_with_a_self_signed_certificate_and_a_full_queue(state: object) -> N
             httpx.get(secure.url.replace("https", "http") + "/v2/health/live", timeout=2).raise_for_status()
     finally:
         stop_server(secure)
+
+
+def test_a_self_signed_key_is_a_new_private_file_never_written_through_a_link(tmp_path: Path) -> None:
+    """A link left at the key's name (by whoever could write the folder) was followed: the key went where it led."""
+    from appliance.serve import tls
+
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("kept")
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    (folder / "tls-key.pem").symlink_to(elsewhere)
+    cert, key = tls.self_signed(folder)
+    assert elsewhere.read_text() == "kept" and not key.is_symlink()
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and b"PRIVATE KEY" in key.read_bytes()
+    assert b"CERTIFICATE" in cert.read_bytes()
