@@ -217,7 +217,7 @@ def test_cli_add_prints_the_token_once_and_list_never_shows_it(opened: Store, se
     added = run_cli("users", "add", "frank", "--role", "operator", check=True)
     token = added.stdout.strip()
     assert token.startswith("apu_") and added.stdout.count("\n") == 1
-    assert "shown only this once" in added.stderr and "export APPLIANCE_TOKEN=" in added.stderr
+    assert "shown only this once" in added.stderr and "read -rs APPLIANCE_TOKEN && export APPLIANCE_TOKEN" in added.stderr
     assert _secret(token) not in added.stderr
     user_id = token[4:20]
 

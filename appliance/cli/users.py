@@ -24,7 +24,8 @@ def users_add(name: str, role: str) -> None:
         user, token = users.add(opened, name, role)  # checks the role: one clear line, not a usage screen
     click.echo(
         f"user {user.id} ({user.name}, {user.role}). The token is shown only this once: hand it over now,"
-        f" it cannot be read back. Use it as: export APPLIANCE_TOKEN={users.PREFIX}...",
+        f" it cannot be read back. The user sets it unseen and out of the shell's history with:"
+        " read -rs APPLIANCE_TOKEN && export APPLIANCE_TOKEN (then pastes it)",
         err=True,
     )
     click.echo(token)

@@ -127,6 +127,10 @@ class TextClassification:
             raise JobError(f"the base model folder {base_dir} {'is a file' if Path(base_dir).exists() else 'does not exist'}",
                            hint="--base (or train.base_model) must be a local Hugging Face model directory"
                                 " (config.json, tokenizer files, weights)")
+        if not (Path(base_dir) / "config.json").is_file():  # else the tokenizer's loader tells of sentencepiece
+            raise JobError(f"{base_dir} has no config.json, so it is not a Hugging Face model directory",
+                           hint="--base (or train.base_model) must be a local Hugging Face model directory"
+                                " (config.json, tokenizer files, weights)")
         try:
             tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
         except (OSError, ValueError) as exc:

@@ -101,6 +101,8 @@ def test_train_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) -
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     not_a_model = run_cli("train", "--data", imported, "--base", str(tmp_path))
     assert not_a_model.returncode == 1 and "Traceback" not in not_a_model.stderr
+    assert f"{tmp_path} has no config.json, so it is not a Hugging Face model directory" in not_a_model.stderr
+    assert "sentencepiece" not in not_a_model.stderr
     nowhere = run_cli("train", "--data", imported, "--base", str(tmp_path / "nowhere"))
     assert nowhere.returncode == 1 and f"the base model folder {tmp_path / 'nowhere'} does not exist" in nowhere.stderr
     assert "Repo id" not in nowhere.stderr  # the hub's words for a name it would look up: none here
