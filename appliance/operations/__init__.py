@@ -22,13 +22,14 @@ autopilot's retrain and canary judge, and erasure (privacy).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from appliance import registry
-from appliance.core.errors import ApplianceError, DatasetError, JobInterrupted
+from appliance.core.errors import ApplianceError, DatasetError, JobError, JobInterrupted
 from appliance.core.text import counted, duration
 from appliance.data import datasets, sources
 from appliance.operations import burst, challenge, jobs, pipeline
@@ -298,7 +299,12 @@ def _search_s(ctx: Context, spec: TuneJob, dataset: str, base: Path) -> float:
     budget_s = spec.budget_s or 0.0
     if spec.optimize_options().distills:
         return budget_s / 2
-    return pipeline.share_before(budget_s, _optimising_s(ctx, "search", budget_s, spec, dataset, base))
+    optimising_s = _optimising_s(ctx, "search", budget_s, spec, dataset, base)
+    if budget_s < 2 * optimising_s:  # a search shorter than the optimisation after it compares nothing
+        raise JobError(f"a budget of {duration(budget_s)} holds no search: the optimisation after it takes up to"
+                       f" about {duration(optimising_s)} here, and the search needs at least as long",
+                       hint=f"give --budget {math.ceil(2 * optimising_s / 60)}m or more; nothing was trained")
+    return pipeline.share_before(budget_s, optimising_s)
 
 
 def _tune_progress(report: Any) -> dict[str, Any]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from appliance import store
 from appliance.access import users
+from appliance.core import config
+from appliance.operations import pipeline
 from appliance.train import studies
 from tests.conftest import run_cli, write_tickets
 from tests.daemon import TINY, Daemon, alive, submit
@@ -45,6 +48,20 @@ def test_tune_searches_registers_and_optimises_the_best_and_shows_a_ranked_table
     assert data["budget_s"] == 20
     assert data["trials"][0]["epochs"]  # the curve, for charts
     assert study_id in run_cli("tune", "list", check=True).stdout
+
+
+def test_a_budget_too_short_for_a_search_and_its_optimisation_is_refused_with_one_that_holds_both(
+    imported: str, tiny_base: Path
+) -> None:
+    """'--budget 1s' ran 33 s: a whole trial, then the optimisation and a deployment. On a box whose optimisations
+    take long, a budget that holds one but no search before it is refused, naming a budget that holds both."""
+    slow = pipeline.Pace(fixed_s=1e6, quantised_s=1e6, scored_s=1.0, measured_at="2026-12-07T00:00:00+00:00")
+    with store.open(config.load()) as opened:
+        opened.db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (pipeline.PACE_KEY, json.dumps(asdict(slow))))
+    refused = run_cli("tune", "--data", imported, "--budget", "40s", "--base", str(tiny_base), "--deploy", "auto")
+    assert refused.returncode == 1 and "a budget of 40s holds no search" in refused.stderr, refused.stderr
+    assert "give --budget" in refused.stderr and "Traceback" not in refused.stderr
+    assert "tickets:2" not in run_cli("models", "list", check=True).stdout
 
 
 def test_tune_refuses_bad_input_with_a_message(imported: str, tmp_path: Path) -> None:
