@@ -116,7 +116,11 @@ def jobs_submit(kind: str, pairs: tuple[str, ...], priority: int, follow: bool) 
     kind takes. 'source' is a file's name in daemon.import_dir and 'base' a model folder's name in
     train.base_models_dir, never paths; the dataset or model version a job names is looked up when it runs.
     """
-    spec = jobspec.parse(kind, dict(_pair(pair) for pair in pairs))  # refused here, before anything is sent
+    given = [_pair(pair) for pair in pairs]
+    if repeated := sorted({key for key, _ in given if [k for k, _ in given].count(key) > 1}):
+        raise click.BadParameter(f"{', '.join(repeated)} given more than once; give each parameter once",
+                                 param_hint="--param")
+    spec = jobspec.parse(kind, dict(given))  # refused here, before anything is sent
     with connected() as appliance:
         if follow and not isinstance(appliance, Remote):
             raise DaemonError("--follow follows a job the daemon runs, and no daemon is running: nothing was queued",

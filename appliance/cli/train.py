@@ -111,6 +111,9 @@ def train(
     if resume_run is not None and (burst or fallback or base or deploy or distill):
         raise click.UsageError("--resume continues a run as it started: it takes no --burst, --fallback, --base, "
                                "--deploy or --distill (optimise and deploy the version it registers afterwards)")
+    if fallback and not burst:
+        raise click.UsageError("--fallback says what to do when a burst fails: add --burst, or leave it out to train"
+                               " here")
     if distill and not deploy:
         raise click.UsageError("--distill shapes the optimisation that --deploy runs: add --deploy (auto, now, canary "
                                "or never), or distil a registered version with 'appliance optimize MODEL --distill'")

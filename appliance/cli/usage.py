@@ -23,6 +23,8 @@ HEADINGS = {"day": "day", "user": "user", "model": "model", "cpu_hours": "CPU h"
 @json_option
 def usage_command(since: str | None, by: str | None, as_csv: bool, as_json: bool) -> None:
     """CPU and GPU hours of jobs and inference requests and hours, per day, user and model."""
+    if as_csv and as_json:
+        raise click.UsageError("give --csv or --json, not both")
     _check_since(since)  # a mistake is told here, before anything is asked
     with connected() as appliance:
         rows = appliance.usage(since, by)
