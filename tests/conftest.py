@@ -57,14 +57,16 @@ def opened(settings: config.Settings) -> Iterator[store.Store]:
         yield new_store
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run the real `appliance` command in a subprocess, in the test's directory."""
+def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = False,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the real `appliance` command in a subprocess, in the test's directory; TimeoutExpired past timeout
+    seconds (a test that it returns at once, rather than hangs, gives less)."""
     result = subprocess.run(  # noqa: PLW1510  the caller checks, or asserts on the failure
         [sys.executable, "-m", "appliance", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
-        timeout=300,
+        timeout=timeout,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"appliance {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")

@@ -271,3 +271,12 @@ def test_a_restore_on_a_new_box_given_the_old_boxs_checkpoint_explains_that_chec
     assert f"vouches for record {head.seq} of a log that the backup.restored on record" in checked.stderr
     open_alerts = json.loads(run_cli("alerts", "--json", env=new_box, check=True).stdout)
     assert not [alert for alert in open_alerts if alert["source"] == "audit"]
+
+
+def test_a_backup_that_is_no_regular_file_is_named_for_what_it_is(opened: Store) -> None:
+    """'/dev/zero' was 'no backup file'; a pipe would have been read by SQLite without end."""
+    opened.close()
+    for command in (("verify", "/dev/zero"), ("restore", "/dev/zero", "--yes")):
+        refused = run_cli("backup", *command)
+        assert refused.returncode == 1 and "the backup /dev/zero is a character device, not a regular file" \
+            in refused.stderr, refused.stderr

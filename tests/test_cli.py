@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import socket
 import stat
@@ -43,6 +44,13 @@ def test_version() -> None:
 def test_usage_errors_exit_2() -> None:
     assert run_cli("no-such-command").returncode == 2
     assert run_cli("audit", "list", "--limit", "0").returncode == 2
+    # Options that say nothing together, once silently ignored (the last one, or one of two, won).
+    for args, said in ((("train", "--data", "t", "--fallback"), "--fallback says what to do when a burst fails"),
+                       (("usage", "--csv", "--json"), "give --csv or --json, not both"),
+                       (("jobs", "submit", "train", "-p", 'dataset="a"', "-p", 'dataset="b"'),
+                        "dataset given more than once")):
+        refused = run_cli(*args)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
 
 
 @pytest.mark.slow
@@ -107,6 +115,17 @@ def test_a_backup_into_a_missing_directory_is_refused_cleanly(tmp_path: Path) ->
     result = run_cli("store", "backup", str(tmp_path / "no" / "such" / "b.db"))
     assert result.returncode == 1
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_config_file_that_is_a_pipe_a_device_or_huge_is_named_for_what_it_is(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.toml")
+    huge = tmp_path / "huge.toml"
+    huge.touch()
+    os.truncate(huge, 3 * 2**30)  # sparse: nothing is written
+    for given, wrong in ((tmp_path / "pipe.toml", "is not a regular file"), (Path("/dev/null"), "is not a regular file"),
+                         (huge, "holds 3,221,225,472 bytes, over its limit of 1,048,576")):
+        result = run_cli("--config", str(given), "data", "list", timeout=60)
+        assert result.returncode == 1 and f"error: config file {given} {wrong}" in result.stderr
 
 
 def test_commands_before_keys_init_say_what_to_do_and_leave_nothing_behind() -> None:

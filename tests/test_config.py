@@ -166,3 +166,10 @@ def test_every_setting_of_a_section_can_be_set_in_the_environment(monkeypatch: p
     loaded = config.load()
     settings = loaded.autopilot.default if section == "autopilot" else getattr(loaded, section)
     assert {name: getattr(settings, name) for name in given} == given
+
+
+def test_the_inference_url_brackets_an_ipv6_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPLIANCE_SERVE_HOST", "::1")
+    assert config.load().inference_url == "http://[::1]:8080"
+    monkeypatch.setenv("APPLIANCE_SERVE_HOST", "127.0.0.1")
+    assert config.load().inference_url == "http://127.0.0.1:8080"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import zlib
 from importlib import resources
 from pathlib import Path
@@ -462,6 +463,18 @@ def test_the_cli_imports_lists_and_shows(tmp_path: Path) -> None:
     assert shown["split"] == {"seed": 3, "validation_fraction": 0.2, "train": 5, "validation": 3}
     text = run_cli("data", "show", listed[0]["id"][:10], check=True).stdout
     assert "residency   local-only" in text and str(path) in text
+
+
+def test_the_cli_refuses_a_pipe_or_a_device_as_a_dataset_file_at_once(tmp_path: Path) -> None:
+    """A pipe would hang the import (a timeout, not a hang, if it does) and a device never end: refused, named."""
+    run_cli("keys", "init", check=True)
+    os.mkfifo(tmp_path / "pipe.csv")
+    (tmp_path / "null.csv").symlink_to("/dev/null")
+    for name, kind in (("pipe.csv", "a named pipe (FIFO)"), ("null.csv", "a character device")):
+        result = run_cli("data", "import", str(tmp_path / name), "--name", "tickets", timeout=60)
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert f"{tmp_path / name} is {kind}, not a regular file" in result.stderr
+    assert run_cli("data", "show", "tickets").returncode == 1
 
 
 def test_the_cli_reports_a_bad_file_without_a_traceback(tmp_path: Path) -> None:

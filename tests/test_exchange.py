@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from appliance.store import Store, anchor, audit, blobs
 from appliance.train import engine
 from appliance.train.params import TrainParams
 from tests import debian
+from tests.conftest import run_cli
 from tests.daemon import TINY, Daemon, submit
 from tests.test_pipeline import FAST
 from tests.train.test_images import write_shapes
@@ -203,6 +205,47 @@ def test_a_changed_cut_or_foreign_archive_is_refused_saying_what(opened: Store, 
     assert exchange.verify(sealed, passphrase="correct horse").sha256 == exported.sha256
     with pytest.raises(RegistryError, match="is not an age X25519 recipient"):
         exchange.protect(exported.archive, recipient="age1nonsense")
+
+
+def test_verify_and_import_refuse_a_pipe_or_an_outsized_archive_at_once(tmp_path: Path) -> None:
+    """A pipe would hang them (a timeout, not a hang, if it does) and a huge file fill the memory: every file named
+    is refused before it is read, saying why. The huge one is encrypted, so import too reads it here."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    huge, sealed = tmp_path / "huge.tar.age", tmp_path / "sealed.tar.age"
+    huge.write_bytes(exchange.AGE_MAGIC)
+    os.truncate(huge, 3 * 2**30)  # sparse: nothing more is written
+    sealed.write_bytes(exchange.AGE_MAGIC + b"-> X25519 ...\n")
+    for args, code, said in (
+        (("models", "verify", str(pipe)), 1, "the archive "),
+        (("models", "verify", str(sealed), "--identity", str(pipe)), 1, "the age identity file "),
+        (("models", "verify", str(sealed), "--checkpoint", str(pipe)), 2, "the audit checkpoint "),
+    ):
+        refused = run_cli(*args, timeout=60)
+        assert refused.returncode == code and f"{said}{pipe} is a named pipe (FIFO), not a regular file" in refused.stderr
+    for args in (("models", "verify", str(huge)), ("models", "import", str(huge), "--name", "m", "--dataset", "d")):
+        refused = run_cli(*args, timeout=60)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert f"the archive {huge} holds 3,221,225,472 bytes, over its limit of 2,147,483,648" in refused.stderr
+        assert "daemon.max_upload_mb (2048 MiB)" in refused.stderr
+
+
+def test_import_refuses_a_pipe_before_it_opens_it(opened: Store, tickets: str, tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "model.tar")
+    refused = run_cli("models", "import", str(tmp_path / "model.tar"), "--name", "m", "--dataset", tickets, timeout=60)
+    assert refused.returncode == 1 and f"{tmp_path / 'model.tar'} is a named pipe (FIFO), not a regular file" in \
+        refused.stderr
+
+
+def test_a_base_models_card_that_is_a_pipe_is_not_read(tmp_path: Path) -> None:
+    """An export reads the licence from the base model's README.md: a pipe there must not hang it (a timeout if it
+    does), in a process of its own."""
+    os.mkfifo(tmp_path / "README.md")
+    code = "import sys; from pathlib import Path; from appliance.registry import exchange; " \
+           "print(exchange.base_licence(Path(sys.argv[1])))"
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert done.stdout.startswith("unknown: ")
 
 
 def test_an_admin_exports_through_the_daemon_and_the_archive_is_handed_over_once(daemon: Daemon,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from datetime import UTC, datetime, timedelta
@@ -171,6 +172,22 @@ def test_the_cli_imports_a_labelled_csv_all_or_nothing(opened: Store, tmp_path: 
     (tmp_path / "empty.csv").write_text("prediction_id,label\n")
     with pytest.raises(DatasetError, match="empty.csv holds no labels"):
         feedback.read_csv(tmp_path / "empty.csv")
+
+
+def test_feedback_import_refuses_a_pipe_or_an_outsized_file_at_once(tmp_path: Path) -> None:
+    """A pipe would hang the import and a huge file fill the memory: each is refused before it is read, saying
+    why (a timeout, not a hang, if it is not)."""
+    os.mkfifo(tmp_path / "pipe.csv")
+    piped = run_cli("feedback", "import", str(tmp_path / "pipe.csv"), timeout=60)
+    assert piped.returncode == 1 and "Traceback" not in piped.stderr
+    assert "the feedback file " in piped.stderr and "pipe.csv is a named pipe (FIFO), not a regular file" in piped.stderr
+    huge = tmp_path / "huge.csv"
+    huge.touch()
+    os.truncate(huge, 3 * 2**30)  # sparse: nothing is written
+    outsized = run_cli("feedback", "import", str(huge), timeout=60)
+    assert outsized.returncode == 1
+    assert f"huge.csv holds 3,221,225,472 bytes, over its limit of {feedback.MAX_FILE_BYTES:,}" in outsized.stderr
+    assert "split it into files of at most 10,000 labels" in outsized.stderr
 
 
 def test_an_erasure_request_reaches_served_texts_and_their_feedback(opened: Store, tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import click
 
 from appliance.cli.base import ask, cli, json_option, opened_store, print_json, yes_option
 from appliance.cli.connect import connected
+from appliance.core import files
+from appliance.core.errors import ApplianceError
 from appliance.core.text import printable
 from appliance.store import alerts, anchor, audit
 
@@ -53,6 +55,9 @@ def _parse_since(text: str | None) -> datetime | None:
         raise click.BadParameter(str(exc), param_hint="--since") from exc
 
 
+CHECKPOINT_HINT = "give a file written by 'appliance audit checkpoint'"
+
+
 @audit_group.command("verify")
 @click.option(
     "--checkpoint",
@@ -63,7 +68,7 @@ def _parse_since(text: str | None) -> datetime | None:
 def audit_verify(checkpoint: Path | None, as_json: bool) -> None:
     """Check every record, the chain and its anchored head; exit 1 on any tampering."""
     if checkpoint is not None:
-        _check_is_checkpoint(checkpoint)
+        check_is_checkpoint(checkpoint)
     with opened_store() as opened:
         result = alerts.check_audit(opened, checkpoint)
     if as_json:
@@ -74,12 +79,16 @@ def audit_verify(checkpoint: Path | None, as_json: bool) -> None:
         sys.exit(1)
 
 
-def _check_is_checkpoint(path: Path) -> None:
+def check_is_checkpoint(path: Path) -> None:
     """Refuse a file that is no checkpoint at all (signed by the key inside it) before the log is checked against
     it: a wrong file is the operator's mistake, not a tampered log, and raises no alert."""
+    try:
+        files.regular_file(path, "the audit checkpoint", files.MAX_SMALL_FILE, over=CHECKPOINT_HINT)
+    except ApplianceError as exc:
+        raise click.BadParameter(f"{exc.message}; {exc.hint}", param_hint="--checkpoint") from None
     if anchor.signed_checkpoint(path) is None:
-        raise click.BadParameter(f"{path} is not a signed audit checkpoint; give a file written by 'appliance audit "
-                                 "checkpoint'", param_hint="--checkpoint")
+        raise click.BadParameter(f"{path} is not a signed audit checkpoint; {CHECKPOINT_HINT}",
+                                 param_hint="--checkpoint")
 
 
 def show_verification(result: audit.Verification) -> None:

@@ -9,8 +9,21 @@ from typing import Any
 
 import click
 
-from appliance.cli.base import alias, ask, cli, json_option, passphrase_from, print_json, say_trust, yes_option
+from appliance.cli.audit import check_is_checkpoint
+from appliance.cli.base import (
+    alias,
+    ask,
+    cli,
+    json_option,
+    load_settings,
+    passphrase_from,
+    print_json,
+    say_trust,
+    yes_option,
+)
 from appliance.cli.connect import connected
+from appliance.core import files
+from appliance.core.errors import RegistryError
 from appliance.core.text import whole_number
 from appliance.operations.jobspec import ExportJob
 
@@ -129,7 +142,9 @@ def models_verify(archive_file: Path, public_key: str | None, checkpoint: Path |
     from appliance.registry import exchange
     from appliance.store import anchor
 
-    data = archive_file.read_bytes()
+    if checkpoint is not None:
+        check_is_checkpoint(checkpoint)
+    data = _archive(archive_file)
     verified = exchange.verify(data, **_opening(data, identity), public_key=public_key, checkpoint=checkpoint)
     card, checked = verified.card, verified.checked
     if as_json:
@@ -171,8 +186,10 @@ def models_import(path: Path, name: str, dataset: str, task: str | None, labels:
 
     content = None
     if path.is_file():
-        data = path.read_bytes()
-        if data.startswith(exchange.AGE_MAGIC):  # only this user can open it: the daemon gets the archive inside
+        with path.open("rb") as file:
+            encrypted = file.read(len(exchange.AGE_MAGIC)) == exchange.AGE_MAGIC
+        if encrypted:  # only this user can open it: the daemon gets the archive inside
+            data = _archive(path)
             content = exchange.decrypt(data, **_opening(data, identity))
     options: dict[str, Any] = {"name": name, "dataset": dataset,
                                "labels": [label.strip() for label in labels.split(",")] if labels else []}
@@ -197,8 +214,18 @@ def _opening(data: bytes, identity: Path | None) -> dict[str, str | None]:
     if not data.startswith(exchange.AGE_MAGIC):
         return {"identity": None, "passphrase": None}
     if identity is not None:
-        return {"identity": identity.read_text(), "passphrase": None}
+        text = files.read_file(identity, "the age identity file", files.MAX_SMALL_FILE, error=RegistryError,
+                               over="give the file age-keygen wrote").decode(errors="replace")
+        return {"identity": text, "passphrase": None}
     return {"identity": None, "passphrase": passphrase_from(PASSPHRASE_ENV, "Passphrase")}
+
+
+def _archive(path: Path) -> bytes:
+    """An export archive's bytes, held whole to verify or decrypt it: refused past what the daemon takes in."""
+    limit = load_settings().daemon.max_upload_mb
+    return files.read_file(path, "the archive", int(limit * 2**20), error=RegistryError,
+                           over=f"the appliance takes an archive of up to daemon.max_upload_mb ({limit:g} MiB):"
+                                " raise it in the config file if this one is right")
 
 
 def _new_passphrase() -> str:

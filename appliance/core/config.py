@@ -183,7 +183,8 @@ class Settings:
 
     @property
     def inference_url(self) -> str:
-        return f"{'https' if self.serve.tls else 'http'}://{self.serve.host}:{self.serve.port}"
+        host = f"[{self.serve.host}]" if ":" in self.serve.host else self.serve.host  # an IPv6 address, bracketed
+        return f"{'https' if self.serve.tls else 'http'}://{host}:{self.serve.port}"
 
     @property
     def pid_path(self) -> Path:
@@ -399,11 +400,15 @@ def _config_path(explicit: str | os.PathLike[str] | None) -> Path | None:
     named = explicit or os.environ.get("APPLIANCE_CONFIG")
     if named:
         path = Path(named)
-        if not path.is_file():
+        if not path.is_file():  # a pipe or a device (/dev/null) exists, and is no file to read settings from
+            wrong = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist"
             raise ConfigError(
-                f"config file {path} {'is a folder' if path.is_dir() else 'does not exist'}",
-                hint="give an existing file with --config or APPLIANCE_CONFIG, or leave both unset",
+                f"config file {path} {wrong}",
+                hint="give a regular file with --config or APPLIANCE_CONFIG, or leave both unset",
             )
+        if (size := path.stat().st_size) > 2**20:  # settings take a few KiB: a larger file is not read into memory
+            raise ConfigError(f"config file {path} holds {size:,} bytes, over its limit of {2**20:,}",
+                              hint="give the appliance's TOML config file with --config or APPLIANCE_CONFIG")
         return path.resolve()
     return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
 

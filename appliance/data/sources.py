@@ -27,6 +27,7 @@ from appliance.core import archive
 from appliance.core.config import Settings
 from appliance.core.confined import Folder
 from appliance.core.errors import DatasetError
+from appliance.core.files import regular_file
 from appliance.store import spool
 
 TAR_SUFFIX = ".tar"
@@ -63,7 +64,8 @@ class Source(Protocol):
 
 
 class LocalPath:
-    """A file or folder named by the user who runs the command, read with that user's own rights."""
+    """A file or folder named by the user who runs the command, read with that user's own rights. A file is checked
+    to be a regular one before anything opens it: by is_folder (an import here) or size (the CLI's upload)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path.absolute()
@@ -72,10 +74,15 @@ class LocalPath:
     def is_folder(self) -> bool:
         if not self.path.exists():
             raise DatasetError(f"{self.path}: no such file or folder")
-        return self.path.is_dir()
+        if self.path.is_dir():
+            return True
+        regular_file(self.path, "the file", error=DatasetError)
+        return False
 
     def size(self) -> int:
-        return sum(file.stat().st_size for file in self._files()) if self.path.is_dir() else self.path.stat().st_size
+        if self.path.is_dir():
+            return sum(file.stat().st_size for file in self._files())
+        return regular_file(self.path, "the file", error=DatasetError)
 
     def open(self) -> BinaryIO:
         return self.path.open("rb")

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from appliance import inference, pixels, registry, words
-from appliance.core import archive, clock
-from appliance.core.errors import ArtifactError, RegistryError
+from appliance.core import archive, clock, files
+from appliance.core.errors import ApplianceError, ArtifactError, RegistryError
 from appliance.data import datasets
 from appliance.store import Store, anchor, audit, blobs, keys, signed
 from appliance.train import runs
@@ -294,9 +294,12 @@ def _licence(run: runs.Run) -> str:
 
 def base_licence(base_dir: Path) -> str:
     """The licence the base model's model card (README.md front matter) states, or that it states none."""
+    card = base_dir / "README.md"
     try:
-        text = (base_dir / "README.md").read_text(errors="replace")[:20_000]
-    except OSError:
+        files.regular_file(card, "the base model's card")  # a pipe there would hang the export
+        with card.open("rb") as file:
+            text = file.read(20_000).decode(errors="replace")  # front matter comes first
+    except (OSError, ApplianceError):
         return "unknown: the base model's folder has no README.md here"
     return stated_licence(text) or "unknown: the base model's card states none"
 

@@ -34,7 +34,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from appliance import registry
-from appliance.core import clock
+from appliance.core import clock, files
 from appliance.core.errors import DatasetError, FeedbackError, Forbidden, PredictionNotFound, TamperDetected
 from appliance.data import datasets
 from appliance.store import Store, audit, keys
@@ -44,6 +44,7 @@ from appliance.train import runs
 SEAL_PURPOSE = "appliance prediction texts v1"
 WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 MAX_ITEMS = 10_000  # labels in one request or file
+MAX_FILE_BYTES = 4 * 2**20  # a feedback file: MAX_ITEMS lines of an id and a label take well under a MiB
 MAX_SHOWN = 20
 
 
@@ -187,6 +188,8 @@ def record(store: Store, items: Iterable[tuple[str, str]], *, actor: str, source
 
 def read_csv(path: Path) -> list[tuple[str, str]]:
     """(prediction_id, label) pairs from a CSV file with those columns; every problem with its line."""
+    files.regular_file(path, "the feedback file", MAX_FILE_BYTES, error=FeedbackError,
+                       over=f"split it into files of at most {MAX_ITEMS:,} labels")
     rows, problems = datasets.csv_rows(path, ("prediction_id", "label"))
     pairs = []
     for where, fields in rows:

@@ -25,6 +25,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from appliance.core import files
+from appliance.core.errors import ApplianceError
 from appliance.store import Store, keys
 
 
@@ -95,18 +97,18 @@ def write_head(store: Store, head: Head, *, backwards: bool = False) -> None:
         if (not backwards and current is not None and current.store_id == head.store_id
                 and current.seq >= head.seq):
             return
-        _write_json_atomically(path, asdict(head))
+        keys.write_private(path, json.dumps(asdict(head), indent=2) + "\n")
 
 
 def read_head(path: Path) -> Head | None:
     """The head in a head file or checkpoint; None if there is no file."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(files.read_file(path, "the audit head", files.MAX_SMALL_FILE))
         return Head(**{name: data[name] for name in Head.__dataclass_fields__})
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError):
-        # Unreadable counts as forged: verify reports it rather than crashing.
+    except (OSError, ValueError, KeyError, TypeError, ApplianceError):
+        # Unreadable (a pipe, a device, an outsized file too) counts as forged: verify reports it rather than crashing.
         return Head("?", -1, "?", "", "")
 
 
@@ -114,17 +116,6 @@ def signed_checkpoint(path: Path) -> Head | None:
     """The head a checkpoint file holds if the key it names signed it; None for a file that is no checkpoint."""
     head = read_head(path)
     return head if head is not None and head.is_signed_by(head.public_key) else None
-
-
-def _write_json_atomically(path: Path, data: dict) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.unlink(missing_ok=True)
-    with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
 
 
 @contextmanager

@@ -36,7 +36,7 @@ from typing import Any
 import sqlite_utils
 
 from appliance import store as store_pkg
-from appliance.core import clock
+from appliance.core import clock, files
 from appliance.core.config import Settings
 from appliance.core.errors import BackupError, KeyMismatch, StoreError, TamperDetected
 from appliance.store import Store, alerts, anchor, audit, blobs, keys, lifecycle, migrations
@@ -217,8 +217,9 @@ def verify(settings: Settings, path: Path, passphrase: str | None = None,
     A backup the master key does not open raises KeyMismatch naming the key it needs.
     """
     result = Verification(path)
-    if not path.is_file():
+    if not path.exists():
         raise BackupError(f"there is no backup file {path}", hint="'appliance backup list' shows the backups")
+    files.regular_file(path, "the backup", error=BackupError)  # SQLite would read a pipe or a device without end
     try:
         database = store_db.connect_read_only(path)
     except StoreError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -140,3 +141,29 @@ def test_exports_and_checkpoints_are_private_files(logged: Settings, tmp_path: P
     run_cli("audit", "checkpoint", "-o", str(tmp_path / "head.json"), check=True)
     for path in (tmp_path / "audit.jsonl", tmp_path / "head.json", logged.audit_head_path):
         assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_a_checkpoint_that_is_a_pipe_or_outsized_is_refused_at_once(tmp_path: Path) -> None:
+    """Given as --checkpoint, a pipe would hang verify and a huge file fill the memory: refused as a wrong file
+    (exit 2, as one that is no checkpoint), before any store is opened."""
+    os.mkfifo(tmp_path / "pipe.json")
+    huge = tmp_path / "huge.json"
+    huge.touch()
+    os.truncate(huge, 3 * 2**30)  # sparse: nothing is written
+    piped = run_cli("audit", "verify", "--checkpoint", str(tmp_path / "pipe.json"), timeout=60)
+    assert piped.returncode == 2 and "pipe.json is a named pipe (FIFO), not a regular file" in piped.stderr
+    outsized = run_cli("audit", "verify", "--checkpoint", str(huge), timeout=60)
+    assert outsized.returncode == 2 and "huge.json holds 3,221,225,472 bytes, over its limit of 65,536" in outsized.stderr
+
+
+def test_a_head_file_replaced_by_a_pipe_or_a_huge_file_reads_as_forged_at_once(logged: Settings) -> None:
+    """Whoever can write the state directory must not be able to hang or exhaust verify through the head file."""
+    logged.audit_head_path.unlink()
+    os.mkfifo(logged.audit_head_path)
+    piped = run_cli("audit", "verify", timeout=60)
+    assert piped.returncode == 1 and "is not signed by this store" in piped.stderr
+    logged.audit_head_path.unlink()
+    logged.audit_head_path.touch()
+    os.truncate(logged.audit_head_path, 3 * 2**30)  # sparse: nothing is written
+    outsized = run_cli("audit", "verify", timeout=60)
+    assert outsized.returncode == 1 and "is not signed by this store" in outsized.stderr
