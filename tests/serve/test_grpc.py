@@ -210,8 +210,8 @@ def test_a_message_that_does_not_arrive_in_time_frees_its_call(state: State) -> 
     """A key holder's call, or anyone's health call, whose message stalls holds its slot for serve.body_timeout_s
     at most, as a REST body does, and ends DEADLINE_EXCEEDED."""
     port = free_port()
-    running = start_server(state, grpc_port=str(port), max_connections="2", body_timeout_s="1")
-    try:
+    running = start_server(state, grpc_port=str(port), max_connections="2", body_timeout_s="4")
+    try:  # 4 s, so that a loaded machine still sees the slots held before the messages are late
         stalled = [_stalled_call(port, "ModelInfer", state.token), _stalled_call(port, "ServerLive")]
         client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{port}")
         try:
@@ -222,8 +222,8 @@ def test_a_message_that_does_not_arrive_in_time_frees_its_call(state: State) -> 
                     assert refused.status() == "StatusCode.RESOURCE_EXHAUSTED", refused
                     return False
 
-            running.wait(lambda: not answered(), 5)  # the stalled calls hold both slots
-            running.wait(answered, 15)  # until their messages are late
+            running.wait(lambda: not answered(), 4)  # the stalled calls hold both slots
+            running.wait(answered, 20)  # until their messages are late
         finally:
             client.close()
             for connection in stalled:
