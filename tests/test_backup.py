@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import shutil
 import sqlite3
@@ -271,6 +272,15 @@ def test_a_restore_on_a_new_box_given_the_old_boxs_checkpoint_explains_that_chec
     assert f"vouches for record {head.seq} of a log that the backup.restored on record" in checked.stderr
     open_alerts = json.loads(run_cli("alerts", "--json", env=new_box, check=True).stdout)
     assert not [alert for alert in open_alerts if alert["source"] == "audit"]
+
+
+def test_a_key_file_that_is_a_pipe_is_named_not_waited_on(opened: Store, tmp_path: Path) -> None:
+    made, _ = backups.create(opened)
+    opened.close()
+    os.mkfifo(tmp_path / "key.pipe", 0o600)
+    refused = run_cli("backup", "verify", str(made.path), "--key-file", str(tmp_path / "key.pipe"), timeout=60)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert f"the master key file {tmp_path / 'key.pipe'} is a named pipe (FIFO), not a regular file" in refused.stderr
 
 
 def test_a_backup_that_is_no_regular_file_is_named_for_what_it_is(opened: Store) -> None:

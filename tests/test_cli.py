@@ -122,7 +122,8 @@ def test_a_config_file_that_is_a_pipe_a_device_or_huge_is_named_for_what_it_is(t
     huge = tmp_path / "huge.toml"
     huge.touch()
     os.truncate(huge, 3 * 2**30)  # sparse: nothing is written
-    for given, wrong in ((tmp_path / "pipe.toml", "is not a regular file"), (Path("/dev/null"), "is not a regular file"),
+    for given, wrong in ((tmp_path / "pipe.toml", "is a named pipe (FIFO), not a regular file"),
+                         (Path("/dev/null"), "is a character device, not a regular file"),
                          (huge, "holds 3,221,225,472 bytes, over its limit of 1,048,576")):
         result = run_cli("--config", str(given), "data", "list", timeout=60)
         assert result.returncode == 1 and f"error: config file {given} {wrong}" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,13 @@ def test_a_forged_manifest_an_added_file_or_another_key_fail(opened: Store, tmp_
     with pytest.raises(EvidenceError, match="extra.html: not covered by the signature"):
         pack.verify(written.folder)
     (written.folder / "extra.html").unlink()
+
+    huge = written.folder / "report.html"  # a folder given to verify may hold a file of any size: never read whole
+    page = huge.read_bytes()
+    os.truncate(huge, 3 * 2**30)  # sparse: nothing is written
+    with pytest.raises(EvidenceError, match=f"the pack's file {huge} holds 3,221,225,472 bytes, over its limit"):
+        pack.verify(written.folder)
+    huge.write_bytes(page)
 
     other = "11" * 32
     with pytest.raises(EvidenceError, match="not the key given"):

@@ -477,6 +477,21 @@ def test_the_cli_refuses_a_pipe_or_a_device_as_a_dataset_file_at_once(tmp_path: 
     assert run_cli("data", "show", "tickets").returncode == 1
 
 
+def test_a_line_too_long_to_be_an_example_is_read_past_not_held(opened: Store, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file with no line breaks (or one enormous line) would be read whole into memory: the reader holds at most
+    MAX_LINE_BYTES of a line, names it, and the lines after keep their numbers."""
+    monkeypatch.setattr(datasets, "MAX_LINE_BYTES", 1000)
+    path = _write(tmp_path, "t.jsonl", _jsonl(ROWS) + "x" * 5000 + "\n" + _jsonl(ROWS[:1]) + "{oops\n")
+    with pytest.raises(DatasetError) as refused:
+        datasets.import_file(opened, path, name="tickets")
+    assert "t.jsonl line 9: over 1,000 bytes long, so not read" in refused.value.message
+    assert "t.jsonl line 11: not valid JSON" in refused.value.message
+    endless = _write(tmp_path, "endless.csv", "text,label\n" + "y" * 5000)
+    with pytest.raises(DatasetError, match="endless.csv line 2: over 1,000 bytes long"):
+        datasets.import_file(opened, endless, name="endless")
+
+
 def test_the_cli_reports_a_bad_file_without_a_traceback(tmp_path: Path) -> None:
     run_cli("keys", "init", check=True)
     path = _write(tmp_path, "t.csv", b"text,label\n" + GOOD.encode() + b"caf\xe9,billing\n")

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,8 @@ def test_a_hugging_face_export_loads_with_transformers(opened: Store, optimised:
         " max_length=card['max_length'], return_tensors='pt')).logits.detach().numpy()\n")
     logits = np.array(run_outside(code, tmp_path))
     assert np.allclose(logits, served_logits(opened, optimised, "fp32"), atol=1e-3)
+    unpacked = [path for path in (tmp_path / "tickets").rglob("*") if path.is_file()]
+    assert unpacked and {stat.S_IMODE(path.stat().st_mode) for path in unpacked} == {0o600}  # not others' to read
 
 
 def test_a_mean_pooled_model_exports_as_a_sentence_transformers_model_whose_embedding_is_its_logits(

@@ -198,6 +198,24 @@ def test_the_upload_limit_is_the_configured_one(daemon: Daemon) -> None:
     assert answer.status_code == 413 and "4 MiB" in answer.json()["hint"]
 
 
+@pytest.mark.parametrize("daemon", [{"APPLIANCE_DAEMON_MAX_UPLOAD_MB": "4"}], indirect=True)
+def test_the_cli_refuses_an_upload_over_the_limit_before_sending_it(daemon: Daemon, tmp_path: Path) -> None:
+    """A folder of 50 GB was tarred and sent until the daemon stopped it at the limit."""
+    (tmp_path / "photos" / "cats").mkdir(parents=True)
+    for name in ("a.png", "b.png"):
+        (tmp_path / "photos" / "cats" / name).write_bytes(b"\x89PNG" + bytes(3 << 20))
+    big = tmp_path / "big.csv"
+    big.write_bytes(b"text,label\n" + b"x,y\n" * (2 << 20))
+    for given in (big, tmp_path / "photos"):
+        refused = daemon.cli("data", "import", str(given), "--name", "big")
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert f"{given} holds " in refused.stderr and "over the 4 MiB the appliance takes in an upload" \
+            in refused.stderr, refused.stderr
+    daemon.stop()
+    with store.open(daemon.settings) as opened:  # the daemon saw nothing of them
+        assert not audit.rows(opened, action="api.refused") and not audit.rows(opened, action="dataset.import")
+
+
 def test_a_flood_of_bad_tokens_leaves_a_count_not_a_row_each(daemon: Daemon) -> None:
     for n in range(300):
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.settings.socket_path)),

@@ -144,7 +144,7 @@ def models_verify(archive_file: Path, public_key: str | None, checkpoint: Path |
 
     if checkpoint is not None:
         check_is_checkpoint(checkpoint)
-    data = _archive(archive_file)
+    data = exchange.read_archive(archive_file, load_settings().daemon.max_upload_mb)
     verified = exchange.verify(data, **_opening(data, identity), public_key=public_key, checkpoint=checkpoint)
     card, checked = verified.card, verified.checked
     if as_json:
@@ -185,12 +185,9 @@ def models_import(path: Path, name: str, dataset: str, task: str | None, labels:
     from appliance.registry import exchange
 
     content = None
-    if path.is_file():
-        with path.open("rb") as file:
-            encrypted = file.read(len(exchange.AGE_MAGIC)) == exchange.AGE_MAGIC
-        if encrypted:  # only this user can open it: the daemon gets the archive inside
-            data = _archive(path)
-            content = exchange.decrypt(data, **_opening(data, identity))
+    if exchange.is_encrypted(path):  # only this user can open it: the daemon gets the archive inside
+        data = exchange.read_archive(path, load_settings().daemon.max_upload_mb)
+        content = exchange.decrypt(data, **_opening(data, identity))
     options: dict[str, Any] = {"name": name, "dataset": dataset,
                                "labels": [label.strip() for label in labels.split(",")] if labels else []}
     if public_key:
@@ -218,14 +215,6 @@ def _opening(data: bytes, identity: Path | None) -> dict[str, str | None]:
                                over="give the file age-keygen wrote").decode(errors="replace")
         return {"identity": text, "passphrase": None}
     return {"identity": None, "passphrase": passphrase_from(PASSPHRASE_ENV, "Passphrase")}
-
-
-def _archive(path: Path) -> bytes:
-    """An export archive's bytes, held whole to verify or decrypt it: refused past what the daemon takes in."""
-    limit = load_settings().daemon.max_upload_mb
-    return files.read_file(path, "the archive", int(limit * 2**20), error=RegistryError,
-                           over=f"the appliance takes an archive of up to daemon.max_upload_mb ({limit:g} MiB):"
-                                " raise it in the config file if this one is right")
 
 
 def _new_passphrase() -> str:

@@ -20,11 +20,13 @@ from typing import Any
 
 from appliance.compliance import evidence, render
 from appliance.core.errors import EvidenceError
+from appliance.core.files import read_file
 from appliance.store import Store, anchor, audit, signed
 from appliance.store.signed import MANIFEST
 
 FORMAT = "appliance-compliance-pack/1"
 ACTION = "compliance.report"
+MAX_PACK_FILE = 256 * 2**20  # a pack's report is a summary of a few MiB at most: a larger file is none of it
 
 README = """Compliance evidence pack of appliance store {store_id}, generated {generated_at}.
 
@@ -159,8 +161,11 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def _read(path: Path) -> bytes:
+    """A pack's file, within MAX_PACK_FILE: a folder given to verify may hold anything, a device or an outsized file
+    among it."""
     try:
-        return path.read_bytes()
+        return read_file(path, "the pack's file", MAX_PACK_FILE, error=EvidenceError,
+                         over="give the folder 'appliance compliance report' wrote")
     except OSError as exc:
         raise EvidenceError(f"cannot read {path}: {exc.strerror}",
                             hint="give the folder 'appliance compliance report' wrote") from exc

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from appliance.core import files
 from appliance.core.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("/etc/appliance/appliance.toml")
+MAX_TOML_BYTES = 2**20  # settings or a search space take a few KiB: a larger file is not read into memory
 
 # Environment variables of ours that are not settings, so not typos either.
 NOT_SETTINGS = {
@@ -398,27 +400,22 @@ def bundled_image_base_model() -> Path:
 
 def _config_path(explicit: str | os.PathLike[str] | None) -> Path | None:
     named = explicit or os.environ.get("APPLIANCE_CONFIG")
-    if named:
-        path = Path(named)
-        if not path.is_file():  # a pipe or a device (/dev/null) exists, and is no file to read settings from
-            wrong = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist"
-            raise ConfigError(
-                f"config file {path} {wrong}",
-                hint="give a regular file with --config or APPLIANCE_CONFIG, or leave both unset",
-            )
-        if (size := path.stat().st_size) > 2**20:  # settings take a few KiB: a larger file is not read into memory
-            raise ConfigError(f"config file {path} holds {size:,} bytes, over its limit of {2**20:,}",
-                              hint="give the appliance's TOML config file with --config or APPLIANCE_CONFIG")
-        return path.resolve()
-    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
+    if not named:
+        return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
+    path = Path(named)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist",
+                          hint="give the appliance's TOML config file with --config or APPLIANCE_CONFIG, or leave"
+                               " both unset")
+    return path.resolve()
 
 
 def read_toml(path: Path, what: str, hint: str | None = None) -> dict[str, Any]:
-    """A TOML file's content; ConfigError naming the file and what is wrong with it (hint: where its format is
-    described)."""
+    """A TOML file's content, read only if it is a regular file within MAX_TOML_BYTES; ConfigError naming the file
+    and what is wrong with it (hint: where its format is described)."""
     try:
-        with path.open("rb") as file:
-            return tomllib.load(file)
+        data = files.read_file(path, what, MAX_TOML_BYTES, over=hint or "", error=ConfigError)
+        return tomllib.loads(data.decode())
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -429,7 +426,7 @@ def read_toml(path: Path, what: str, hint: str | None = None) -> dict[str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    document = read_toml(path, "config file")
+    document = read_toml(path, "config file", hint="the README's Configuration section lists the settings it holds")
     values = {}
     for key, value in _flatten(document):
         _check_known(key, where=str(path))

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 
 from appliance.core import config
-from appliance.core.errors import ApplianceError, DaemonUnreachable, RateLimited
+from appliance.core.errors import ApplianceError, DaemonUnreachable, PayloadTooLarge, RateLimited
 from appliance.data import sources
 
 TIMEOUT_S = 30.0
@@ -70,6 +70,7 @@ class Client:
     def __init__(self, settings: config.Settings) -> None:
         self._http = _http(settings, _token(settings))
         self._socket = settings.socket_path
+        self._upload_limit_mb = settings.daemon.max_upload_mb
 
     def __enter__(self) -> Self:
         return self
@@ -94,7 +95,7 @@ class Client:
                to: str = DATASETS, content: bytes | None = None) -> Any:
         """Import a local file (or folder) by sending its bytes, or content read from it (a decrypted archive), to
         an upload route: the daemon never opens a path of ours."""
-        params, chunks = _upload(path, options, sent, content)
+        params, chunks = _upload(path, options, sent, content, self._upload_limit_mb)
         return self._request("POST", to, params=params, content=chunks,
                              headers={"Content-Type": "application/octet-stream"}, timeout=UPLOAD_TIMEOUT_S)
 
@@ -134,6 +135,7 @@ class AsyncClient:
         self._http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(settings.socket_path)),
                                        **_options(_token(settings)))
         self._socket = settings.socket_path
+        self._upload_limit_mb = settings.daemon.max_upload_mb
 
     async def __aenter__(self) -> Self:
         return self
@@ -156,7 +158,7 @@ class AsyncClient:
     async def upload(self, path: Path, options: dict[str, Any], *, to: str = DATASETS,
                      content: bytes | None = None) -> Any:
         """Client.upload, with the file read off the event loop."""
-        params, chunks = _upload(path, options, lambda size: None, content)
+        params, chunks = _upload(path, options, lambda size: None, content, self._upload_limit_mb)
 
         async def body() -> AsyncIterator[bytes]:
             while chunk := await asyncio.to_thread(next, chunks, b""):
@@ -216,10 +218,18 @@ def _options(token: str | None) -> dict[str, Any]:
             "limits": httpx.Limits(keepalive_expiry=KEEPALIVE_S)}
 
 
-def _upload(path: Path, options: dict[str, Any], sent: Callable[[int], None],
-            content: bytes | None) -> tuple[dict[str, Any], Iterator[bytes]]:
+def _upload(path: Path, options: dict[str, Any], sent: Callable[[int], None], content: bytes | None,
+            limit_mb: float) -> tuple[dict[str, Any], Iterator[bytes]]:
     """The upload's query (the options and the file's name) and its body: the file (or content read from it), or
-    the folder as a tar."""
+    the folder as a tar. One larger than the daemon takes (daemon.max_upload_mb) is refused before a byte is sent,
+    not after a limit's worth of them."""
+    size = len(content) if content is not None else sources.LocalPath(path).size()
+    if size > limit_mb * 2**20:
+        raise PayloadTooLarge(f"{path} holds {size:,} bytes, over the {limit_mb:g} MiB the appliance takes in an"
+                              " upload (daemon.max_upload_mb)",
+                              hint="raise daemon.max_upload_mb in the config file if the box has the room for it,"
+                                   " or put it in daemon.import_dir and name it as a pipeline's source ('appliance"
+                                   " jobs submit pipeline -p source=...')")
     if content is not None:
         sent(len(content))
         return {**options, "filename": path.name}, iter([content])

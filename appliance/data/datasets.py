@@ -62,6 +62,7 @@ RESIDENCIES = (LOCAL_ONLY, BURST_ALLOWED)  # whether a version may leave this bo
 MAX_TEXT_CHARS = 20_000  # the default bound on one text at import; a longer one is cut (or skipped) and counted
 MAX_FIELD_CHARS = 64 * 2**20  # a CSV field the reader takes at all (Python's default, 128 Ki, refused whole files
 csv.field_size_limit(MAX_FIELD_CHARS)  # for one long text); max_text_chars then cuts it or leaves it out
+MAX_LINE_BYTES = 64 * 2**20  # a line read at all: a file with no line break is otherwise read whole into memory
 Truncation = Literal["head", "head+tail"]  # how a model reads a text longer than its token window (words.py)
 DEFAULT_WINDOW = 128  # tokens of a text a model reads unless its run names another (TrainParams.max_length)
 WINDOW_SAMPLE = 2000  # texts read with the base model's tokenizer at import, to say how many the window cuts
@@ -633,10 +634,18 @@ def _ends(text: str, max_chars: int) -> str:
 def _decoded_lines(
     name: str, file: BinaryIO, total: int, collector: _Collector, progress: Progress | None
 ) -> Iterator[str]:
-    """The file's lines as text; a bad byte is reported with its line and column, then replaced."""
-    done = reported = 0
-    for number, raw in enumerate(file, 1):
+    """The file's lines as text; a bad byte is reported with its line and column, then replaced. A line over
+    MAX_LINE_BYTES is reported and read past, a blank line in its place so that the lines after keep their numbers."""
+    done = reported = number = 0
+    while raw := file.readline(MAX_LINE_BYTES + 1):
+        number += 1
         done += len(raw)
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            done += _read_past_line(file)
+            collector.problem(f"{name} line {number}: over {MAX_LINE_BYTES:,} bytes long, so not read (one example"
+                              " a line is what a CSV or JSONL dataset holds)")
+            yield "\n"
+            continue
         if number == 1:
             raw = raw.removeprefix(codecs.BOM_UTF8)
         try:
@@ -650,6 +659,16 @@ def _decoded_lines(
             reported = done
     if progress is not None:
         progress(done, max(done, total))
+
+
+def _read_past_line(file: BinaryIO) -> int:
+    """Read to the end of the line under way, a MiB at a time; how many bytes that was."""
+    skipped = 0
+    while chunk := file.readline(2**20):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
 
 
 def _csv_rows(

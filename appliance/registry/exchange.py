@@ -110,7 +110,7 @@ def export(store: Store, ref: str, fmt: Format, protection: Protection, actor: s
                                                fingerprint=anchor.fingerprint(public_key),
                                                **READING[version.task == datasets.IMAGE]).encode()
         contents |= signed.sign(store, contents, format=FORMAT, model=version.ref, exported_at=card["exported_at"])
-        packed = archive.pack(sorted(contents.items()), mode=0o644)
+        packed = archive.pack(sorted(contents.items()))  # 0600: unpacked, the weights are the user's alone
         digest = hashlib.sha256(packed).hexdigest()
         details.update(sha256=digest, bytes=len(packed), variant=variant)
     return Exported(version.ref, fmt, packed, digest)
@@ -200,6 +200,22 @@ def check_files(files: dict[str, bytes], *, public_key: str | None = None,
     if "card.json" not in checked.manifest["files"]:
         raise RegistryError("the archive has no model card (card.json)", hint="it is not an appliance model export")
     return checked, json.loads(files["card.json"])
+
+
+def read_archive(path: Path, limit_mb: float) -> bytes:
+    """An archive's bytes, held whole to verify or decrypt it: refused past what the daemon takes in (a pipe or a
+    device never)."""
+    return files.read_file(path, "the archive", int(limit_mb * 2**20), error=RegistryError,
+                           over=f"the appliance takes an archive of up to daemon.max_upload_mb ({limit_mb:g} MiB):"
+                                " raise it in the config file if this one is right")
+
+
+def is_encrypted(path: Path) -> bool:
+    """Whether path is an archive encrypted with age, to be opened here before the daemon gets what is inside."""
+    if not path.is_file():  # a folder, or what regular_file() refuses when it is sent
+        return False
+    with path.open("rb") as file:
+        return file.read(len(AGE_MAGIC)) == AGE_MAGIC
 
 
 def decrypt(data: bytes, identity: str | None, passphrase: str | None) -> bytes:

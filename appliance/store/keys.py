@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
+from appliance.core import files
 from appliance.core.config import Settings
 from appliance.core.errors import KeyMismatch, KeyMissing, StoreError, TamperDetected
 from appliance.store.db import fsync, transaction
@@ -138,7 +139,7 @@ def _read_key(path: Path) -> bytes:
     fix = ("a key file holds one line: 32 random bytes in base64, as 'appliance keys init' writes it (a raw 32-byte"
            f" file converts with: base64 -w0 < RAW > {path.name}); give the right file with keys.file")
     try:
-        text = path.read_bytes().strip()
+        text = files.read_file(path, "the master key file", files.MAX_SMALL_FILE, over=fix, error=StoreError).strip()
     except OSError as exc:
         raise StoreError(f"cannot read the master key file {path}: {exc.strerror}") from exc
     try:

@@ -75,8 +75,13 @@ async def test_an_import_lists_the_problems_by_line_and_a_clean_file_is_stored(s
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2", "i")
         dialog = app.screen
-        dialog.query_one("#path").value = str(source)
+        os.mkfifo(tmp_path / "pipe.csv")  # was read without end, the dialog waiting for good
+        dialog.query_one("#path").value = str(tmp_path / "pipe.csv")
         dialog.query_one("#name").value = "faq"
+        await click_submit(pilot)
+        await settle(pilot, lambda: "pipe.csv is a named pipe (FIFO), not a regular file" in text(app, "#problem"),
+                     message="the pipe was not refused")
+        dialog.query_one("#path").value = str(source)
         await click_submit(pilot)
         problem = await settle(pilot, lambda: "line 3" in (shown := text(app, "#problem")) and shown,
                                message="the import problems were not shown")
@@ -86,6 +91,7 @@ async def test_an_import_lists_the_problems_by_line_and_a_clean_file_is_stored(s
         source.write_text("text,label\n" + "".join(f"question {i},{'account' if i % 2 else 'billing'}\n"
                                                    for i in range(20)))
         await click_submit(pilot)
+        await settle(pilot, lambda: app.screen is not dialog, message="the clean import kept the dialog open")
         await settle(pilot, lambda: "faq:1" in rows(app, "#datasets"), message="the clean import is not listed")
         assert rows(app, "#datasets")["faq:1"][2] == "20"
     assert any(version["ref"] == "faq:1" for version in api(served, "/v1/datasets"))

@@ -398,7 +398,8 @@ class ModelImportDialog(FormDialog[dict[str, Any]]):
 
         async def send() -> dict[str, Any]:
             content = None
-            if chosen.is_file() and (data := await asyncio.to_thread(chosen.read_bytes)).startswith(exchange.AGE_MAGIC):
+            if await asyncio.to_thread(exchange.is_encrypted, chosen):
+                data = await asyncio.to_thread(exchange.read_archive, chosen, self.app.settings.daemon.max_upload_mb)
                 self.show_problem("opening the archive…")
                 passphrase = self.query_one("#passphrase", Input).value or None
                 content = await asyncio.to_thread(exchange.decrypt, data, None, passphrase)
