@@ -15,7 +15,7 @@ One package per layer, each importing only from those below it (docs/architectur
     operations/  each verb once, the job queue and its worker, bursts, autopilot, erasure
     compliance/  the signed evidence pack
     daemon/      the service: lifecycle, control API, job supervisor, client, doctor
-    cli/         the `appliance` command
+    cli/         the `appliance` command (launch.py: its entry point)
 """
 
 import os

@@ -1,5 +1,5 @@
 """`python -m appliance` is the `appliance` command."""
 
-from appliance.cli import main
+from appliance import launch
 
-main()
+launch.main()

@@ -8,6 +8,9 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import click
@@ -167,3 +170,14 @@ def test_nan_and_inf_are_no_numbers_an_option_takes(option: tuple[str, ...]) -> 
     for value in ("nan", "inf"):
         refused = run_cli(*option, value)
         assert refused.returncode == 2 and f"Invalid value for '{option[-1]}'" in refused.stderr, refused.stderr
+
+
+def test_ctrl_c_while_a_command_loads_says_aborted_and_exits_130(tmp_path: Path) -> None:
+    """The first second of a command is spent loading torch and OpenVINO: Ctrl-C then printed a traceback."""
+    (tmp_path / "loading.py").write_text("raise KeyboardInterrupt  # as Ctrl-C does while the module loads\n")
+    interrupted = subprocess.run([sys.executable, "-c", "from appliance import launch; launch.run('loading')"],
+                                 env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
+                                 timeout=60, check=False)
+    assert (interrupted.returncode, interrupted.stderr) == (130, "aborted\n")
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"appliance": "appliance.launch:main", "appliance-tui": "tui:main"}

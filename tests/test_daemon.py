@@ -139,6 +139,18 @@ def test_sigterm_drains_the_running_job_back_into_the_queue(daemon: Daemon) -> N
         assert runs.get(opened, job.state["run_id"]).status == "interrupted"
     assert not daemon.settings.socket_path.exists() and not daemon.settings.pid_path.exists()
 
+    run_id = job.state["run_id"]  # the queued job resumes it: not to be given up under it
+    refused = daemon.cli("runs", "discard", run_id, "--yes")
+    assert refused.returncode == 1 and f"job {job_id} trains run {run_id} or will resume it" in refused.stderr
+    assert daemon.cli("jobs", "cancel", job_id).returncode == 0
+    daemon.start()
+    discarded = daemon.cli("runs", "discard", run_id, "--yes")
+    assert discarded.returncode == 0 and f"run {run_id} discarded" in discarded.stdout, discarded.stderr
+    with store.open(daemon.settings) as opened:
+        assert opened.db.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0] == 0
+        [record] = audit.rows(opened, action="train.discarded")
+        assert record["actor"] == "user:local-admin"  # through the control API, as its user
+
 
 def test_a_user_holds_a_bounded_number_of_event_streams(daemon: Daemon) -> None:
     with contextlib.ExitStack() as held, daemon.api() as api:

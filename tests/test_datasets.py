@@ -218,6 +218,16 @@ GOOD = _csv(ROWS)[len("text,label\n") :]
         ("customers.csv", "text,label\n" + GOOD + "a,b,c\n", "customers.csv line 10: 3 fields, but the header has 2"),
         (
             "customers.csv",
+            "text,label,label\n" + GOOD.replace(",", ",x,"),
+            "customers.csv line 1: the header names the column 'label' twice",
+        ),
+        (
+            "customers.jsonl",
+            _jsonl(ROWS) + '{"text": "hi", "label": "billing", "label": "shipping"}\n',
+            "customers.jsonl line 9: the key 'label' twice in one object",
+        ),
+        (
+            "customers.csv",
             "text;label\n" + GOOD.replace('",', '";') + "a;b;c\n",
             "customers.csv line 10: 3 fields, but the header has 2 (a semicolon in a text that is not in double quotes?)",
         ),

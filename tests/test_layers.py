@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("serve", ("appliance.serve",)),
     ("operations", ("appliance.operations", "appliance.compliance")),
     ("service", ("appliance.daemon",)),
-    ("interface", ("appliance.cli", "appliance.__main__", "tui")),
+    ("interface", ("appliance.cli", "appliance.launch", "appliance.__main__", "tui")),
 ]
 
 NEVER: dict[str, tuple[str, ...]] = {

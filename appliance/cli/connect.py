@@ -47,6 +47,7 @@ class Appliance(Protocol):
     def delete_dataset(self, ref: str) -> list[str]: ...
     def delete_model(self, ref: str) -> str: ...
     def delete_job(self, job_id: str) -> dict[str, Any]: ...
+    def discard_run(self, run_id: str) -> dict[str, Any]: ...  # the run, with the bytes its checkpoint freed
     def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]: ...
     def rollback(self, model: str) -> operations.Rollback: ...
     def record_feedback(self, pairs: list[tuple[str, str]], source: str) -> dict[str, Any]: ...
@@ -136,6 +137,9 @@ class Remote:
 
     def delete_job(self, job_id: str) -> dict[str, Any]:
         return self.api.delete(client.path("/v1/jobs/{}", job_id))
+
+    def discard_run(self, run_id: str) -> dict[str, Any]:
+        return self.api.delete(client.path("/v1/runs/{}/checkpoint", run_id))
 
     def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]:
         model, _, number = ref.partition(":")
@@ -262,6 +266,10 @@ class Local:
 
     def delete_job(self, job_id: str) -> dict[str, Any]:
         return asdict(jobs.delete(self.store, job_id))
+
+    def discard_run(self, run_id: str) -> dict[str, Any]:
+        run, freed = operations.discard_run(self.store, run_id)
+        return {**asdict(run), "freed_bytes": freed}
 
     def deploy(self, ref: str, canary_percent: float | None) -> tuple[str, str]:
         version = registry.deploy(self.store, ref, canary_percent)

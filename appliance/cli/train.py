@@ -9,7 +9,7 @@ import click
 from click.core import ParameterSource
 
 from appliance import operations
-from appliance.cli.base import cli, deployment, json_option, print_json, schema_option
+from appliance.cli.base import ask, cli, deployment, json_option, print_json, schema_option, yes_option
 from appliance.cli.connect import connected
 from appliance.cli.optimize import distill_option
 from appliance.core.errors import JobError
@@ -213,6 +213,19 @@ def runs_show(run_id: str, as_json: bool) -> None:
         )
     if run.get("outcome"):
         click.echo(runs.Outcome(**run["outcome"]).sentence(run["params"]))
+
+
+@runs_group.command("discard")
+@click.argument("run_id")
+@yes_option
+def runs_discard(run_id: str, yes: bool) -> None:
+    """Give up a run that will not be resumed: its checkpoint, the size of its model and optimiser state, is
+    deleted; the run and its curve stay listed. Audited, admin only; refused while a job trains or resumes it."""
+    ask(f"Delete the checkpoint of run {run_id}? It can no longer be resumed.", yes)
+    with connected() as appliance:
+        run = appliance.discard_run(run_id)
+    click.echo(f"run {run['id']} discarded: its checkpoint ({run['freed_bytes'] / 2**20:.1f} MiB) is deleted;"
+               " 'appliance store compact' gives the space back to the disk")
 
 
 @runs_group.command("compare")

@@ -689,6 +689,11 @@ def _csv_rows(
             hint="the first line must name the columns, separated by commas, semicolons or tabs (a dataset's text and"
             " label columns may have other names, given with --text-column and --label-column)",
         )
+    if doubled := [column for column in columns if header.count(column) > 1]:
+        raise DatasetError(f"{name} line {header_line}: the header names the column {doubled[0][:80]!r} twice, so"
+                           " which of them to read is unclear",
+                           hint="rename one of them (or give the one to read another name, with --text-column or"
+                                " --label-column)")
     for start, row in records:
         if len(row) == len(header):
             yield f"{name} line {start}", dict(zip(header, row))
@@ -744,9 +749,13 @@ def _jsonl_rows(name: str, lines: Iterable[str], collector: _Collector) -> Itera
             continue
         where = f"{name} line {number}"
         try:
-            value = json.loads(line)
+            value = json.loads(line, object_pairs_hook=_once_each)
         except json.JSONDecodeError as exc:
             collector.problem(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        except _RepeatedKey as exc:
+            collector.problem(f"{where}: the key {str(exc)[:80]!r} twice in one object, so which value is meant is"
+                              " unclear")
             continue
         except RecursionError:
             collector.problem(f"{where}: JSON nested too deeply to read")
@@ -755,6 +764,17 @@ def _jsonl_rows(name: str, lines: Iterable[str], collector: _Collector) -> Itera
             collector.problem(f"{where}: expected a JSON object, found {type(value).__name__}")
             continue
         yield where, value
+
+
+class _RepeatedKey(ValueError):
+    """A JSON object names a key twice: Python's reader would keep the last value without a word."""
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) < len(pairs):
+        raise _RepeatedKey(next(key for key, _ in pairs if [k for k, _ in pairs].count(key) > 1))
+    return found
 
 
 def _text_example(where: str, fields: dict[str, Any], columns: tuple[str, str]) -> _Example | str:

@@ -446,6 +446,16 @@ def delete_dataset(store: Store, ref: str, actor: str | None = None) -> list[dat
     return datasets.delete(store, ref, actor=actor)
 
 
+def discard_run(store: Store, run_id: str, actor: str | None = None) -> tuple[runs.Run, int]:
+    """Give up a run that will not be resumed (runs.discard), refused while a queued or running job trains it or
+    will resume it; the run, and the bytes its checkpoint took."""
+    run = runs.get(store, run_id)
+    if busy := jobs.using_run(store, run.id):
+        raise JobError(f"job {', '.join(busy)} trains run {run.id} or will resume it, so nothing was discarded",
+                       hint="cancel the job first ('appliance jobs cancel ID'), or let it finish")
+    return runs.discard(store, run.id, actor)
+
+
 def run(ctx: Context, spec: Spec, study_id: str | None = None, base: Path | None = None) -> dict[str, Any]:
     """A job's operations in order, stopping between them when asked; returns what the job made.
 

@@ -324,6 +324,12 @@ def using_datasets(store: Store, names: set[str]) -> list[str]:
     return [job.id for status in ACTIVE for job in list_jobs(store, status) if _dataset_name(store, job) in names]
 
 
+def using_run(store: Store, run_id: str) -> list[str]:
+    """The queued or running jobs that train a run or will resume it."""
+    return [job.id for status in ACTIVE for job in list_jobs(store, status)
+            if run_id in (job.state.get("run_id"), job.params.get("resume"))]
+
+
 def _dataset_name(store: Store, job: Job) -> str:
     """The name of the dataset a job trains on: as its parameters give it (raw: rows of any age), or the one
     the run or search it resumes started on."""

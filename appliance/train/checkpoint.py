@@ -96,13 +96,3 @@ def latest(store: Store, run_id: str) -> bytes | None:
 def state(saved: bytes) -> dict[str, Any]:
     """A checkpoint's state: fresh tensors each call, so the copies of a data-parallel run's ranks are their own."""
     return torch.load(io.BytesIO(saved), weights_only=True)
-
-
-def discard(store: Store, run_id: str) -> None:
-    """Drop a finished run's checkpoint: the model it produced is what stays."""
-    row = store.db.execute("SELECT blob_id FROM checkpoints WHERE run_id = ?", (run_id,)).fetchone()
-    if row is None:
-        return
-    with audit.operation(store, "checkpoint.discard", run_id, blob=row[0]):  # its hash stays on the record
-        store.db.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
-        blobs.delete(store, row[0])

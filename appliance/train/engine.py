@@ -244,8 +244,9 @@ def resume(
     max_threads caps the plan's CPU threads for this session, so serving keeps cores on a shared box.
     """
     run = runs.get(store, run_id)
-    if run.status == "finished":
-        raise JobError(f"run {run.id} has already finished", hint="start a new run with 'appliance train'")
+    if run.status in ("finished", "discarded"):
+        raise JobError(f"run {run.id} has already {'finished' if run.status == 'finished' else 'been discarded'}",
+                       hint="start a new run with 'appliance train'")
     runs.set_status(store, run.id, "running", resumed=True)
     return _continue(store, run, progress, should_stop, max_threads, on_epoch, log, group, on_checkpoint)
 
@@ -814,7 +815,7 @@ def _train(
             model.load_state_dict(best_state)
             position.best_blob = blobs.put(store, task.bundle(model))
         runs.finish(store, run_id, position.best_blob, position.best_metrics, outcome)
-        checkpoint.discard(store, run_id)
+        runs.drop_checkpoint(store, run_id)
         if stored_before and stored_before != position.best_blob:
             blobs.delete(store, stored_before)
         return RunResult(run_id, "finished", position.best_metrics, position.best_blob, position.step, outcome)

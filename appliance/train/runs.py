@@ -15,6 +15,7 @@ from appliance.core import clock
 from appliance.core.errors import JobError, RunNotFound
 from appliance.core.text import duration
 from appliance.store import Store, audit, blobs
+from appliance.store.db import transaction
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,8 @@ def record_epoch(store: Store, run_id: str, row: Epoch) -> None:
         )
 
 
-def set_status(store: Store, run_id: str, status: str, **details: Any) -> None:
-    with audit.operation(store, f"train.{status}", run_id, **details):
+def set_status(store: Store, run_id: str, status: str, actor: str | None = None, **details: Any) -> None:
+    with audit.operation(store, f"train.{status}", run_id, actor=actor, **details):
         store.db.execute(
             "UPDATE runs SET status = ?, finished_at = ? WHERE id = ?",
             (status, clock.stamp() if status != "running" else None, run_id),
@@ -138,6 +139,32 @@ def drop_model(store: Store, run_id: str) -> None:
     with audit.operation(store, "train.model_dropped", run_id, model=model):
         store.db.execute("UPDATE runs SET model_blob = NULL WHERE id = ?", (run_id,))
         blobs.release(store, model)
+
+
+def drop_checkpoint(store: Store, run_id: str, actor: str | None = None) -> int:
+    """Delete a run's checkpoint, its hash kept on the record: a finished run's (the model it produced is what
+    stays), or a discarded one's. Its size in bytes; 0 where it kept none."""
+    row = store.db.execute("SELECT c.blob_id, b.size FROM checkpoints c JOIN blobs b ON b.id = c.blob_id"
+                           " WHERE c.run_id = ?", (run_id,)).fetchone()
+    if row is None:
+        return 0
+    with audit.operation(store, "checkpoint.discard", run_id, actor=actor, blob=row[0], bytes=row[1]):
+        store.db.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
+        blobs.delete(store, row[0])
+    return row[1]
+
+
+def discard(store: Store, run_id: str, actor: str | None = None) -> tuple[Run, int]:
+    """Give up a run that did not finish: its checkpoint (a model's weights and its optimiser's state, hundreds of
+    MB) is deleted and it can no longer be resumed; the run and its curve stay. The run, and the bytes freed."""
+    run = get(store, run_id)
+    if run.status in ("finished", "discarded"):
+        raise JobError(f"run {run.id} has {'finished' if run.status == 'finished' else 'been discarded already'}:"
+                       " it keeps no checkpoint", hint="'appliance models delete' removes a model it made")
+    with transaction(store.db):
+        freed = drop_checkpoint(store, run.id, actor)
+        set_status(store, run.id, "discarded", actor, freed_bytes=freed)
+    return get(store, run.id), freed
 
 
 def get(store: Store, run_id: str) -> Run:

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from appliance import store
 from appliance.data import datasets
 from appliance.store import Store, audit, blobs
 from appliance.train import bundle, checkpoint, engine, runs, tasks
 from appliance.train.params import TrainParams
-from tests.conftest import FILLER, WORDS, write_tickets
+from tests.conftest import FILLER, WORDS, run_cli, write_tickets
 
 FAST = {"mode": "full", "epochs": 8, "learning_rate": 3e-3, "batch_size": 16, "checkpoint_every": 5, "seed": 3}
 
@@ -173,6 +174,35 @@ def test_a_finished_run_cannot_be_resumed(opened: Store, tickets: str, tiny_base
     result = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**{**FAST, "epochs": 1}))
     with pytest.raises(JobError, match="already finished"):
         engine.resume(opened, result.run_id)
+
+
+def test_an_interrupted_run_is_discarded_its_checkpoint_deleted_and_never_resumed(
+    opened: Store, tickets: str, tiny_base: Path
+) -> None:
+    """Each interrupted run kept its checkpoint (a real model's: hundreds of MB) for a resume that may never come."""
+    from appliance.core.errors import JobError
+
+    steps = iter(range(1000))
+    stopped = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**FAST),
+                           should_stop=lambda: next(steps) == 6)
+    kept = opened.db.execute("SELECT blob_id FROM checkpoints WHERE run_id = ?", (stopped.run_id,)).fetchone()[0]
+    finished = engine.start(opened, dataset=tickets, base_dir=tiny_base, params=TrainParams(**{**FAST, "epochs": 1}))
+    opened.close()
+    assert "give --yes" in run_cli("runs", "discard", stopped.run_id).stderr  # no terminal to ask at
+    discarded = run_cli("runs", "discard", stopped.run_id[:8], "--yes", check=True)
+    assert f"run {stopped.run_id} discarded: its checkpoint (" in discarded.stdout
+    refused = run_cli("runs", "discard", finished.run_id, "--yes")
+    assert refused.returncode == 1 and f"run {finished.run_id} has finished: it keeps no checkpoint" in refused.stderr
+    assert "discarded" in run_cli("runs", "list", check=True).stdout
+
+    with store.open(opened.settings) as again:
+        assert runs.get(again, stopped.run_id).status == "discarded"
+        assert again.db.execute("SELECT COUNT(*) FROM blobs WHERE id = ?", (kept,)).fetchone()[0] == 0
+        [gone] = [row for row in audit.rows(again, action="checkpoint.discard") if row["object"] == stopped.run_id]
+        [record] = audit.rows(again, action="train.discarded")
+        assert json.loads(gone["details"])["blob"] == kept and json.loads(record["details"])["freed_bytes"] > 0
+        with pytest.raises(JobError, match="has already been discarded"):
+            engine.resume(again, stopped.run_id)
 
 
 def test_a_base_model_saved_in_half_precision_trains_with_fp32_weights(

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from appliance import operations
 from appliance.access import users
 from appliance.core.errors import JobNotFound
 from appliance.daemon.api.deps import Admin, Operator, Shared, SharedStore, Viewer, actor
@@ -91,6 +92,14 @@ def get_run(run_id: str, _user: Viewer, shared: Shared) -> dict[str, Any]:
     """A training run and its epochs so far: loss and validation metrics, for charts."""
     with shared.use() as store:
         return runs.describe(store, run_id)
+
+
+@router.delete("/v1/runs/{run_id}/checkpoint")
+def discard_run(run_id: str, user: Admin, shared: Shared) -> dict[str, Any]:
+    """Give up a run that will not be resumed: its checkpoint is deleted; the run and its curve stay."""
+    with shared.use() as store:
+        run, freed = operations.discard_run(store, run_id, actor=actor(user))
+    return {**asdict(run), "freed_bytes": freed}
 
 
 @router.get("/v1/studies")
