@@ -25,3 +25,20 @@ import os
 # them is imported, in every process that imports the appliance.
 for _name, _value in (("ORT_DISABLE_TELEMETRY", "1"), ("HF_HUB_DISABLE_TELEMETRY", "1"), ("DO_NOT_TRACK", "1")):
     os.environ.setdefault(_name, _value)
+
+
+def _decline_openvino_telemetry() -> None:
+    """OpenVINO's telemetry (its model converter, NNCF) sends usage data unless ~/intel/openvino_telemetry says 0,
+    and has no environment switch: someone who never chose gets what 'opt_in_out --opt_out' writes, someone who
+    chose keeps their choice. (The service's unit points HOME at the state directory, where tmpfiles.d writes it.)"""
+    try:
+        folder = os.path.join(os.path.expanduser("~"), "intel")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        consent = os.open(os.path.join(folder, "openvino_telemetry"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:  # chosen already, or no home to write in (where the library sends nothing either)
+        return
+    with os.fdopen(consent, "w") as file:
+        file.write("0")
+
+
+_decline_openvino_telemetry()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
+import stat
 from pathlib import Path
 
 import httpx
@@ -386,6 +387,28 @@ def test_import_options_are_bounded_and_a_long_text_is_counted_never_echoed(daem
         shown = api.get("/v1/datasets/tickets/detail").text
     for text in (*(answer.text for answer in refused), imported.text, shown):
         assert "ssn-123" not in text
+
+
+def test_openvino_in_an_appliance_process_is_opted_out_of_telemetry_unless_its_user_chose(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no consent file, OpenVINO's model converter and NNCF count their use in ~/intel and send it to Google
+    Analytics: the quickstart run by hand did, where it had a network."""
+    import subprocess
+    import sys
+
+    from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
+
+    chose = tmp_path / "chose"
+    (chose / "intel").mkdir(parents=True)
+    (chose / "intel" / "openvino_telemetry").write_text("1")
+    monkeypatch.delenv("CI", raising=False)
+    for home in (tmp_path / "never-chose", chose):
+        home.mkdir(exist_ok=True)
+        monkeypatch.setenv("HOME", str(home))
+        subprocess.run([sys.executable, "-c", "import appliance"], check=True, timeout=120)
+        decided = OptInChecker().check(enable_opt_in_dialog=False)
+        assert decided is (ConsentCheckResult.DECLINED if home != chose else ConsentCheckResult.ACCEPTED)
+    assert stat.S_IMODE((tmp_path / "never-chose" / "intel" / "openvino_telemetry").stat().st_mode) == 0o600
 
 
 def test_onnxruntime_in_an_appliance_process_keeps_no_telemetry_to_send(tmp_path: Path) -> None:
