@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install, upgrade, roll back or remove the appliance, offline, from this bundle. As root:
 #
-#   ./install.sh [--pubkey FILE] [--no-start]    install, or upgrade to this bundle's release
+#   ./install.sh [--pubkey FILE [--replace-key]] [--no-start]   install, or upgrade to it
 #   ./install.sh --rollback                      back to the release that was current before
 #   ./install.sh --uninstall [--purge [--yes]]   remove it; store, key and configuration stay
 #                                                unless --purge
@@ -10,7 +10,8 @@
 #
 # Nothing is downloaded. The bundle is checked first: every file against SHA256SUMS, no file
 # unlisted, and the Ed25519 signature of SHA256SUMS (openssl) with --pubkey, or with the key an
-# earlier install was given (kept as /etc/appliance/bundle-signing.pub). Each release is its
+# earlier install was given (kept as /etc/appliance/bundle-signing.pub; another --pubkey is
+# refused unless --replace-key says that the signing key changed on purpose). Each release is its
 # own virtual environment, /opt/appliance/releases/<release>, installed from the wheelhouse
 # with pip --no-index --require-hashes --no-deps -r requirements.lock; /opt/appliance/current
 # is switched by renaming a new symlink over it, so it always names a complete release, and
@@ -28,6 +29,7 @@ pubkey=""
 start=yes
 purge=no
 confirmed=no
+replace_key=no
 
 say() { echo "install.sh: $*"; }
 die() {
@@ -46,6 +48,7 @@ while (($#)); do
             pubkey=$(realpath "$2")
             shift
             ;;
+        --replace-key) replace_key=yes ;;
         --no-start) start=no ;;
         --rollback) action=rollback ;;
         --uninstall) action=uninstall ;;
@@ -97,6 +100,11 @@ verify_bundle() {
         "it can --rollback and --uninstall; to install, run the install.sh of an unpacked bundle"
     cd "$bundle"
     local with=${pubkey:-}
+    if [[ -n $with && -f $trusted && $replace_key == no ]] && ! cmp -s "$with" "$trusted"; then
+        die "--pubkey $with is not the key earlier bundles were checked with ($trusted)" \
+            "whoever brings a changed bundle can bring a key for it too: replace the trusted key only on purpose,"\
+" with --replace-key, once the new key came from its owner another way"
+    fi
     [[ -n $with || ! -f $trusted ]] || with=$trusted
     if [[ -n $with ]]; then
         [[ -f SHA256SUMS.sig ]] || die "the bundle is not signed, but $with expects a signature" \
@@ -198,8 +206,16 @@ copy_store_before_migration() {
     local release=$1 copy=$state/appliance.db.before-$1
     [[ -f $state/appliance.db && ! -e $copy ]] || return 0
     # SQLite's backup API in one step: a consistent copy while the service may still be writing
-    # (a stepwise backup starts over at every write another connection makes).
-    "$opt/releases/$release/bin/python" - "$state/appliance.db" "$copy" <<'PY'
+    # (a stepwise backup starts over at every write another connection makes). Made as the state
+    # directory's owner: root writing or chowning a path there would follow a link its owner put in
+    # place of the copy (to /etc/shadow, say) and hand over what it names.
+    local owner
+    owner=$(stat -c %u:%g "$state")
+    [[ $(stat -c %u:%g "$state/appliance.db") == "$owner" ]] \
+        || die "the store $state/appliance.db is not owned by the service's user, as $state is" \
+            "the service cannot open it either: chown $owner $state/appliance.db*, then run this again"
+    (cd / && setpriv --reuid="${owner%:*}" --regid="${owner#*:}" --clear-groups \
+        "$opt/releases/$release/bin/python" - "$state/appliance.db" "$copy") <<'PY'
 import os
 import sqlite3
 import sys
@@ -215,7 +231,6 @@ if migrations.current_version(source) < migrations.LATEST:
         copy.execute("PRAGMA journal_mode = DELETE")
 PY
     if [[ -e $copy ]]; then
-        chown --reference="$state" "$copy"
         say "release $release migrates the store at its first start; the store as it was: $copy"
     fi
 }
@@ -284,7 +299,9 @@ gpu_dropin() {
 start_service() {
     systemctl_ daemon-reload
     systemctl_ enable appliance.service
-    [[ $start == no ]] || systemctl_ restart appliance.service
+    [[ $start == no ]] || systemctl_ restart appliance.service \
+        || die "the service did not start with release $(readlink "$opt/current")" \
+            "'journalctl -u appliance' says why; '/opt/appliance/current/bundle/install.sh --rollback' goes back to the release before"
     if ((${#commands[@]})); then
         if [[ -n $root ]]; then
             say "installed under $root; systemd was left alone. Where it runs, as root:"
@@ -298,7 +315,7 @@ start_service() {
 run_doctor() {
     say "checking the installation with 'appliance doctor':"
     appliance doctor || die "installed, but 'appliance doctor' found problems (above)" \
-        "fix them and run 'appliance doctor' again"
+        "fix them and run 'appliance doctor' again, or go back to the release before with '$opt/current/bundle/install.sh --rollback'"
 }
 
 install_bundle() {

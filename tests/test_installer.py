@@ -105,6 +105,7 @@ class Installed:
 def workspace() -> Iterator[Path]:
     """Where the bundles and installations go (GBs), removed after the module rather than kept by pytest."""
     path = Path(tempfile.mkdtemp(prefix="appliance-installer-"))
+    path.chmod(0o755)  # as /opt is: install.sh copies the store as the service's user, who runs the release's python
     yield path
     shutil.rmtree(path)
 
@@ -333,12 +334,24 @@ def test_an_upgrade_keeps_state_key_and_config_and_rolls_back(installed: Install
     key = installed.master_key.read_bytes()
     old = installed.current()
     _store_behind_by_one_schema(installed.state / "appliance.db")
+    owner = installed.state.stat()
+    for path in installed.state.glob("appliance.db*"):  # the service's, as the daemon leaves them (the CLI ran as root)
+        os.chown(path, owner.st_uid, owner.st_gid)
 
     source = scratch / "source"  # the next release: this checkout, one version on
     shutil.copytree(REPOSITORY, source, ignore=shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info"))
     pyproject = source / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('version = "0.1.0"', 'version = "0.1.1"'))
     newer = _unpack(_build(source, scratch / "out", installed.key), scratch / "usb")
+    other = scratch / "other"  # a changed bundle, signed by whoever changed it, with that key beside it
+    assert _run(REPOSITORY / "installer" / "build-bundle", "--make-key", other).returncode == 0
+    signature = (newer / "SHA256SUMS.sig").read_bytes()
+    assert _run("openssl", "pkeyutl", "-sign", "-inkey", other.with_suffix(".key"), "-rawin", "-in",
+                newer / "SHA256SUMS", "-out", newer / "SHA256SUMS.sig").returncode == 0
+    swapped = installed.install(newer, "--pubkey", str(other.with_suffix(".pub")))
+    assert swapped.returncode == 1 and "is not the key earlier bundles were checked with" in swapped.stderr
+    assert "--replace-key" in swapped.stderr and installed.current() == old
+    (newer / "SHA256SUMS.sig").write_bytes(signature)
     upgraded = installed.install(newer)  # no --pubkey: the key from the first install is trusted
     assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
     assert "verifies with" in upgraded.stdout and "bundle-signing.pub" in upgraded.stdout
