@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from appliance.core import files
 from appliance.core.errors import BadRequest, PayloadTooLarge
 
 CROP_AREA, CROP_ASPECT = (0.25, 1.0), (3 / 4, 4 / 3)
@@ -112,6 +113,7 @@ def load(path: Path) -> bytes:
     """An image file a user named, checked as checked() checks one a caller sent. Only the CLI and the TUI call it,
     on the user's side: no server opens a path it was sent."""
     try:
+        files.regular_file(path, "the image", error=BadRequest)  # a pipe would hang the reader
         with path.open("rb") as file:
             content = file.read(MAX_IMAGE_BYTES + 1)  # one byte past the limit, for checked() to refuse
     except OSError as exc:

@@ -401,6 +401,10 @@ async def test_an_image_model_is_tried_with_a_photos_path(tiny_base: Path, tmp_p
             await pilot.press("enter")
             await settle(pilot, lambda: "cannot read" in text(app, "#try-result"))
             assert "missing.jpg: No such file or directory" in text(app, "#try-result")
+            os.mkfifo(tmp_path / "pipe.jpg")  # was opened on the event loop: the whole console froze
+            app.screen.query_one("#try-text", Input).value = str(tmp_path / "pipe.jpg")
+            await pilot.press("enter")
+            await settle(pilot, lambda: "pipe.jpg is a named pipe (FIFO), not a regular file" in text(app, "#try-result"))
 
             await pilot.press("escape", "4")  # its export offers the formats an image model has
             await settle(pilot, lambda: "shapes:2" in rows(app, "#models"))

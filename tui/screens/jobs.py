@@ -144,9 +144,13 @@ class JobsScreen(ApplianceScreen):
         ends the stream, and the next refresh starts over."""
         log = self.query_one(TailLog)
         log.clear()
-        async for event in log_events(self.app.daemon, job_id):
-            log.write_line(event["data"]["line"])
-        self._log_complete = True
+
+        async def read() -> None:
+            async for event in log_events(self.app.daemon, job_id):
+                log.write_line(event["data"]["line"])
+            self._log_complete = True
+
+        await self.reported(read())  # a stream refused (too many open) or cut is a notice, not "a bug"
 
     def action_log(self) -> None:
         if (job_id := self._selected_id()) is not None:

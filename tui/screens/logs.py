@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Label, RichLog, Static
 
+from appliance.core.errors import ApplianceError
 from appliance.operations import jobs
 from tui.screens.dialogs import Dialog
 
@@ -42,6 +43,7 @@ class LogViewer(Dialog[None]):
         self.job_id = job_id
         self._lines: list[str] = []
         self._wrap, self._follow, self._whole = False, True, False
+        self._cut: str | None = None  # why the live log stopped before it was whole
 
     def compose(self) -> ComposeResult:
         with Vertical(id="log-viewer"):
@@ -55,12 +57,16 @@ class LogViewer(Dialog[None]):
 
     @work(exclusive=True, group="job-log", exit_on_error=False)
     async def _read(self) -> None:
-        async for event in log_events(self.app.daemon, self.job_id):
-            moment = datetime.fromisoformat(event["ts"]).astimezone()
-            line = f"{moment:%H:%M:%S}  {event['data']['line']}"
-            self._lines.append(line)
-            self.query_one(RichLog).write(line, scroll_end=self._follow)
-        self._whole = True
+        try:
+            async for event in log_events(self.app.daemon, self.job_id):
+                moment = datetime.fromisoformat(event["ts"]).astimezone()
+                line = f"{moment:%H:%M:%S}  {event['data']['line']}"
+                self._lines.append(line)
+                self.query_one(RichLog).write(line, scroll_end=self._follow)
+            self._whole = True
+        except ApplianceError as exc:  # refused (too many streams open) or cut: said, not left as "live"
+            self._cut = exc.message
+            self.app.report(exc)
         self._show_state()
 
     def action_wrap(self) -> None:
@@ -79,6 +85,7 @@ class LogViewer(Dialog[None]):
         self._show_state()
 
     def _show_state(self) -> None:
-        self.query_one("#log-state", Static).update(
-            f"{'the whole log' if self._whole else 'live, as the job writes it'} · f: follow "
-            f"{'on' if self._follow else 'off'} · w: wrap {'on' if self._wrap else 'off'} · Esc: close")
+        reading = ("the whole log" if self._whole else f"interrupted: {self._cut}" if self._cut
+                   else "live, as the job writes it")
+        follow, wrap = ("on" if self._follow else "off"), ("on" if self._wrap else "off")
+        self.query_one("#log-state", Static).update(f"{reading} · f: follow {follow} · w: wrap {wrap} · Esc: close")

@@ -3,6 +3,7 @@ and a box to try a model."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from datetime import timedelta
 from pathlib import Path
@@ -102,8 +103,8 @@ class ServingScreen(ApplianceScreen):
             return
         try:
             images = self._takes.get(model) == "images"
-            body = ({"images": [base64.b64encode(pixels.load(Path(text).expanduser())).decode()]} if images
-                    else {"texts": [text]})
+            photo = await asyncio.to_thread(pixels.load, Path(text).expanduser()) if images else b""
+            body = {"images": [base64.b64encode(photo).decode()]} if images else {"texts": [text]}
             answer = await self.app.request("POST", f"/v1/models/{model}/predict", body)
         except ApplianceError as exc:
             result.update(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""))
