@@ -326,14 +326,15 @@ def test_the_evaluation_sample_keeps_each_label_s_share_and_is_the_same_every_ti
 def test_a_run_says_early_how_long_it_takes_and_where_its_budget_ends_it(
         opened: Store, many_tickets: str, tiny_base: Path) -> None:
     lines: list[str] = []
+    # 12 s: its first steps are measured within it on a machine busy with other work too
     result = engine.start(opened, dataset=many_tickets, base_dir=tiny_base, log=lines.append,
-                          params=TrainParams(**{**FAST, "epochs": 50, "max_minutes": 0.05}))
+                          params=TrainParams(**{**FAST, "epochs": 1000, "max_minutes": 0.2}))
     assert result.outcome is not None and result.outcome.stopped == "budget"
     [said] = [line for line in lines if line.startswith("measured ")]
     assert "the run to its last epoch with evaluations about " in said
-    assert "; the 3s budget stops it after about " in said and "epochs, keeping the best model by then" in said
+    assert "; the 12s budget stops it after about " in said and "epochs, keeping the best model by then" in said
     reached = float(said.split("stops it after about ")[1].split()[0])
-    assert 0 < reached < 50
+    assert 0 < reached < 1000
     assert "its learning rate scheduled to end there" in said
 
 
@@ -360,8 +361,9 @@ def test_a_budgeted_run_fits_its_schedule_again_once_its_first_epoch_is_measured
     """The early estimate rests on seconds of training; after the first epoch and its evaluation the run says how
     long it takes again and sets the budget's horizon from those figures, the one a resumed run keeps."""
     lines: list[str] = []
-    # A budget the first epoch fits in with room to spare (the whole test takes about 10 s here); it is stopped after it.
-    params = TrainParams(**{**FAST, "epochs": 1000, "max_minutes": 0.5, "checkpoint_every": None})
+    # A budget the first epoch (7 s here when idle) fits in on a machine busy with other work too, and whose tenth,
+    # the early estimate's probe, is shorter than that epoch; it is stopped after that epoch.
+    params = TrainParams(**{**FAST, "epochs": 1000, "max_minutes": 0.75, "checkpoint_every": None})
     stopped = engine.start(opened, dataset=many_tickets, base_dir=tiny_base, log=lines.append, params=params,
                            should_stop=lambda: any(line.startswith("after the first epoch") for line in lines))
     assert stopped.status == "interrupted"
