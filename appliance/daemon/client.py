@@ -157,8 +157,9 @@ class AsyncClient:
 
     async def upload(self, path: Path, options: dict[str, Any], *, to: str = DATASETS,
                      content: bytes | None = None) -> Any:
-        """Client.upload, with the file read off the event loop."""
-        params, chunks = _upload(path, options, lambda size: None, content, self._upload_limit_mb)
+        """Client.upload, with the file measured and read off the event loop."""
+        params, chunks = await asyncio.to_thread(_upload, path, options, lambda size: None, content,
+                                                 self._upload_limit_mb)
 
         async def body() -> AsyncIterator[bytes]:
             while chunk := await asyncio.to_thread(next, chunks, b""):
