@@ -203,36 +203,35 @@ keys.write_key_file(Path(sys.argv[1]), keys.generate())' "$key"
 # Before a release that migrates the store to a newer schema, a copy of the store as it is, so
 # that a rollback has a database the older release can read.
 copy_store_before_migration() {
-    local release=$1 copy=$state/appliance.db.before-$1
+    local release=$1 copy=$state/appliance.db.before-$1 python=$opt/releases/$1/bin/python owner
     [[ -f $state/appliance.db && ! -e $copy ]] || return 0
-    # SQLite's backup API in one step: a consistent copy while the service may still be writing
-    # (a stepwise backup starts over at every write another connection makes). Made as the state
-    # directory's owner: root writing or chowning a path there would follow a link its owner put in
-    # place of the copy (to /etc/shadow, say) and hand over what it names.
-    local owner
+    [[ $("$python" -c 'import sys; from pathlib import Path; from appliance.store import db, migrations
+print(migrations.current_version(db.connect_read_only(Path(sys.argv[1]))) < migrations.LATEST)' \
+        "$state/appliance.db") == True ]] || return 0
+    # Made as the state directory's owner: root writing or chowning a path there would follow a
+    # link its owner put in place of the copy (to /etc/shadow, say) and hand over what it names.
     owner=$(stat -c %u:%g "$state")
     [[ $(stat -c %u:%g "$state/appliance.db") == "$owner" ]] \
         || die "the store $state/appliance.db is not owned by the service's user, as $state is" \
             "the service cannot open it either: chown $owner $state/appliance.db*, then run this again"
+    # SQLite's backup API in one step: a consistent copy while the service may still be writing
+    # (a stepwise backup starts over at every write another connection makes).
     (cd / && setpriv --reuid="${owner%:*}" --regid="${owner#*:}" --clear-groups \
-        "$opt/releases/$release/bin/python" - "$state/appliance.db" "$copy") <<'PY'
+        "$python" - "$state/appliance.db" "$copy") <<'PY'
 import os
 import sqlite3
 import sys
 from pathlib import Path
 
-from appliance.store import db, migrations
+from appliance.store import db
 
 source = db.connect_read_only(Path(sys.argv[1]))
-if migrations.current_version(source) < migrations.LATEST:
-    os.close(os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    with sqlite3.connect(sys.argv[2]) as copy:
-        source.conn.backup(copy)
-        copy.execute("PRAGMA journal_mode = DELETE")
+os.close(os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+with sqlite3.connect(sys.argv[2]) as copy:
+    source.conn.backup(copy)
+    copy.execute("PRAGMA journal_mode = DELETE")
 PY
-    if [[ -e $copy ]]; then
-        say "release $release migrates the store at its first start; the store as it was: $copy"
-    fi
+    say "release $release migrates the store at its first start; the store as it was: $copy"
 }
 
 # Point current at releases/$1 (rename over the old link: never a moment without one) and
