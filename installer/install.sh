@@ -203,35 +203,44 @@ keys.write_key_file(Path(sys.argv[1]), keys.generate())' "$key"
 # Before a release that migrates the store to a newer schema, a copy of the store as it is, so
 # that a rollback has a database the older release can read.
 copy_store_before_migration() {
-    local release=$1 copy=$state/appliance.db.before-$1 python=$opt/releases/$1/bin/python owner
-    [[ -f $state/appliance.db && ! -e $copy ]] || return 0
-    [[ $("$python" -c 'import sys; from pathlib import Path; from appliance.store import db, migrations
-print(migrations.current_version(db.connect_read_only(Path(sys.argv[1]))) < migrations.LATEST)' \
-        "$state/appliance.db") == True ]] || return 0
-    # Made as the state directory's owner: root writing or chowning a path there would follow a
-    # link its owner put in place of the copy (to /etc/shadow, say) and hand over what it names.
-    owner=$(stat -c %u:%g "$state")
-    [[ $(stat -c %u:%g "$state/appliance.db") == "$owner" ]] \
-        || die "the store $state/appliance.db is not owned by the service's user, as $state is" \
-            "the service cannot open it either: chown $owner $state/appliance.db*, then run this again"
+    local release=$1 copy=appliance.db.before-$1
+    [[ -f $state/appliance.db && ! -e $state/$copy ]] || return 0
     # SQLite's backup API in one step: a consistent copy while the service may still be writing
-    # (a stepwise backup starts over at every write another connection makes).
-    (cd / && setpriv --reuid="${owner%:*}" --regid="${owner#*:}" --clear-groups \
-        "$python" - "$state/appliance.db" "$copy") <<'PY'
+    # (a stepwise backup starts over at every write another connection makes). Made in a folder
+    # of root's, then written into the state directory through a new file opened there with
+    # O_EXCL|O_NOFOLLOW and chowned by its descriptor: the directory is the service user's, who
+    # could put a link (to /etc/shadow, say) where root would otherwise write or chown by name.
+    "$opt/releases/$release/bin/python" - "$state/appliance.db" "$copy" "$opt" <<'PY' \
+        || die "could not copy the store before release $release migrates it (above: why)" \
+            "a full disk is the usual cause (the copy is made in $opt, then in $state): free space, then run this again"
 import os
+import shutil
 import sqlite3
 import sys
+import tempfile
 from pathlib import Path
 
-from appliance.store import db
+from appliance.store import db, migrations
 
-source = db.connect_read_only(Path(sys.argv[1]))
-os.close(os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-with sqlite3.connect(sys.argv[2]) as copy:
-    source.conn.backup(copy)
-    copy.execute("PRAGMA journal_mode = DELETE")
+store, name, staging = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+source = db.connect_read_only(store)
+if migrations.current_version(source) < migrations.LATEST:
+    state = os.open(store.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    owner = os.fstat(state)
+    with tempfile.TemporaryDirectory(dir=staging) as private:
+        staged = Path(private) / name
+        with sqlite3.connect(staged) as copy:
+            source.conn.backup(copy)
+            copy.execute("PRAGMA journal_mode = DELETE")
+        copy.close()
+        made = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=state)
+        os.fchown(made, owner.st_uid, owner.st_gid)
+        with staged.open("rb") as data, os.fdopen(made, "wb") as out:
+            shutil.copyfileobj(data, out, 2**20)
+            out.flush()
+            os.fsync(out.fileno())
 PY
-    say "release $release migrates the store at its first start; the store as it was: $copy"
+    [[ ! -e $state/$copy ]] || say "release $release migrates the store at its first start; the store as it was: $state/$copy"
 }
 
 # Point current at releases/$1 (rename over the old link: never a moment without one) and

@@ -105,7 +105,6 @@ class Installed:
 def workspace() -> Iterator[Path]:
     """Where the bundles and installations go (GBs), removed after the module rather than kept by pytest."""
     path = Path(tempfile.mkdtemp(prefix="appliance-installer-"))
-    path.chmod(0o755)  # as /opt is: install.sh copies the store as the service's user, who runs the release's python
     yield path
     shutil.rmtree(path)
 
@@ -334,9 +333,6 @@ def test_an_upgrade_keeps_state_key_and_config_and_rolls_back(installed: Install
     key = installed.master_key.read_bytes()
     old = installed.current()
     _store_behind_by_one_schema(installed.state / "appliance.db")
-    owner = installed.state.stat()
-    for path in installed.state.glob("appliance.db*"):  # the service's, as the daemon leaves them (the CLI ran as root)
-        os.chown(path, owner.st_uid, owner.st_gid)
 
     source = scratch / "source"  # the next release: this checkout, one version on
     shutil.copytree(REPOSITORY, source, ignore=shutil.ignore_patterns(".git", ".venv", "var", "build", "*.egg-info"))
