@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from appliance.core import config
+from appliance.store import lifecycle
 from tests.conftest import write_tickets
 from tests.daemon import short_dir
 from tests.test_packaging import unit_settings
@@ -410,3 +412,28 @@ def test_the_cuda_variant_resolves_pypis_cuda_build() -> None:
     assert any(name.startswith("nvidia-") for name in wheels) and "torchvision" not in wheels
     assert wheels["openvino"] == metadata.version("openvino")  # the versions the tests ran with
 
+
+
+def test_the_store_copy_before_a_migration_follows_no_link_the_service_user_put_there(
+        settings: config.Settings, tmp_path: Path) -> None:
+    """The state directory is the service user's: root wrote and chowned the copy there by name, so a link put in
+    its place (to /etc/shadow, say) was followed and what it named handed over. install.sh's function, on its own."""
+    import sys
+
+    state, opt, kept = settings.state_dir, tmp_path / "opt", tmp_path / "root-only"
+    opt.mkdir()
+    lifecycle.init(settings).close()
+    _store_behind_by_one_schema(state / "appliance.db")
+    for path in (state, *state.iterdir()):
+        os.chown(path, 65534, 65534)  # the service's user's, as the daemon leaves them
+    (state / "appliance.db.before-r2").symlink_to(kept)  # where the copy for r2 will go, a link to a file of root's
+    function = (REPOSITORY / "installer" / "install.sh").read_text().split("\ncopy_store_before_migration() {")[1]
+    script = (f'set -euo pipefail\nsay() {{ echo "$*"; }}\ndie() {{ echo "error: $1" >&2; exit 1; }}\n'
+              f'state={state}; opt={opt}\ncopy() {{{function.split(chr(10) + "}" + chr(10))[0]}\n}}\n'
+              f'copy r1\ncopy r2\n').replace('"$opt/releases/$release/bin/python"', sys.executable)
+    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
+    assert f"the store as it was: {state}/appliance.db.before-r1" in ran.stdout
+    copy = (state / "appliance.db.before-r1").stat()
+    assert (copy.st_uid, copy.st_gid, stat.S_IMODE(copy.st_mode)) == (65534, 65534, 0o600)
+    assert ran.returncode == 1 and "could not copy the store before release r2" in ran.stderr
+    assert not kept.exists() and not list(opt.iterdir())  # nothing written through the link, nothing left staged
